@@ -1,0 +1,282 @@
+"""The public surface: ``connect()`` returns a :class:`Database`; ``db.cluster`` reports
+what runs where."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+
+from shardflow.config import Settings
+from shardflow.errors import ConfigError, Error
+from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
+from shardflow.runtime.executor import ExecutionReport
+from shardflow.runtime.session import Session
+
+MAX_LOCAL_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One worker: its device profile and what it holds and does now."""
+
+    node_id: str
+    alive: bool
+    vendor: str
+    model: str
+    engine: str
+    memory_bytes: int
+    cores: int
+    capacity: float
+    simulated: bool
+    shards: int
+    rows: int
+    bytes: int
+    queries_running: int
+    busy_fraction: float
+    """Share of the worker's uptime spent executing fragments (summed over threads)."""
+
+
+class Cluster:
+    """What is where: nodes and shards, as reported live by the workers."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    def nodes(self) -> list[NodeInfo]:
+        infos = self._db._session_or_raise().worker_infos()
+        nodes = []
+        for node_id, info in infos.items():
+            profile = info.get("profile", {})
+            shards = info.get("shards", [])
+            uptime = max(info.get("uptime_seconds", 0.0), 1e-9)
+            nodes.append(
+                NodeInfo(
+                    node_id=node_id,
+                    alive=bool(info),
+                    vendor=profile.get("vendor", "unknown"),
+                    model=profile.get("model", "unknown"),
+                    engine=profile.get("engine", "unknown"),
+                    memory_bytes=profile.get("memory_bytes", 0),
+                    cores=profile.get("cores", 0),
+                    capacity=profile.get("capacity", 0.0),
+                    simulated=profile.get("simulated", False),
+                    shards=len(shards),
+                    rows=sum(s["rows"] for s in shards + info.get("replicas", [])),
+                    bytes=sum(s["bytes"] for s in shards + info.get("replicas", [])),
+                    queries_running=info.get("queries_running", 0),
+                    busy_fraction=info.get("busy_seconds", 0.0) / uptime,
+                )
+            )
+        return nodes
+
+    def shards(self) -> pa.Table:
+        """One row per shard (and per replica of a replicated table)."""
+        session = self._db._session_or_raise()
+        infos = session.worker_infos()
+        catalog = session.catalog
+        rows: dict[str, list[Any]] = defaultdict(list)
+        for node_id, info in sorted(infos.items()):
+            for shard in info.get("shards", []):
+                spec = catalog.tables.get(shard["table"])
+                unit = None
+                if spec is not None and spec.group is not None:
+                    unit = catalog.groups[spec.group].unit(shard["unit"])
+                rows["table"].append(shard["table"])
+                rows["shard"].append(f"{shard['table']}#{shard['unit']}")
+                rows["node"].append(node_id)
+                rows["kind"].append("distributed")
+                rows["bucket_lo"].append(unit.lo if unit else None)
+                rows["bucket_hi"].append(unit.hi if unit else None)
+                rows["rows"].append(shard["rows"])
+                rows["bytes"].append(shard["bytes"])
+                rows["lsn"].append(shard["lsn"])
+            for replica in info.get("replicas", []):
+                rows["table"].append(replica["table"])
+                rows["shard"].append(f"{replica['table']}@{node_id}")
+                rows["node"].append(node_id)
+                rows["kind"].append("replica")
+                rows["bucket_lo"].append(None)
+                rows["bucket_hi"].append(None)
+                rows["rows"].append(replica["rows"])
+                rows["bytes"].append(replica["bytes"])
+                rows["lsn"].append(replica["lsn"])
+        schema = pa.schema(
+            [
+                ("table", pa.string()),
+                ("shard", pa.string()),
+                ("node", pa.string()),
+                ("kind", pa.string()),
+                ("bucket_lo", pa.int32()),
+                ("bucket_hi", pa.int32()),
+                ("rows", pa.int64()),
+                ("bytes", pa.int64()),
+                ("lsn", pa.int64()),
+            ]
+        )
+        return pa.table({f.name: rows[f.name] for f in schema}, schema=schema)
+
+
+class Database:
+    """A connection to a shardflow cluster. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, handle: ClusterHandle, session: Session) -> None:
+        self._handle = handle
+        self._session: Session | None = session
+        self.cluster = Cluster(self)
+        self.last_report: ExecutionReport | None = None
+        """How the last ``sql()`` ran: planning time, per-stage fragments and merges."""
+
+    def _session_or_raise(self) -> Session:
+        if self._session is None:
+            raise Error("the database is closed; call shardflow.connect() again")
+        return self._session
+
+    # -- queries ------------------------------------------------------------------------
+    def sql(self, query: str) -> pa.Table:
+        """Run a SELECT over the cluster and return its answer."""
+        result, report = self._session_or_raise().query(query)
+        self.last_report = report
+        return result
+
+    def explain(self, query: str) -> str:
+        """Where each part of ``query`` would run, and why."""
+        return self._session_or_raise().explain(query)
+
+    # -- tables -------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        source: object,
+        *,
+        distributed_by: str | None = None,
+        replicated: bool = False,
+        colocate_with: str | None = None,
+        progress: bool = False,
+    ) -> int:
+        """Create and load a table from a Parquet file/directory (path or URI) or a
+        ``pyarrow.Table``; returns the rows loaded.
+
+        ``distributed_by`` hashes that column into buckets (shards own bucket ranges);
+        ``colocate_with`` keeps the shards of equal bucket ranges of both tables on one worker
+        so joins on the key run locally; ``replicated=True`` puts a copy on every worker;
+        neither spreads rows evenly. Nothing is visible, and nothing stays behind on failure,
+        until the load is complete and durable.
+        """
+        session = self._session_or_raise()
+        if not progress:
+            return session.create_table(name, source, distributed_by, replicated, colocate_with)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            f"loading {name}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        ) as bar:
+            task = bar.add_task(name, total=None)
+
+            def report(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            return session.create_table(
+                name, source, distributed_by, replicated, colocate_with, report
+            )
+
+    def insert(self, name: str, data: pa.Table | pa.RecordBatch) -> int:
+        """Append rows; durable on every owner before it returns. Returns the row count."""
+        return self._session_or_raise().insert(name, data)
+
+    def drop_table(self, name: str) -> None:
+        self._session_or_raise().drop_table(name)
+
+    def tables(self) -> pa.Table:
+        """One row per table: how it is distributed, its shards and its rows now."""
+        session = self._session_or_raise()
+        infos = session.worker_infos()
+        rows: dict[str, int] = defaultdict(int)
+        shards: dict[str, int] = defaultdict(int)
+        for info in infos.values():
+            for shard in info.get("shards", []):
+                rows[shard["table"]] += shard["rows"]
+                shards[shard["table"]] += 1
+        catalog = session.catalog
+        primary = sorted(catalog.nodes)[0] if catalog.nodes else None
+        for replica in infos.get(primary or "", {}).get("replicas", []):
+            rows[replica["table"]] = replica["rows"]
+        specs = sorted(catalog.tables.values(), key=lambda s: s.name)
+        return pa.table(
+            {
+                "name": [s.name for s in specs],
+                "kind": [s.kind for s in specs],
+                "distributed_by": [s.key or None for s in specs],
+                "colocation_group": [s.group for s in specs],
+                "shards": [shards[s.name] if s.distributed else 0 for s in specs],
+                "rows": [rows[s.name] for s in specs],
+                "columns": [s.schema.names for s in specs],
+            }
+        )
+
+    # -- life cycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop what ``connect`` started. Safe to call twice."""
+        if self._session is None:
+            return
+        self._session.close()
+        self._session = None
+        shutdown(self._handle)
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def connect(
+    address: str | None = None,
+    *,
+    workers: int | None = None,
+    data_dir: str | os.PathLike[str] = "./.shardflow",
+    settings: Settings | None = None,
+    **options: Any,
+) -> Database:
+    """Start or join a shardflow cluster.
+
+    With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this machine
+    with ``workers`` worker actors (default 4). With ``address="auto"`` or a ``ray://``
+    address, shardflow joins that Ray cluster: one worker per GPU where GPUs exist, else
+    ``workers`` (default 4). ``data_dir`` (a local path or any pyarrow filesystem URI) holds
+    the catalog and every table's durable files; reconnecting to it recovers them.
+    ``options`` override single fields of :class:`Settings`.
+    """
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ConfigError(f"address must be None, 'auto' or a Ray address, not {address!r}")
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise ConfigError(f"workers must be a whole number, not {workers!r}")
+        if not 1 <= workers <= MAX_LOCAL_WORKERS:
+            raise ConfigError(f"workers must be between 1 and {MAX_LOCAL_WORKERS}, got {workers}")
+    if not isinstance(data_dir, str | os.PathLike) or not os.fspath(data_dir):
+        raise ConfigError(f"data_dir must be a path or URI, not {data_dir!r}")
+    if settings is not None and not isinstance(settings, Settings):
+        raise ConfigError(f"settings must be a shardflow.Settings, not {type(settings).__name__}")
+    settings = (settings or Settings()).replace(**options) if options else (settings or Settings())
+    path = os.fspath(data_dir)
+    if "://" not in path:
+        path = os.path.abspath(path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"data_dir {path!r} exists and is not a directory")
+    handle = launch(address, workers, path, settings)
+    try:
+        session = Session(handle)
+    except BaseException:
+        shutdown(handle)
+        raise
+    return Database(handle, session)

@@ -1,0 +1,24 @@
+"""Metadata: tables, co-location groups, placement units, routing epochs, persisted store."""
+
+from shardflow.catalog.model import (
+    ROUND_ROBIN,
+    Catalog,
+    Group,
+    ShardRef,
+    TableKind,
+    TableSpec,
+    Unit,
+)
+from shardflow.catalog.store import CatalogStore, DataDir
+
+__all__ = [
+    "ROUND_ROBIN",
+    "Catalog",
+    "CatalogStore",
+    "DataDir",
+    "Group",
+    "ShardRef",
+    "TableKind",
+    "TableSpec",
+    "Unit",
+]

@@ -1,0 +1,257 @@
+"""The catalog: tables, co-location groups, placement units and the routing epoch.
+
+A distributed table hashes its key into ``n_buckets`` virtual buckets. Tables in one
+co-location *group* share the group's *units*: a unit is a contiguous bucket range owned by
+one node, and every table of the group has one shard per unit. A shard is therefore named
+by ``(table, unit_id)``; moving a unit moves the shards of every table in the group together,
+which keeps joins on the key local. A replicated table has a full copy on every node.
+
+All of it is immutable plain data: every change returns a new :class:`Catalog` with a
+higher ``version``; every ownership change also bumps the routing ``epoch``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from shardflow.catalog.buckets import key_family, split_range
+
+TableKind = Literal["distributed", "replicated"]
+ROUND_ROBIN = ""
+"""The ``key`` of a distributed table without a distribution column (rows spread evenly)."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A bucket range ``[lo, hi)`` of a co-location group, owned by one node."""
+
+    unit_id: int
+    lo: int
+    hi: int
+    node: str
+
+    @property
+    def buckets(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tables whose shards with equal bucket ranges always live on the same node."""
+
+    group_id: str
+    key_family: str
+    units: tuple[Unit, ...]
+
+    def unit(self, unit_id: int) -> Unit:
+        for unit in self.units:
+            if unit.unit_id == unit_id:
+                return unit
+        raise KeyError(f"group {self.group_id} has no unit {unit_id}")
+
+    def bucket_owners(self, n_buckets: int) -> list[int]:
+        """unit_id of every bucket, as a lookup list indexed by bucket."""
+        owners = [-1] * n_buckets
+        for unit in self.units:
+            owners[unit.lo : unit.hi] = [unit.unit_id] * unit.buckets
+        return owners
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table: its schema, how it is distributed, and where its files live (``uid``)."""
+
+    name: str
+    uid: str
+    schema: pa.Schema
+    kind: TableKind
+    key: str | None = None
+    group: str | None = None
+    rows: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.kind == "distributed"
+
+    @property
+    def round_robin(self) -> bool:
+        return self.kind == "distributed" and self.key == ROUND_ROBIN
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "uid": self.uid,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "kind": self.kind,
+            "key": self.key,
+            "group": self.group,
+            "rows": self.rows,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TableSpec:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
+        return cls(
+            data["name"],
+            data["uid"],
+            schema,
+            data["kind"],
+            data["key"],
+            data["group"],
+            data.get("rows", 0),
+        )
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One shard: a table's slice of one unit."""
+
+    table: str
+    unit_id: int
+
+    def __str__(self) -> str:
+        return f"{self.table}#{self.unit_id}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    version: int = 0
+    epoch: int = 0
+    n_buckets: int = 256
+    nodes: tuple[str, ...] = ()
+    tables: Mapping[str, TableSpec] = field(default_factory=lambda: MappingProxyType({}))
+    groups: Mapping[str, Group] = field(default_factory=lambda: MappingProxyType({}))
+    next_unit_id: int = 0
+
+    # -- reading -------------------------------------------------------------------------
+    def table(self, name: str) -> TableSpec:
+        return self.tables[name]
+
+    def group_of(self, table: str) -> Group:
+        spec = self.tables[table]
+        if spec.group is None:
+            raise KeyError(f"table {table} is replicated and has no units")
+        return self.groups[spec.group]
+
+    def shards_on(self, node: str) -> list[ShardRef]:
+        """Every shard of a distributed table that ``node`` owns."""
+        refs = []
+        for spec in self.tables.values():
+            if spec.group is None:
+                continue
+            for unit in self.groups[spec.group].units:
+                if unit.node == node:
+                    refs.append(ShardRef(spec.name, unit.unit_id))
+        return refs
+
+    def replicated_tables(self) -> list[TableSpec]:
+        return [spec for spec in self.tables.values() if spec.kind == "replicated"]
+
+    def group_tables(self, group_id: str) -> list[str]:
+        return [spec.name for spec in self.tables.values() if spec.group == group_id]
+
+    # -- changing ------------------------------------------------------------------------
+    def _next(self, **changes: Any) -> Catalog:
+        return dataclasses.replace(self, version=self.version + 1, **changes)
+
+    def with_nodes(self, nodes: Iterable[str], placement: Mapping[int, str]) -> Catalog:
+        """Register the live node set; ``placement`` gives new owners of orphaned units."""
+        nodes = tuple(nodes)
+        moved = False
+        groups = {}
+        for group_id, group in self.groups.items():
+            units = []
+            for unit in group.units:
+                if unit.node not in nodes:
+                    unit = dataclasses.replace(unit, node=placement[unit.unit_id])
+                    moved = True
+                units.append(unit)
+            groups[group_id] = dataclasses.replace(group, units=tuple(units))
+        return self._next(
+            nodes=nodes,
+            groups=MappingProxyType(groups),
+            epoch=self.epoch + 1 if moved else self.epoch,
+        )
+
+    def orphaned_units(self, nodes: Iterable[str]) -> list[Unit]:
+        live = set(nodes)
+        return [u for g in self.groups.values() for u in g.units if u.node not in live]
+
+    def with_new_group(self, key_type: pa.DataType, owners: list[str]) -> tuple[Catalog, str]:
+        """A new co-location group with one unit per entry of ``owners``."""
+        group_id = f"g{uuid.uuid4().hex[:8]}"
+        ranges = split_range(0, self.n_buckets, len(owners))
+        units = tuple(
+            Unit(self.next_unit_id + i, lo, hi, owner)
+            for i, ((lo, hi), owner) in enumerate(zip(ranges, owners, strict=True))
+        )
+        group = Group(group_id, key_family(key_type), units)
+        groups = {**self.groups, group_id: group}
+        catalog = self._next(
+            groups=MappingProxyType(groups), next_unit_id=self.next_unit_id + len(units)
+        )
+        return catalog, group_id
+
+    def with_group(self, group: Group, next_unit_id: int) -> Catalog:
+        """Add a group planned against an older version (its unit ids are reserved)."""
+        return self._next(
+            groups=MappingProxyType({**self.groups, group.group_id: group}),
+            next_unit_id=max(self.next_unit_id, next_unit_id),
+        )
+
+    def with_table(self, spec: TableSpec) -> Catalog:
+        return self._next(tables=MappingProxyType({**self.tables, spec.name: spec}))
+
+    def without_table(self, name: str) -> Catalog:
+        spec = self.tables[name]
+        tables = {k: v for k, v in self.tables.items() if k != name}
+        groups = dict(self.groups)
+        if spec.group is not None and not any(t.group == spec.group for t in tables.values()):
+            del groups[spec.group]  # the last table of a group takes the group with it
+        return self._next(tables=MappingProxyType(tables), groups=MappingProxyType(groups))
+
+    # -- persistence ---------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "epoch": self.epoch,
+            "n_buckets": self.n_buckets,
+            "nodes": list(self.nodes),
+            "next_unit_id": self.next_unit_id,
+            "tables": [t.to_json() for t in self.tables.values()],
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "key_family": g.key_family,
+                    "units": [[u.unit_id, u.lo, u.hi, u.node] for u in g.units],
+                }
+                for g in self.groups.values()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Catalog:
+        tables = {t["name"]: TableSpec.from_json(t) for t in data["tables"]}
+        groups = {
+            g["group_id"]: Group(
+                g["group_id"], g["key_family"], tuple(Unit(*u) for u in g["units"])
+            )
+            for g in data["groups"]
+        }
+        return cls(
+            version=data["version"],
+            epoch=data["epoch"],
+            n_buckets=data["n_buckets"],
+            nodes=tuple(data["nodes"]),
+            tables=MappingProxyType(tables),
+            groups=MappingProxyType(groups),
+            next_unit_id=data["next_unit_id"],
+        )

@@ -1,0 +1,72 @@
+"""Settings: every knob shardflow has, with its default and what it does."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from shardflow.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Cluster and session settings. Pass to ``connect(settings=...)`` or as keywords.
+
+    Attributes:
+        buckets: virtual buckets a distribution key hashes into. Fixed for the life of a data
+            directory; a shard owns a contiguous range of them, so this bounds how finely a
+            table can ever be split.
+        shards_per_worker: shards a new distributed table gets per worker at creation.
+        engine_threads: DuckDB threads per worker; 0 means one per CPU core.
+        retry_deadline_s: how long a query or insert keeps retrying fragments whose worker
+            died or moved before it gives up with ``ClusterError``.
+        load_batch_rows: rows read and routed at a time when a table is loaded.
+        wal_checkpoint_entries: write-ahead log entries a shard keeps before folding them
+            into a new Parquet base.
+        wal_checkpoint_bytes: log bytes a shard keeps before a checkpoint.
+        plan_cache_size: distributed plans a session keeps, by query text and catalog version.
+        object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
+            0 lets Ray choose (30 % of memory).
+    """
+
+    buckets: int = 256
+    shards_per_worker: int = 2
+    engine_threads: int = 0
+    retry_deadline_s: float = 60.0
+    load_batch_rows: int = 1_000_000
+    wal_checkpoint_entries: int = 256
+    wal_checkpoint_bytes: int = 64 << 20
+    plan_cache_size: int = 256
+    object_store_memory: int = 0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"setting {field.name} must be a number, not {value!r}")
+        positive = ("buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
+        if self.buckets > 1 << 20:
+            raise ConfigError(f"setting buckets must be at most {1 << 20}, got {self.buckets}")
+        for name in (
+            "engine_threads",
+            "object_store_memory",
+            "wal_checkpoint_entries",
+            "wal_checkpoint_bytes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"setting {name} must not be negative")
+        if self.retry_deadline_s <= 0:
+            raise ConfigError("setting retry_deadline_s must be positive")
+
+    def replace(self, **changes: Any) -> Settings:
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
+        return dataclasses.replace(self, **changes)

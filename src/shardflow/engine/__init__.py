@@ -1,0 +1,5 @@
+"""Local execution: run SQL over named Arrow tables on one node."""
+
+from shardflow.engine.duckdb_engine import DuckDBEngine
+
+__all__ = ["DuckDBEngine"]

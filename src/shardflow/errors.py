@@ -1,0 +1,71 @@
+"""The errors shardflow raises: one small hierarchy rooted at :class:`Error`.
+
+Every user-facing error says what was wrong and what to do about it. Retry semantics are
+types (:class:`Retryable`, :class:`Moved`), never string matching.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Base class of every error shardflow raises on purpose."""
+
+
+class ConfigError(Error, ValueError):
+    """A bad argument to ``connect`` or a bad setting (wrong type, out of range)."""
+
+
+class QueryError(Error):
+    """A query could not be run. Subclasses say why; DuckDB's own message is kept."""
+
+
+class SqlSyntaxError(QueryError):
+    """The SQL text does not parse."""
+
+
+class UnknownTableError(QueryError, KeyError):
+    """A query, insert or drop names a table that does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownColumnError(QueryError):
+    """A query or table definition names a column that does not exist."""
+
+
+class UnsupportedError(QueryError):
+    """A valid construct shardflow does not run (yet); the message names it."""
+
+
+class TableError(Error):
+    """A table definition is invalid (bad source, bad distribution column, ...)."""
+
+
+class TableExistsError(TableError):
+    """``create_table`` was asked for a name that is already taken."""
+
+
+class SchemaMismatchError(Error, TypeError):
+    """Inserted data does not fit the table: missing, extra or mistyped columns, or NULLs
+    in a NOT NULL column. Nothing of the insert was written."""
+
+
+class ClusterError(Error):
+    """The cluster could not serve the request (workers unreachable past the retry deadline)."""
+
+
+class Retryable(ClusterError):
+    """Internal: a transient condition; the caller refreshes its view and tries again."""
+
+
+class Moved(Retryable):
+    """Internal: a worker no longer owns a shard at the routing epoch it was asked for."""
+
+    def __init__(self, shard: str, epoch: int) -> None:
+        super().__init__(f"shard {shard} is not served here at routing epoch {epoch}")
+        self.shard = shard
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[type[Moved], tuple[str, int]]:
+        return (Moved, (self.shard, self.epoch))

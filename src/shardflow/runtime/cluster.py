@@ -1,0 +1,150 @@
+"""Bringing the cluster up: an embedded local Ray bound to 127.0.0.1, or an existing Ray
+cluster; the coordinator and worker actors on it; and taking them down again."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from shardflow.config import Settings
+from shardflow.errors import ClusterError, ConfigError
+from shardflow.runtime.actors import (
+    COORDINATOR_CONCURRENCY,
+    WORKER_CONCURRENCY,
+    CoordinatorActor,
+    WorkerActor,
+)
+
+log = logging.getLogger(__name__)
+NAMESPACE = "shardflow"
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class ClusterHandle:
+    """The actors a session talks to, and what ``close`` must undo."""
+
+    prefix: str
+    data_dir: str
+    settings: Settings
+    coordinator: Any
+    workers: dict[str, Any] = field(default_factory=dict)
+    started_ray: bool = False
+    owns_actors: bool = True
+
+    @property
+    def coordinator_name(self) -> str:
+        return f"{self.prefix}-coordinator"
+
+    def worker_name(self, node_id: str) -> str:
+        return f"{self.prefix}-worker-{node_id}"
+
+    def worker(self, node_id: str) -> Any:
+        handle = self.workers.get(node_id)
+        if handle is None:
+            try:
+                handle = ray.get_actor(self.worker_name(node_id), namespace=NAMESPACE)
+            except ValueError:
+                raise ClusterError(f"worker {node_id} is not running") from None
+            self.workers[node_id] = handle
+        return handle
+
+
+def start_ray(address: str | None, settings: Settings) -> bool:
+    """Start or join Ray; returns True when this call started a local instance."""
+    if ray.is_initialized():
+        return False
+    if address is None:
+        # Ray binds a local cluster to loopback only with this set in the starting process.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        kwargs: dict[str, Any] = {
+            "num_cpus": max(os.cpu_count() or 1, 1),
+            "include_dashboard": False,
+            "_node_ip_address": LOOPBACK,
+            "namespace": NAMESPACE,
+            "logging_level": logging.WARNING,
+            "log_to_driver": False,
+        }
+        if settings.object_store_memory:
+            kwargs["object_store_memory"] = settings.object_store_memory
+        ray.init(**kwargs)
+        return True
+    try:
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
+    return False
+
+
+def gpu_count() -> int:
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def launch(
+    address: str | None, workers: int | None, data_dir: str, settings: Settings
+) -> ClusterHandle:
+    """Start (or attach to) the coordinator and the workers."""
+    started = start_ray(address, settings)
+    try:
+        return _launch_actors(address, workers, data_dir, settings, started)
+    except BaseException:
+        if started:
+            ray.shutdown()
+        raise
+
+
+def _launch_actors(
+    address: str | None, workers: int | None, data_dir: str, settings: Settings, started: bool
+) -> ClusterHandle:
+    if address is None:
+        prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
+    else:  # sessions on one Ray cluster and one data directory share the actors
+        prefix = f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
+    handle = ClusterHandle(prefix, data_dir, settings, coordinator=None, started_ray=started)
+    try:  # a cluster for this data directory already runs: attach to it
+        handle.coordinator = ray.get_actor(handle.coordinator_name, namespace=NAMESPACE)
+        handle.owns_actors = False
+        return handle
+    except ValueError:
+        pass
+    gpus = gpu_count() if address is not None else 0
+    count = workers if workers is not None else (gpus or 4)
+    handle.coordinator = CoordinatorActor.options(  # type: ignore[attr-defined]
+        name=handle.coordinator_name,
+        namespace=NAMESPACE,
+        max_restarts=-1,
+        max_concurrency=COORDINATOR_CONCURRENCY,
+        num_cpus=0,
+    ).remote(data_dir, settings)
+    nodes = [f"node-{i}" for i in range(count)]
+    ray.get(handle.coordinator.register_nodes.remote(nodes))
+    resources: dict[str, Any] = {"num_cpus": 0}
+    if gpus and workers is None:
+        resources["num_gpus"] = 1  # one worker per GPU, pinned to it
+    for node in nodes:
+        handle.workers[node] = WorkerActor.options(  # type: ignore[attr-defined]
+            name=handle.worker_name(node),
+            namespace=NAMESPACE,
+            max_restarts=-1,
+            max_concurrency=WORKER_CONCURRENCY,
+            **resources,
+        ).remote(node, data_dir, settings, handle.coordinator_name, NAMESPACE)
+    ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
+    return handle
+
+
+def shutdown(handle: ClusterHandle) -> None:
+    """Stop what ``launch`` started: the actors it created (they share its fate anyway) and
+    Ray if it started it. A session that attached to running actors leaves them."""
+    if handle.owns_actors and not handle.started_ray:
+        for worker in handle.workers.values():
+            ray.kill(worker, no_restart=True)
+        if handle.coordinator is not None:
+            ray.kill(handle.coordinator, no_restart=True)
+    if handle.started_ray and ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,181 @@
+"""The coordinator: the control plane. It owns the catalog (tables, units, routing epoch),
+persists every change, and decides placement with the pure policies in ``control/``.
+Queries and inserts never pass through it."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec
+from shardflow.catalog.buckets import key_family
+from shardflow.config import Settings
+from shardflow.control.placement import place_units
+from shardflow.errors import TableError, TableExistsError, UnknownTableError
+
+log = logging.getLogger(__name__)
+TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class PendingTable:
+    spec: TableSpec
+    catalog: Catalog
+    """The catalog as it will be once the table is committed (new group included)."""
+
+
+class CoordinatorState:
+    """The coordinator's logic, independent of Ray (the actor wraps it)."""
+
+    def __init__(self, data_dir: str, settings: Settings) -> None:
+        self.data_dir = DataDir.resolve(data_dir)
+        self.store = CatalogStore(self.data_dir)
+        self.settings = settings
+        self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
+        self.pending: dict[str, PendingTable] = {}
+        self.profiles: dict[str, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+        self._remove_orphaned_files()
+
+    def _remove_orphaned_files(self) -> None:
+        """Table folders no catalog entry points at: left by a crash during a load or drop."""
+        folder = self.data_dir.path("tables")
+        infos = self.data_dir.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        known = {spec.uid for spec in self.catalog.tables.values()}
+        for info in infos:
+            if info.type == pafs.FileType.Directory and info.base_name not in known:
+                log.info("removing orphaned table files %s", info.path)
+                self.data_dir.delete_dir(info.path)
+
+    def _save(self, catalog: Catalog) -> dict[str, Any]:
+        self.store.save(catalog)
+        self.catalog = catalog
+        return catalog.to_json()
+
+    def catalog_json(self) -> dict[str, Any]:
+        with self._lock:
+            return self.catalog.to_json()
+
+    # -- nodes --------------------------------------------------------------------------
+    def register_nodes(self, nodes: list[str]) -> dict[str, Any]:
+        """Declare the live nodes; units on nodes that are gone get new owners."""
+        with self._lock:
+            orphans = self.catalog.orphaned_units(nodes)
+            current = Counter(
+                u.node for g in self.catalog.groups.values() for u in g.units if u.node in nodes
+            )
+            owners = place_units(len(orphans), self._capacities(nodes), current)
+            placement = {unit.unit_id: owner for unit, owner in zip(orphans, owners, strict=True)}
+            if orphans:
+                log.info("reassigning %d units of departed nodes", len(orphans))
+            if tuple(nodes) == self.catalog.nodes and not orphans:
+                return self.catalog.to_json()
+            return self._save(self.catalog.with_nodes(nodes, placement))
+
+    def report_profile(self, node_id: str, profile: dict[str, Any]) -> None:
+        with self._lock:
+            self.profiles[node_id] = profile
+
+    def _capacities(self, nodes: list[str]) -> dict[str, float]:
+        return {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
+
+    # -- tables -------------------------------------------------------------------------
+    def begin_create(
+        self,
+        name: str,
+        schema_bytes: bytes,
+        kind: str,
+        key: str | None,
+        colocate_with: str | None,
+    ) -> dict[str, Any]:
+        """Reserve ``name`` and plan its units; nothing is visible until :meth:`commit_create`."""
+        schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        with self._lock:
+            if not TABLE_NAME.match(name):
+                raise TableError(
+                    f"invalid table name {name!r}: use letters, digits and underscores, "
+                    "not starting with a digit"
+                )
+            if name in self.catalog.tables or name in self.pending:
+                raise TableExistsError(f"table {name!r} already exists; drop it first")
+            catalog = self.catalog
+            group = None
+            if kind == "distributed":
+                if colocate_with is not None:
+                    group = self._colocation_group(colocate_with, schema, key)
+                else:
+                    nodes = list(catalog.nodes)
+                    if not nodes:
+                        raise TableError("the cluster has no workers to place shards on")
+                    current = Counter(u.node for g in catalog.groups.values() for u in g.units)
+                    owners = place_units(
+                        self.settings.shards_per_worker * len(nodes),
+                        self._capacities(nodes),
+                        current,
+                    )
+                    key_type = schema.field(key).type if key else pa.int64()
+                    catalog, group = catalog.with_new_group(key_type, owners)
+            spec = TableSpec(
+                name,
+                uuid.uuid4().hex,
+                schema,
+                "distributed" if kind == "distributed" else "replicated",
+                (key or "") if kind == "distributed" else None,
+                group,
+            )
+            catalog = catalog.with_table(spec)
+            self.pending[name] = PendingTable(spec, catalog)
+            return catalog.to_json()
+
+    def _colocation_group(self, other: str, schema: pa.Schema, key: str | None) -> str:
+        spec = self.catalog.tables.get(other)
+        if spec is None:
+            raise UnknownTableError(f"colocate_with names unknown table {other!r}")
+        if not spec.distributed or spec.group is None:
+            raise TableError(f"cannot co-locate with {other!r}: it is replicated")
+        if not spec.key or not key:
+            raise TableError("co-located tables need a distribution column on both sides")
+        group = self.catalog.groups[spec.group]
+        family = key_family(schema.field(key).type)
+        if family != group.key_family:
+            raise TableError(
+                f"cannot co-locate {key!r} ({schema.field(key).type}) with {other}.{spec.key} "
+                f"({spec.schema.field(spec.key).type}): keys must hash alike "
+                f"({family} vs {group.key_family})"
+            )
+        return spec.group
+
+    def commit_create(self, name: str, rows: int) -> dict[str, Any]:
+        with self._lock:
+            pending = self.pending.pop(name)
+            catalog = self.catalog
+            spec = pending.spec
+            if spec.group is not None and spec.group not in catalog.groups:
+                catalog = catalog.with_group(
+                    pending.catalog.groups[spec.group], pending.catalog.next_unit_id
+                )
+            return self._save(catalog.with_table(replace(spec, rows=rows)))
+
+    def abort_create(self, name: str) -> None:
+        with self._lock:
+            pending = self.pending.pop(name, None)
+        if pending is not None:
+            self.data_dir.delete_dir(self.data_dir.path("tables", pending.spec.uid))
+
+    def drop_table(self, name: str) -> tuple[dict[str, Any], str]:
+        with self._lock:
+            if name not in self.catalog.tables:
+                raise UnknownTableError(f"unknown table {name!r}")
+            uid = self.catalog.table(name).uid
+            return self._save(self.catalog.without_table(name)), uid
+
+    def delete_files(self, uid: str) -> None:
+        self.data_dir.delete_dir(self.data_dir.path("tables", uid))

@@ -1,0 +1,482 @@
+"""The client session: plans queries, scatters fragments straight to the workers, merges;
+routes inserts to shard owners; loads tables. It caches the routing snapshot (the catalog)
+and refreshes it when a worker answers ``Moved`` or dies, then retries what failed."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog.buckets import key_family
+from shardflow.catalog.types import storage_schema
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import (
+    ClusterError,
+    Error,
+    QueryError,
+    Retryable,
+    SqlSyntaxError,
+    TableError,
+    UnknownColumnError,
+    UnknownTableError,
+)
+from shardflow.runtime.cluster import ClusterHandle
+from shardflow.runtime.executor import ExecutionReport, FragmentResult, execute
+from shardflow.runtime.worker import REPLICA
+from shardflow.sql import DistributedPlan, Stage, explain, plan
+from shardflow.storage.conform import conform
+from shardflow.storage.partition import split_by_unit
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_IN_FLIGHT_LOADS = 8
+
+
+@dataclass(frozen=True)
+class PlannedQuery:
+    plan: DistributedPlan
+    schema: pa.Schema
+    """The result schema DuckDB gives the query: the answer is returned with these names."""
+    plan_seconds: float
+
+
+class _Transient(Exception):
+    """A call failed for a reason a retry with fresh routing can cure."""
+
+
+def _unwrap(call: Callable[[], T]) -> T:
+    """Run a Ray call; re-raise errors of ours as themselves, transient ones as _Transient."""
+    try:
+        return call()
+    except RayActorError as error:
+        raise _Transient(str(error)) from None
+    except RayTaskError as error:
+        cause = error.cause
+        if isinstance(cause, Retryable):
+            raise _Transient(str(cause)) from None
+        if isinstance(cause, Error):
+            raise cause from None
+        if isinstance(cause, RayActorError):
+            raise _Transient(str(cause)) from None
+        raise ClusterError(f"a worker failed: {cause!r}") from None
+
+
+class Session:
+    def __init__(self, handle: ClusterHandle) -> None:
+        self.handle = handle
+        self.settings = handle.settings
+        self.engine = DuckDBEngine()
+        self._plans: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
+        self._lock = threading.Lock()
+        self._round_robin = itertools.count()
+        self._validator: tuple[int, dict[str, pa.Table]] | None = None
+        self.catalog = Catalog()
+        self.refresh()
+
+    # -- routing ------------------------------------------------------------------------
+    def refresh(self) -> Catalog:
+        catalog = Catalog.from_json(ray.get(self.handle.coordinator.catalog.remote()))
+        with self._lock:
+            if catalog.version >= self.catalog.version:
+                self.catalog = catalog
+            return self.catalog
+
+    def _retrying(self, what: str, attempt: Callable[[], bool]) -> None:
+        """Call ``attempt`` until it reports nothing is left, refreshing routing in between."""
+        deadline = time.monotonic() + self.settings.retry_deadline_s
+        delay = 0.05
+        while not attempt():
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{what}: workers did not answer within {self.settings.retry_deadline_s:g}s"
+                    " (retry_deadline_s); check db.cluster.nodes()"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            self.refresh()
+
+    def table_spec(self, name: str) -> TableSpec:
+        if not isinstance(name, str):
+            raise UnknownTableError(f"a table name must be a string, not {type(name).__name__}")
+        spec = self.catalog.tables.get(name)
+        if spec is None:
+            spec = self.refresh().tables.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self.catalog.tables)) or "none yet"
+            raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
+        return spec
+
+    # -- queries ------------------------------------------------------------------------
+    def plan(self, sql: str) -> PlannedQuery:
+        catalog = self.catalog
+        key = (sql, catalog.version)
+        with self._lock:
+            cached = self._plans.get(key)
+            if cached is not None:
+                self._plans.move_to_end(key)
+                return cached
+        started = time.perf_counter()
+        distributed = plan(sql, catalog)
+        schema = self._validate(sql, catalog)
+        planned = PlannedQuery(distributed, schema, time.perf_counter() - started)
+        with self._lock:
+            self._plans[key] = planned
+            while len(self._plans) > self.settings.plan_cache_size:
+                self._plans.popitem(last=False)
+        return planned
+
+    def _validate(self, sql: str, catalog: Catalog) -> pa.Schema:
+        """Bind the query in DuckDB over empty tables: type errors, unknown functions and
+        the like surface here with DuckDB's own message, before any worker is asked."""
+        if self._validator is None or self._validator[0] != catalog.version:
+            empties = {n: s.schema.empty_table() for n, s in catalog.tables.items()}
+            self._validator = (catalog.version, empties)
+        try:
+            return self.engine.run(sql, self._validator[1]).schema
+        except duckdb.ParserException as error:
+            raise SqlSyntaxError(str(error).strip()) from None
+        except duckdb.BinderException as error:
+            message = str(error).strip()
+            if "not found" in message and "olumn" in message:
+                raise UnknownColumnError(message) from None
+            raise QueryError(message) from None
+        except duckdb.Error as error:
+            raise QueryError(str(error).strip()) from None
+
+    def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+        planned = self.plan(sql)
+        result, report = execute(planned.plan, _RayRunner(self), self.engine)
+        report.plan_seconds = planned.plan_seconds
+        return _as_schema(result, planned.schema), report
+
+    def explain(self, sql: str) -> str:
+        return explain(self.plan(sql).plan)
+
+    # -- inserts ------------------------------------------------------------------------
+    def insert(self, name: str, data: object) -> int:
+        spec = self.table_spec(name)
+        table = conform(data, spec.schema, name)
+        if table.num_rows == 0:
+            return 0
+        batch_id = uuid.uuid4().hex
+        if spec.kind == "replicated":
+            self._insert_replicated(spec, table, batch_id)
+        else:
+            self._insert_distributed(spec, table, batch_id)
+        return table.num_rows
+
+    def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
+        pending = [table]
+
+        def attempt() -> bool:
+            catalog = self.catalog
+            rows = pa.concat_tables(pending)
+            pending.clear()
+            by_node: dict[str, dict[int, pa.Table]] = defaultdict(dict)
+            group = catalog.group_of(spec.name)
+            for unit_id, part in split_by_unit(rows, spec, catalog).items():
+                by_node[group.unit(unit_id).node][unit_id] = part
+            calls = {
+                node: self.handle.worker(node).append.remote(
+                    spec.name, parts, batch_id, catalog.epoch
+                )
+                for node, parts in by_node.items()
+            }
+            for node, ref in calls.items():
+                try:
+                    _unwrap(lambda ref=ref: ray.get(ref))
+                except _Transient as error:
+                    log.info("insert into %s retried on %s: %s", spec.name, node, error)
+                    pending.extend(by_node[node].values())
+            return not pending
+
+        self._retrying(f"insert into {spec.name}", attempt)
+
+    def _insert_replicated(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
+        ref = ray.put(table)
+        primary = sorted(self.catalog.nodes)[0]
+        # The primary logs the rows durably first; then every other replica applies them.
+        self._deliver_replica(spec.name, ref, batch_id, [primary])
+        others = [n for n in self.catalog.nodes if n != primary]
+        self._deliver_replica(spec.name, ref, batch_id, others)
+
+    def _deliver_replica(self, table: str, ref: Any, batch_id: str, nodes: list[str]) -> None:
+        remaining = list(nodes)
+
+        def attempt() -> bool:
+            calls = [
+                (n, self.handle.worker(n).append_replica.remote(table, ref, batch_id))
+                for n in remaining
+            ]
+            remaining.clear()
+            for node, call in calls:
+                try:
+                    _unwrap(lambda call=call: ray.get(call))
+                except _Transient:
+                    remaining.append(node)
+            return not remaining
+
+        self._retrying(f"insert into {table}", attempt)
+
+    # -- tables -------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        source: object,
+        distributed_by: str | None,
+        replicated: bool,
+        colocate_with: str | None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        if not isinstance(name, str):
+            raise TableError(f"a table name must be a string, not {type(name).__name__}")
+        if replicated and (distributed_by is not None or colocate_with is not None):
+            raise TableError("a replicated table takes neither distributed_by nor colocate_with")
+        if colocate_with is not None and distributed_by is None:
+            raise TableError("colocate_with needs distributed_by (the column to co-locate on)")
+        schema, total, batches = _open_source(source, self.settings.load_batch_rows)
+        schema = storage_schema(schema)
+        if distributed_by is not None:
+            if schema.get_field_index(distributed_by) < 0:
+                raise UnknownColumnError(
+                    f"distributed_by names {distributed_by!r}, which is not a column of the "
+                    f"source (columns: {schema.names})"
+                )
+            try:
+                key_family(schema.field(distributed_by).type)
+            except TypeError as error:
+                raise TableError(str(error)) from None
+        kind = "replicated" if replicated else "distributed"
+        preview = Catalog.from_json(
+            ray.get(
+                self.handle.coordinator.begin_create.remote(
+                    name,
+                    schema.serialize().to_pybytes(),
+                    kind,
+                    distributed_by or "",
+                    colocate_with,
+                )
+            )
+        )
+        spec = preview.table(name)
+        try:
+            rows = self._load(spec, preview, batches, total, progress)
+            catalog = ray.get(self.handle.coordinator.commit_create.remote(name, rows))
+        except BaseException:
+            self._abort_load(spec, preview)
+            raise
+        ray.get([self.handle.worker(n).finish_load.remote(name, catalog) for n in preview.nodes])
+        self.refresh()
+        return rows
+
+    def _load(
+        self,
+        spec: TableSpec,
+        preview: Catalog,
+        batches: Iterator[pa.RecordBatch],
+        total: int,
+        progress: Callable[[int, int], None] | None,
+    ) -> int:
+        nodes = list(preview.nodes)
+        primary = sorted(nodes)[0]
+        units_by_node: dict[str, list[int]] = defaultdict(list)
+        if spec.group is not None:
+            for unit in preview.groups[spec.group].units:
+                units_by_node[unit.node].append(unit.unit_id)
+        targets = nodes if spec.kind == "replicated" else sorted(units_by_node)
+        ray.get(
+            [
+                self.handle.worker(n).prepare.remote(
+                    spec.to_json(), units_by_node.get(n, []), n == primary
+                )
+                for n in targets
+            ]
+        )
+        in_flight: list[Any] = []
+        loaded = 0
+        for batch in batches:
+            table = pa.Table.from_batches([batch]).cast(spec.schema)
+            if spec.kind == "replicated":
+                ref = ray.put(table)
+                in_flight += [
+                    self.handle.worker(n).stage.remote(spec.name, [REPLICA], ref) for n in nodes
+                ]
+            else:
+                by_node: dict[str, dict[int, pa.Table]] = defaultdict(dict)
+                group = preview.group_of(spec.name)
+                for unit_id, part in split_by_unit(table, spec, preview).items():
+                    by_node[group.unit(unit_id).node][unit_id] = part
+                in_flight += [
+                    self.handle.worker(n).stage.remote(spec.name, list(parts), *parts.values())
+                    for n, parts in by_node.items()
+                ]
+            loaded += table.num_rows
+            if len(in_flight) > MAX_IN_FLIGHT_LOADS * len(nodes):
+                ray.get(in_flight)
+                in_flight = []
+            if progress is not None:
+                progress(loaded, total)
+        ray.get(in_flight)
+        counts = ray.get([self.handle.worker(n).commit_load.remote(spec.name) for n in targets])
+        return loaded if spec.kind == "replicated" else sum(counts)
+
+    def _abort_load(self, spec: TableSpec, preview: Catalog) -> None:
+        for node in preview.nodes:
+            try:
+                ray.get(self.handle.worker(node).abort_load.remote(spec.name))
+            except Exception as error:  # the abort is best effort; files are removed below
+                log.warning("abort of %s on %s failed: %s", spec.name, node, error)
+        ray.get(self.handle.coordinator.abort_create.remote(spec.name))
+
+    def drop_table(self, name: str) -> None:
+        self.table_spec(name)
+        catalog, uid = _unwrap(lambda: ray.get(self.handle.coordinator.drop_table.remote(name)))
+        for node in Catalog.from_json(catalog).nodes:
+            try:
+                ray.get(self.handle.worker(node).sync.remote(catalog))
+            except RayActorError:
+                pass  # a restarting worker loads the new catalog anyway
+        ray.get(self.handle.coordinator.delete_files.remote(uid))
+        self.refresh()
+
+    # -- reporting ----------------------------------------------------------------------
+    def worker_infos(self) -> dict[str, dict[str, Any]]:
+        catalog = self.refresh()
+        calls = {n: self.handle.worker(n).info.remote() for n in catalog.nodes}
+        infos = {}
+        for node, call in calls.items():
+            try:
+                infos[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                infos[node] = {}
+        return infos
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _RayRunner:
+    """Runs fragments on the workers through Ray, retrying moved or dead ones."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._refs: dict[int, Any] = {}
+
+    def _put(self, inputs: Mapping[str, pa.Table]) -> tuple[list[str], list[Any]]:
+        names = list(inputs)
+        refs = []
+        for table in inputs.values():
+            ref = self._refs.get(id(table))
+            if ref is None:
+                ref = self._refs[id(table)] = ray.put(table)
+            refs.append(ref)
+        return names, refs
+
+    def scatter(self, stage: Stage, inputs: Mapping[str, pa.Table]) -> list[FragmentResult]:
+        session = self.session
+        names, refs = self._put(inputs)
+        results: list[FragmentResult] = []
+        assert stage.group is not None
+        pending: set[int] | None = None
+
+        def attempt() -> bool:
+            nonlocal pending
+            catalog = session.catalog
+            group = catalog.groups.get(stage.group or "")
+            if group is None:
+                raise QueryError("a table of the query was dropped while it ran")
+            if pending is None:
+                pending = {u.unit_id for u in group.units}
+            by_node: dict[str, list[int]] = defaultdict(list)
+            for unit in group.units:
+                if unit.unit_id in pending:
+                    by_node[unit.node].append(unit.unit_id)
+            calls = {
+                node: session.handle.worker(node).execute.remote(
+                    stage.sql, {t: units for t in stage.tables}, catalog.epoch, names, *refs
+                )
+                for node, units in by_node.items()
+            }
+            for node, call in calls.items():
+                try:
+                    table, seconds = _unwrap(lambda call=call: ray.get(call))
+                except _Transient as error:
+                    log.info("fragment retried after %s failed: %s", node, error)
+                    continue
+                results.append(FragmentResult(table, node, seconds))
+                pending -= set(by_node[node])
+            return not pending
+
+        session._retrying("query", attempt)
+        return results
+
+    def run_on_worker(self, sql: str, inputs: Mapping[str, pa.Table]) -> FragmentResult:
+        session = self.session
+        names, refs = self._put(inputs)
+        found: list[FragmentResult] = []
+
+        def attempt() -> bool:
+            nodes = session.catalog.nodes
+            node = nodes[next(session._round_robin) % len(nodes)]
+            call = session.handle.worker(node).execute.remote(sql, {}, 0, names, *refs)
+            try:
+                table, seconds = _unwrap(lambda: ray.get(call))
+            except _Transient:
+                return False
+            found.append(FragmentResult(table, node, seconds))
+            return True
+
+        session._retrying("query", attempt)
+        return found[0]
+
+
+def _as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The answer with DuckDB's column names, and its types where they convert safely."""
+    if result.num_columns != len(schema):
+        raise AssertionError(f"plan produced {result.num_columns} columns, query has {len(schema)}")
+    result = result.rename_columns(schema.names)
+    if result.schema.equals(schema):
+        return result
+    try:
+        return result.cast(schema, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return result
+
+
+def _open_source(
+    source: object, batch_rows: int
+) -> tuple[pa.Schema, int, Iterator[pa.RecordBatch]]:
+    if isinstance(source, pa.RecordBatch):
+        source = pa.Table.from_batches([source])
+    if isinstance(source, pa.Table):
+        return source.schema, source.num_rows, iter(source.to_batches(max_chunksize=batch_rows))
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if "://" not in path and not Path(path).exists():
+            raise TableError(f"source {path!r} does not exist")
+        try:
+            dataset = ds.dataset(path, format="parquet")
+            total = dataset.count_rows()
+        except (pa.ArrowInvalid, OSError) as error:
+            raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
+        return dataset.schema, total, dataset.to_batches(batch_size=batch_rows)
+    raise TableError(
+        "a table source is a Parquet file or directory (path or URI) or a pyarrow.Table, "
+        f"not {type(source).__name__}"
+    )

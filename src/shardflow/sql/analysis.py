@@ -1,0 +1,206 @@
+"""Small read-only helpers over qualified SQLGlot trees, shared by the planner and its rules."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+QUERY_NODES = (exp.Select, exp.SetOperation)
+ColumnId = tuple[int, str, str]
+"""A column as (defining SELECT block, source alias, column name): unique in a whole query,
+even where a subquery reuses an outer alias."""
+
+
+@dataclass
+class SourceRef:
+    """A source in a SELECT's FROM clause: the FROM item or one JOIN."""
+
+    alias: str
+    node: exp.Expr
+    join: exp.Join | None
+
+    @property
+    def side(self) -> str:
+        return (self.join.side or "").upper() if self.join is not None else ""
+
+    @property
+    def kind(self) -> str:
+        return (self.join.kind or "").upper() if self.join is not None else ""
+
+    @property
+    def outer_right(self) -> bool:
+        """This source is on the null-supplying (or filtering) side of its join."""
+        return self.side == "LEFT" or self.kind in ("SEMI", "ANTI")
+
+
+def sources(select: exp.Select) -> list[SourceRef]:
+    found = []
+    from_ = select.args.get("from_")
+    if from_ is not None:
+        found.append(SourceRef(from_.this.alias_or_name, from_.this, None))
+    for join in select.args.get("joins") or []:
+        found.append(SourceRef(join.this.alias_or_name, join.this, join))
+    return found
+
+
+def conjuncts(condition: exp.Expr | None) -> list[exp.Expr]:
+    """Split ``a AND (b AND c)`` into ``[a, b, c]``."""
+    if condition is None:
+        return []
+    if isinstance(condition, exp.Where):
+        condition = condition.this
+    while isinstance(condition, exp.Paren):
+        condition = condition.this
+    if isinstance(condition, exp.And):
+        return conjuncts(condition.left) + conjuncts(condition.right)
+    return [condition]
+
+
+def and_all(parts: Iterable[exp.Expr]) -> exp.Expr | None:
+    parts = list(parts)
+    if not parts:
+        return None
+    return exp.and_(*[p.copy() for p in parts], copy=False)
+
+
+def column_id(column: exp.Column) -> ColumnId:
+    """The scoped id of a qualified column: the nearest enclosing SELECT defining its alias."""
+    select = column.find_ancestor(exp.Select)
+    while select is not None:
+        if any(s.alias == column.table for s in sources(select)):
+            return (id(select), column.table, column.name)
+        select = select.parent_select
+    return (0, column.table, column.name)
+
+
+def source_column(select: exp.Select, alias: str, name: str) -> ColumnId:
+    return (id(select), alias, name)
+
+
+def equalities(condition: exp.Expr | None) -> Iterator[tuple[ColumnId, ColumnId]]:
+    """Column pairs that a conjunct ``a.x = b.y`` makes equal on every row that passes."""
+    for part in conjuncts(condition):
+        if isinstance(part, exp.EQ):
+            left, right = _strip(part.left), _strip(part.right)
+            if isinstance(left, exp.Column) and isinstance(right, exp.Column):
+                if left.table and right.table:
+                    yield column_id(left), column_id(right)
+
+
+def _strip(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def walk_block(node: exp.Expr) -> Iterator[exp.Expr]:
+    """Every node of ``node`` that belongs to its own SELECT block (not to nested queries)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in current.iter_expressions():
+            if isinstance(child, QUERY_NODES) or (
+                isinstance(child, exp.Subquery) and isinstance(child.this, QUERY_NODES)
+            ):
+                continue
+            stack.append(child)
+
+
+def nested_queries(select: exp.Select) -> list[exp.Expr]:
+    """Queries nested in expressions of ``select`` (WHERE, SELECT list, HAVING, ON, ...),
+    not the derived tables of its FROM clause, not deeper ones."""
+    found: list[exp.Expr] = []
+    roots = [
+        value
+        for key, value in select.args.items()
+        if key not in ("from_", "joins", "with_") and isinstance(value, exp.Expr)
+    ]
+    roots += [e for e in select.args.get("expressions") or []]
+    roots += [j.args["on"] for j in select.args.get("joins") or [] if j.args.get("on")]
+    seen: set[int] = set()
+    for root in roots:
+        for node in _walk_until_query(root):
+            if id(node) not in seen:
+                seen.add(id(node))
+                found.append(node)
+    return found
+
+
+def _walk_until_query(root: exp.Expr) -> Iterator[exp.Expr]:
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, QUERY_NODES):
+            yield current
+            continue
+        stack.extend(current.iter_expressions())
+
+
+def block_parts(select: exp.Select, keys: tuple[str, ...]) -> list[exp.Expr]:
+    parts: list[exp.Expr] = []
+    for key in keys:
+        value = select.args.get(key)
+        if isinstance(value, list):
+            parts.extend(value)
+        elif isinstance(value, exp.Expr):
+            parts.append(value)
+    return parts
+
+
+def defined_aliases(query: exp.Expr) -> set[str]:
+    """Every source alias and CTE name defined anywhere inside ``query``."""
+    names: set[str] = set()
+    for node in query.walk():
+        if isinstance(node, exp.Select):
+            names.update(s.alias for s in sources(node))
+        elif isinstance(node, exp.CTE):
+            names.add(node.alias_or_name)
+    return names
+
+
+def external_columns(query: exp.Expr) -> list[exp.Column]:
+    """Columns of ``query`` that refer to sources outside it (correlation)."""
+    inner = defined_aliases(query)
+    return [c for c in query.find_all(exp.Column) if c.table and c.table not in inner]
+
+
+def is_aggregate(node: exp.Expr) -> bool:
+    """An aggregate call evaluated by GROUP BY (a window function is not)."""
+    return isinstance(node, exp.AggFunc) and not isinstance(node.parent, exp.Window)
+
+
+def block_has_aggregates(select: exp.Select) -> bool:
+    parts = block_parts(select, ("expressions", "having", "order", "qualify"))
+    return any(is_aggregate(n) for part in parts for n in walk_block(part))
+
+
+def block_windows(select: exp.Select) -> list[exp.Window]:
+    parts = block_parts(select, ("expressions", "order", "qualify"))
+    return [n for part in parts for n in walk_block(part) if isinstance(n, exp.Window)]
+
+
+def table_names(query: exp.Expr) -> set[str]:
+    """Names of the (non-function) tables a query reads, CTE names included."""
+    return {t.name for t in query.find_all(exp.Table) if isinstance(t.this, exp.Identifier)}
+
+
+class UnionFind:
+    def __init__(self) -> None:
+        self._parent: dict[Hashable, Hashable] = {}
+
+    def find(self, item: Hashable) -> Hashable:
+        parent = self._parent.setdefault(item, item)
+        if parent != item:
+            parent = self._parent[item] = self.find(parent)
+        return parent
+
+    def items(self) -> list[Hashable]:
+        return list(self._parent)
+
+    def union(self, a: Hashable, b: Hashable) -> None:
+        root_a, root_b = self.find(a), self.find(b)
+        if root_a != root_b:
+            self._parent[root_a] = root_b

@@ -1,0 +1,124 @@
+"""Parsing and name resolution: SQL text to a qualified SQLGlot tree, or a clear error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, ParseError, TokenError
+from sqlglot.optimizer.qualify import qualify
+
+from shardflow.catalog import Catalog
+from shardflow.errors import (
+    QueryError,
+    SqlSyntaxError,
+    UnknownColumnError,
+    UnknownTableError,
+    UnsupportedError,
+)
+
+DIALECT = "duckdb"
+QUERY_TYPES = (exp.Select, exp.SetOperation)
+
+
+def sql_type(arrow_type: pa.DataType) -> str:
+    """The SQL type name of an Arrow type, for SQLGlot's schema."""
+    if pa.types.is_boolean(arrow_type):
+        return "BOOLEAN"
+    if pa.types.is_int8(arrow_type):
+        return "TINYINT"
+    if pa.types.is_int16(arrow_type):
+        return "SMALLINT"
+    if pa.types.is_int32(arrow_type):
+        return "INT"
+    if pa.types.is_int64(arrow_type):
+        return "BIGINT"
+    if pa.types.is_unsigned_integer(arrow_type):
+        return "UBIGINT"
+    if pa.types.is_float32(arrow_type):
+        return "FLOAT"
+    if pa.types.is_floating(arrow_type):
+        return "DOUBLE"
+    if pa.types.is_decimal(arrow_type):
+        return f"DECIMAL({arrow_type.precision}, {arrow_type.scale})"
+    if pa.types.is_date(arrow_type):
+        return "DATE"
+    if pa.types.is_timestamp(arrow_type):
+        return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
+    if pa.types.is_time(arrow_type):
+        return "TIME"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "VARCHAR"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "BLOB"
+    return "UNKNOWN"
+
+
+def catalog_schema(catalog: Catalog) -> dict[str, object]:
+    return {
+        name: {field.name: sql_type(field.type) for field in spec.schema}
+        for name, spec in catalog.tables.items()
+    }
+
+
+def parse(sql: str) -> exp.Expr:
+    """Parse one SELECT statement (with CTEs, set operations, subqueries)."""
+    if not isinstance(sql, str):
+        raise SqlSyntaxError(f"a query must be a string, not {type(sql).__name__}")
+    try:
+        statements = [s for s in sqlglot.parse(sql, dialect=DIALECT) if s is not None]
+    except (ParseError, TokenError) as error:
+        raise SqlSyntaxError(f"cannot parse the query: {_first_line(error)}") from None
+    if not statements:
+        raise SqlSyntaxError("the query is empty")
+    if len(statements) > 1:
+        raise UnsupportedError("db.sql() runs one statement at a time; split the text at ';'")
+    tree = statements[0]
+    while isinstance(tree, exp.Subquery) and isinstance(tree.this, QUERY_TYPES):
+        tree = tree.this
+    if not isinstance(tree, QUERY_TYPES):
+        kind = tree.key.upper()
+        raise UnsupportedError(
+            f"db.sql() runs queries (SELECT); {kind} statements are not supported: "
+            "use db.create_table(), db.insert() and db.drop_table() to change data"
+        )
+    return tree
+
+
+def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
+    """Check table and column names against the catalog and qualify every column."""
+    cte_names = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier):
+            continue  # a table function such as read_parquet(...) or range(...)
+        name = table.name
+        if table.args.get("db") or table.args.get("catalog"):
+            raise UnknownTableError(
+                f"unknown table {table.sql(DIALECT)}: shardflow tables have no schema prefix"
+            )
+        if name not in catalog.tables and name not in cte_names:
+            known = ", ".join(sorted(catalog.tables)) or "none yet"
+            raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
+    try:
+        return qualify(
+            tree,
+            schema=catalog_schema(catalog),
+            dialect=DIALECT,
+            identify=False,
+            validate_qualify_columns=True,
+        )
+    except OptimizeError as error:
+        message = _first_line(error)
+        if "could not be resolved" in message or "Unknown column" in message:
+            raise UnknownColumnError(f"unknown column: {message}") from None
+        raise QueryError(f"cannot resolve the query: {message}") from None
+
+
+def schema_mapping(catalog: Catalog) -> Mapping[str, pa.Schema]:
+    return {name: spec.schema for name, spec in catalog.tables.items()}
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,59 @@
+"""The planner's output: a distributed plan as plain, serialisable data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Placement = Literal["shards", "worker", "client"]
+"""Where a stage's SQL runs: on every worker over its shards, on one worker, on the client."""
+
+PARTIALS = "__sf_partials"
+"""The name under which a merge sees the concatenated fragment results."""
+
+TEMP_PREFIX = "__sf_t"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a plan.
+
+    ``sql`` runs where ``placement`` says. For ``"shards"`` it runs on every worker owning
+    units of ``group`` with the worker's shards of ``tables`` bound under their table names;
+    the results are concatenated and, when ``merge_sql`` is set, finished by it over
+    :data:`PARTIALS` (on the client, or on one worker when ``merge_on == "worker"`` because
+    the merge reads replicated tables). Every stage sees replicated tables and the outputs of
+    the earlier stages it lists in ``inputs``. Its own result is visible to later stages as
+    ``output``; the last stage's result is the query's answer.
+    """
+
+    output: str
+    sql: str
+    placement: Placement
+    strategy: str
+    reason: str = ""
+    group: str | None = None
+    tables: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    merge_sql: str | None = None
+    merge_on: Literal["client", "worker"] = "client"
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    sql: str
+    stages: tuple[Stage, ...]
+
+    @property
+    def result(self) -> Stage:
+        return self.stages[-1]
+
+    @property
+    def pushdown(self) -> str:
+        """A one-word summary of how much of the query runs on the shards."""
+        strategies = {s.strategy for s in self.stages}
+        if strategies <= {"replicated"}:
+            return "replicated"
+        if "gather" in strategies:
+            return "partial"
+        return "full"

@@ -1,0 +1,87 @@
+"""An in-process stand-in for the worker fleet: shards as Arrow tables in one process.
+
+It runs the real planner and executor over really partitioned data with DuckDB, so planning
+can be checked against the oracle in milliseconds; the cluster tests run the same plans on
+Ray workers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog.types import storage_schema
+from shardflow.control.placement import place_units
+from shardflow.engine import DuckDBEngine
+from shardflow.runtime.executor import FragmentResult, concat
+from shardflow.sql import Stage
+from shardflow.storage.partition import split_by_unit
+
+
+class InMemoryCluster:
+    def __init__(self, nodes: int = 3, units_per_node: int = 2) -> None:
+        self.nodes = [f"node-{i}" for i in range(nodes)]
+        self.catalog = Catalog(nodes=tuple(self.nodes))
+        self.units_per_node = units_per_node
+        self.shards: dict[tuple[str, int], pa.Table] = {}
+        self.replicated: dict[str, pa.Table] = {}
+        self.engine = DuckDBEngine(threads=1)
+
+    def create_table(
+        self,
+        name: str,
+        data: pa.Table,
+        distributed_by: str | None = None,
+        colocate_with: str | None = None,
+        replicated: bool = False,
+    ) -> None:
+        uid = uuid.uuid4().hex
+        data = data.cast(storage_schema(data.schema))
+        if replicated:
+            spec = TableSpec(name, uid, data.schema, "replicated", rows=data.num_rows)
+            self.catalog = self.catalog.with_table(spec)
+            self.replicated[name] = data
+            return
+        if colocate_with is not None:
+            group = self.catalog.table(colocate_with).group
+        else:
+            owners = place_units(
+                self.units_per_node * len(self.nodes), {n: 1.0 for n in self.nodes}
+            )
+            key_type = data.schema.field(distributed_by).type if distributed_by else pa.int64()
+            self.catalog, group = self.catalog.with_new_group(key_type, owners)
+        spec = TableSpec(
+            name, uid, data.schema, "distributed", distributed_by or "", group, data.num_rows
+        )
+        self.catalog = self.catalog.with_table(spec)
+        for unit in self.catalog.group_of(name).units:
+            self.shards[(name, unit.unit_id)] = data.schema.empty_table()
+        for unit_id, part in split_by_unit(data, spec, self.catalog).items():
+            self.shards[(name, unit_id)] = part
+
+    def _tables_on(self, node: str, names: tuple[str, ...]) -> dict[str, pa.Table]:
+        tables = dict(self.replicated)
+        for name in names:
+            units = [u.unit_id for u in self.catalog.group_of(name).units if u.node == node]
+            tables[name] = concat([self.shards[(name, u)] for u in units])
+        return tables
+
+    def scatter(self, stage: Stage, inputs: Mapping[str, pa.Table]) -> list[FragmentResult]:
+        assert stage.group is not None
+        group = self.catalog.groups[stage.group]
+        results = []
+        for node in sorted({u.node for u in group.units}):
+            started = time.perf_counter()
+            tables = {**self._tables_on(node, stage.tables), **inputs}
+            table = self.engine.run(stage.sql, tables)
+            results.append(FragmentResult(table, node, time.perf_counter() - started))
+        return results
+
+    def run_on_worker(self, sql: str, inputs: Mapping[str, pa.Table]) -> FragmentResult:
+        started = time.perf_counter()
+        table = self.engine.run(sql, {**self.replicated, **inputs})
+        return FragmentResult(table, self.nodes[0], time.perf_counter() - started)

@@ -1,15 +1,24 @@
-"""The CPU engine: DuckDB over Arrow tables, registered without copying."""
+"""The CPU engine: DuckDB. It runs SQL over named Arrow tables (registered without copying)
+and, on a worker, holds shards as native DuckDB tables, which scan about 1.5x faster than
+Arrow and need no registration per query. A table's shards on a node are served through a
+view with the table's name, so fragments run as written."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import duckdb
 import pyarrow as pa
 
 
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 class DuckDBEngine:
-    """Runs a SQL text over named Arrow tables. Safe to call from many threads at once."""
+    """Runs SQL text over named Arrow tables and native tables. Thread-safe: every call
+    works on a connection of its own."""
 
     name = "duckdb"
 
@@ -20,16 +29,102 @@ class DuckDBEngine:
         if memory_limit:
             config["memory_limit"] = memory_limit
         self._database = duckdb.connect(":memory:", config=config)
+        self._ddl = threading.Lock()
 
-    def run(self, sql: str, tables: Mapping[str, pa.Table]) -> pa.Table:
-        """Execute ``sql``; every name in ``tables`` is visible to it as a table."""
-        cursor = self._database.cursor()  # a connection of its own: registrations are private
+    def run(
+        self,
+        sql: str,
+        tables: Mapping[str, pa.Table] | None = None,
+        views: Mapping[str, str] | None = None,
+    ) -> pa.Table:
+        """Execute ``sql``; each of ``tables`` is visible under its name, and each of
+        ``views`` (name -> SELECT) shadows a same-named table for this call only."""
+        cursor = self._database.cursor()
         try:
-            for name, table in tables.items():
+            for name, table in (tables or {}).items():
                 cursor.register(name, table)
+            for name, select in (views or {}).items():
+                cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
             return cursor.sql(sql).to_arrow_table()
         finally:
             cursor.close()
 
+    def execute(self, statement: str, tables: Mapping[str, pa.Table] | None = None) -> None:
+        """Run a statement that returns nothing (DDL, INSERT)."""
+        cursor = self._database.cursor()
+        try:
+            for name, table in (tables or {}).items():
+                cursor.register(name, table)
+            cursor.execute(statement)
+        finally:
+            cursor.close()
+
+    # -- native tables and the views that serve them -----------------------------------
+    def native_rows(self, physical: str, schema: pa.Schema) -> NativeRows:
+        return NativeRows(self, physical, schema)
+
+    def set_view(self, name: str, physicals: list[str]) -> None:
+        """Make ``name`` read the union of ``physicals`` (drop it when there are none)."""
+        with self._ddl:
+            if not physicals:
+                self.execute(f"DROP VIEW IF EXISTS {quote(name)}")
+                return
+            union = " UNION ALL ".join(f"SELECT * FROM {quote(p)}" for p in physicals)
+            self.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {union}")
+
+    def drop_physical(self, physical: str) -> None:
+        with self._ddl:
+            self.execute(f"DROP TABLE IF EXISTS {quote(physical)}")
+
     def close(self) -> None:
         self._database.close()
+
+
+class NativeRows:
+    """A shard's rows as a native DuckDB table (a :class:`shardflow.storage.RowStore`)."""
+
+    def __init__(self, engine: DuckDBEngine, physical: str, schema: pa.Schema) -> None:
+        self.engine = engine
+        self.physical = physical
+        self.schema = schema
+        self._nbytes = 0
+        self._rows = 0
+        self._lock = threading.Lock()
+        engine.execute(
+            f"CREATE OR REPLACE TABLE {quote(physical)} AS SELECT * FROM __sf_rows",
+            {"__sf_rows": schema.empty_table()},
+        )
+
+    def append(self, table: pa.Table) -> None:
+        self.engine.execute(
+            f"INSERT INTO {quote(self.physical)} SELECT * FROM __sf_rows", {"__sf_rows": table}
+        )
+        with self._lock:
+            self._nbytes += table.nbytes
+            self._rows += table.num_rows
+
+    def reset(self, tables: list[pa.Table]) -> None:
+        data = pa.concat_tables(tables) if tables else self.schema.empty_table()
+        self.engine.execute(
+            f"CREATE OR REPLACE TABLE {quote(self.physical)} AS SELECT * FROM __sf_rows",
+            {"__sf_rows": data},
+        )
+        with self._lock:
+            self._nbytes = data.nbytes
+            self._rows = data.num_rows
+
+    def read(self) -> pa.Table:
+        table = self.engine.run(f"SELECT * FROM {quote(self.physical)}")
+        return table.cast(self.schema) if not table.schema.equals(self.schema) else table
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Arrow size of the rows (DuckDB keeps them compressed, usually smaller)."""
+        return self._nbytes
+
+    def drop(self) -> None:
+        self.engine.drop_physical(self.physical)

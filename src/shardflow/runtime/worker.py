@@ -20,6 +20,7 @@ import pyarrow as pa
 from shardflow.catalog import Catalog, DataDir, TableSpec
 from shardflow.config import Settings
 from shardflow.engine import DuckDBEngine
+from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.errors import Moved, QueryError
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.telemetry.devices import probe
@@ -74,31 +75,55 @@ class WorkerNode:
         with self._lock:
             if catalog.version < self.catalog.version:
                 return self.catalog.version
+            changed: set[str] = set()
             wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
             for key in list(self.shards):
-                if (
-                    key not in wanted
-                    or self._uid(catalog, key[0]) != self.shards[key].store.table_uid
-                ):
-                    del self.shards[key]
+                uid = self._uid(catalog, key[0])
+                if key not in wanted or uid != self.shards[key].store.table_uid:
+                    self._release(self.shards.pop(key))
+                    changed.add(key[0])
             for name in list(self.replicas):
                 spec = catalog.tables.get(name)
                 if spec is None or spec.uid != self.replicas[name].store.table_uid:
-                    del self.replicas[name]
+                    self._release(self.replicas.pop(name))
+                    changed.add(name)
             for table, unit_id in sorted(wanted - set(self.shards)):
                 spec = catalog.table(table)
                 shard = self._new_shard(spec, str(unit_id), writer=True)
                 shard.recover()
                 self.shards[(table, unit_id)] = shard
+                changed.add(table)
             for spec in catalog.replicated_tables():
                 if spec.name not in self.replicas:
                     shard = self._new_shard(spec, REPLICA, writer=self._is_primary(catalog))
                     shard.recover()
                     self.replicas[spec.name] = shard
+                    changed.add(spec.name)
             for shard in self.replicas.values():
                 shard.writer = self._is_primary(catalog)
+            for table in changed:
+                self._refresh_view(table)
             self.catalog = catalog
             return catalog.version
+
+    def _refresh_view(self, table: str) -> None:
+        """The view named ``table`` reads exactly the shards this node serves of it."""
+        if table in self.replicas:
+            physicals = [self._physical(self.replicas[table])]
+        else:
+            units = sorted(u for t, u in self.shards if t == table)
+            physicals = [self._physical(self.shards[(table, u)]) for u in units]
+        self.engine.set_view(table, physicals)
+
+    @staticmethod
+    def _physical(shard: Shard) -> str:
+        assert isinstance(shard.data, NativeRows)
+        return shard.data.physical
+
+    @staticmethod
+    def _release(shard: Shard) -> None:
+        if isinstance(shard.data, NativeRows):
+            shard.data.drop()
 
     def _uid(self, catalog: Catalog, table: str) -> str | None:
         spec = catalog.tables.get(table)
@@ -110,7 +135,9 @@ class WorkerNode:
 
     def _new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)
-        return Shard(store, spec.schema, writer=writer, policy=self.policy)
+        physical = f"t_{spec.uid[:12]}_{name}"
+        rows = self.engine.native_rows(physical, spec.schema)
+        return Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)
 
     # -- loading a new table ------------------------------------------------------------
     def prepare(self, spec_json: Mapping[str, Any], unit_ids: list[int], primary: bool) -> None:
@@ -146,12 +173,14 @@ class WorkerNode:
                 else:
                     assert isinstance(unit, int)
                     self.shards[(table, unit)] = shard
+            self._refresh_view(table)
         self.sync(catalog_json)
 
     def abort_load(self, table: str) -> None:
         with self._lock:
             shards = self.loading.pop(table, {})
         for shard in shards.values():
+            self._release(shard)
             if shard.writer:
                 shard.store.destroy()
 
@@ -177,21 +206,28 @@ class WorkerNode:
     def drop(self, table: str) -> None:
         with self._lock:
             for key in [k for k in self.shards if k[0] == table]:
-                del self.shards[key]
-            self.replicas.pop(table, None)
+                self._release(self.shards.pop(key))
+            if table in self.replicas:
+                self._release(self.replicas.pop(table))
+            self._refresh_view(table)
 
     # -- queries ------------------------------------------------------------------------
-    def tables_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, pa.Table]:
-        tables = {name: shard.snapshot() for name, shard in self.replicas.items()}
-        for table, units in bindings.items():
-            parts = []
-            for unit in units:
-                shard = self.shards.get((table, unit))
-                if shard is None:
-                    raise Moved(f"{table}#{unit}", epoch)
-                parts.append(shard.snapshot())
-            tables[table] = _concat(parts)
-        return tables
+    def views_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, str]:
+        """Per-call views for tables bound to fewer shards than this node serves (a retry
+        after a move); tables bound to all of them read their standing view."""
+        views = {}
+        with self._lock:
+            for table, units in bindings.items():
+                for unit in units:
+                    if (table, unit) not in self.shards:
+                        raise Moved(f"{table}#{unit}", epoch)
+                served = {u for t, u in self.shards if t == table}
+                if set(units) != served:
+                    views[table] = " UNION ALL ".join(
+                        f"SELECT * FROM {quote(self._physical(self.shards[(table, u)]))}"
+                        for u in sorted(units)
+                    )
+        return views
 
     def execute(
         self,
@@ -201,13 +237,12 @@ class WorkerNode:
         inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, float]:
         """Run a fragment over this node's shards; returns the result and execution seconds."""
-        tables = self.tables_for(bindings, epoch)
-        tables.update(inputs)
+        views = self.views_for(bindings, epoch)
         started = time.perf_counter()
         with self._lock:
             self._running += 1
         try:
-            result = self.engine.run(sql, tables)
+            result = self.engine.run(sql, inputs, views)
         except duckdb.Error as error:
             raise QueryError(str(error).strip()) from None
         finally:
@@ -238,9 +273,3 @@ class WorkerNode:
                 "uptime_seconds": uptime,
                 "catalog_version": self.catalog.version,
             }
-
-
-def _concat(parts: list[pa.Table]) -> pa.Table:
-    if len(parts) == 1:
-        return parts[0]
-    return pa.concat_tables(parts)

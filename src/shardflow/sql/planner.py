@@ -264,9 +264,7 @@ class Planner:
             return Dist("partitioned", group, keys, rows, anchored=anchored)
         raise AssertionError("planning did not settle")  # pragma: no cover
 
-    def _settle_nested(
-        self, select: exp.Select, nested: exp.Expr, env: Env, frame: Frame
-    ) -> str:
+    def _settle_nested(self, select: exp.Select, nested: exp.Expr, env: Env, frame: Frame) -> str:
         """What to do with a subquery: "ok", "decorrelate" or "gather" (or it is
         materialized here when uncorrelated)."""
         correlated = bool(a.external_columns(nested))
@@ -556,9 +554,7 @@ def _nonlocal_reason(select: exp.Select, key_ids: set[a.ColumnId]) -> str:
     return ""
 
 
-def _is_local_in_filter(
-    select: exp.Select, nested: exp.Expr, dist: Dist, frame: Frame
-) -> bool:
+def _is_local_in_filter(select: exp.Select, nested: exp.Expr, dist: Dist, frame: Frame) -> bool:
     """``key IN (subquery returning the key)`` as a filter conjunct is shard-local."""
     holder = nested.parent
     while isinstance(holder, exp.Subquery):

@@ -1,8 +1,9 @@
-"""A shard in memory: Arrow record batches backed by its durable :class:`ShardStore`.
+"""A shard: its rows in memory (a :class:`RowStore`) backed by its durable
+:class:`ShardStore`.
 
-Readers take an immutable snapshot (a ``pyarrow.Table`` over the current batches, no copy);
-writers append under a lock. An insert is written to the log before it becomes visible and
-before it is acknowledged, and a retried insert (same batch id) is applied once.
+An insert is written to the log before it becomes visible and before it is acknowledged, and
+a retried insert (same batch id) is applied once. Where the rows live in memory is up to the
+row store: Arrow batches (:class:`ArrowRows`), or an engine's native table on a worker.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -35,14 +37,74 @@ class AppendResult:
     duplicate: bool
 
 
+class RowStore(Protocol):
+    """Where a shard's rows live in memory."""
+
+    def append(self, table: pa.Table) -> None: ...
+
+    def reset(self, tables: list[pa.Table]) -> None:
+        """Replace every row with ``tables``."""
+        ...
+
+    def read(self) -> pa.Table: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class ArrowRows:
+    """Rows as Arrow record batches; readers get a zero-copy ``pyarrow.Table``."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._batches: list[pa.RecordBatch] = []
+        self._tail = 0
+        self._snapshot: pa.Table | None = None
+        self._lock = threading.Lock()
+
+    def append(self, table: pa.Table) -> None:
+        with self._lock:
+            self._batches.extend(b for b in table.to_batches() if b.num_rows)
+            self._tail += table.num_rows and 1
+            if self._tail > COMPACT_TAIL_BATCHES:  # scans of many tiny batches are slow
+                merged = pa.Table.from_batches(self._batches, self.schema).combine_chunks()
+                self._batches = merged.to_batches()
+                self._tail = 0
+            self._snapshot = None
+
+    def reset(self, tables: list[pa.Table]) -> None:
+        with self._lock:
+            self._batches = [b for t in tables for b in t.to_batches() if b.num_rows]
+            self._tail = 0
+            self._snapshot = None
+
+    def read(self) -> pa.Table:
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = pa.Table.from_batches(self._batches, self.schema)
+            return self._snapshot
+
+    @property
+    def rows(self) -> int:
+        return self.read().num_rows
+
+    @property
+    def nbytes(self) -> int:
+        return self.read().nbytes
+
+
 class Shard:
-    """One shard's rows: a base plus inserted batches, with their log sequence number."""
+    """One shard's rows with their log sequence number (LSN) and durable files."""
 
     def __init__(
         self,
         store: ShardStore,
         schema: pa.Schema,
         *,
+        rows: RowStore | None = None,
         writer: bool = True,
         policy: CheckpointPolicy | None = None,
     ) -> None:
@@ -51,13 +113,12 @@ class Shard:
         self.writer = writer
         self.policy = policy or CheckpointPolicy()
         self.lsn = 0
-        self._base: list[pa.RecordBatch] = []
-        self._tail: list[pa.RecordBatch] = []
+        self.data: RowStore = rows if rows is not None else ArrowRows(schema)
+        self._staged: list[pa.Table] = []
         self._batch_ids: OrderedDict[str, None] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
         self._lock = threading.Lock()
-        self._snapshot: pa.Table | None = None
 
     # -- life cycle ----------------------------------------------------------------------
     def recover(self, attempts: int = 5) -> None:
@@ -70,28 +131,27 @@ class Shard:
                 if attempt == attempts - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
-        batches = [b for t in recovered.tables for b in t.to_batches() if b.num_rows]
         with self._lock:
-            self._base = batches
-            self._tail = []
+            self.data.reset(recovered.tables)
             self.lsn = recovered.lsn
             self._batch_ids = OrderedDict.fromkeys(recovered.batch_ids)
             self._wal_entries = recovered.wal_entries
             self._wal_bytes = recovered.wal_bytes
-            self._snapshot = None
 
     def stage(self, table: pa.Table) -> None:
-        """Add rows of an initial load (not yet durable: see :meth:`commit_load`)."""
+        """Add rows of an initial load (not durable nor visible: see :meth:`commit_load`)."""
         with self._lock:
-            self._base.extend(b for b in table.cast(self.schema).to_batches() if b.num_rows)
-            self._snapshot = None
+            self._staged.append(table.cast(self.schema))
 
     def commit_load(self) -> int:
-        """Write the staged rows as the durable base; returns the row count."""
-        table = self.snapshot()
-        if self.writer:
-            self.store.write_base(table, self.lsn, list(self._batch_ids))
-        return table.num_rows
+        """Write the staged rows as the durable base and serve them; returns the row count."""
+        with self._lock:
+            table = pa.concat_tables(self._staged) if self._staged else self.schema.empty_table()
+            self._staged = []
+            if self.writer:
+                self.store.write_base(table, self.lsn, list(self._batch_ids))
+            self.data.reset([table])
+            return table.num_rows
 
     # -- writes --------------------------------------------------------------------------
     def append(self, table: pa.Table, batch_id: str) -> AppendResult:
@@ -104,12 +164,8 @@ class Shard:
                 self._wal_bytes += self.store.append_wal(table, lsn, batch_id)
                 self._wal_entries += 1
             self.lsn = lsn
-            self._tail.extend(b for b in table.to_batches() if b.num_rows)
+            self.data.append(table)
             self._remember(batch_id)
-            if len(self._tail) > COMPACT_TAIL_BATCHES:
-                merged = pa.Table.from_batches(self._tail, self.schema).combine_chunks()
-                self._tail = merged.to_batches()
-            self._snapshot = None
             due = self.writer and (
                 self._wal_entries >= self.policy.max_wal_entries
                 or self._wal_bytes >= self.policy.max_wal_bytes
@@ -124,10 +180,7 @@ class Shard:
                 self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
-        table = pa.Table.from_batches(self._base + self._tail, self.schema)
-        self.store.write_base(table, self.lsn, list(self._batch_ids))
-        self._base = self._base + self._tail
-        self._tail = []
+        self.store.write_base(self.data.read(), self.lsn, list(self._batch_ids))
         self._wal_entries = 0
         self._wal_bytes = 0
 
@@ -138,15 +191,12 @@ class Shard:
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot(self) -> pa.Table:
-        with self._lock:
-            if self._snapshot is None:
-                self._snapshot = pa.Table.from_batches(self._base + self._tail, self.schema)
-            return self._snapshot
+        return self.data.read()
 
     @property
     def rows(self) -> int:
-        return self.snapshot().num_rows
+        return self.data.rows
 
     @property
     def nbytes(self) -> int:
-        return self.snapshot().nbytes
+        return self.data.nbytes

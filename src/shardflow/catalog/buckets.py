@@ -57,11 +57,7 @@ def hash_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     family = key_family(column.type)
     if family == "integer":
-        as_int = column.cast(pa.int64()) if not pa.types.is_int64(column.type) else column
-        if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
-            as_int = column.view(pa.int32() if pa.types.is_date32(column.type) else pa.int64())
-            as_int = as_int.cast(pa.int64())
-        values = as_int.fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64)
+        values = _as_int64(column).fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64)
         hashed = _splitmix64(values)
     elif family == "float":
         as_float = column.cast(pa.float64()).fill_null(0.0)
@@ -77,6 +73,21 @@ def hash_keys(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if column.null_count:
         hashed[column.is_null().to_numpy(zero_copy_only=False)] = 0
     return hashed
+
+
+def _as_int64(column: pa.Array) -> pa.Array:
+    """Integers as int64; dates as days, timestamps as microseconds, times and durations in
+    their unit, so equal values of different widths and units hash alike."""
+    kind = column.type
+    if pa.types.is_date(kind):
+        return column.cast(pa.date32()).view(pa.int32()).cast(pa.int64())
+    if pa.types.is_timestamp(kind):
+        return column.cast(pa.timestamp("us", kind.tz)).view(pa.int64())
+    if pa.types.is_time32(kind):
+        return column.view(pa.int32()).cast(pa.int64())
+    if pa.types.is_temporal(kind):
+        return column.view(pa.int64())
+    return column.cast(pa.int64())
 
 
 def _hash_bytes(value: str | bytes | None) -> int:

@@ -23,6 +23,8 @@ from shardflow.runtime.actors import (
 log = logging.getLogger(__name__)
 NAMESPACE = "shardflow"
 LOOPBACK = "127.0.0.1"
+_local_databases = 0
+"""Open databases on the Ray instance this process started; it stops with the last one."""
 
 
 @dataclass
@@ -56,8 +58,13 @@ class ClusterHandle:
 
 
 def start_ray(address: str | None, settings: Settings) -> bool:
-    """Start or join Ray; returns True when this call started a local instance."""
+    """Start or join Ray; returns True when the database uses a Ray instance this process
+    started itself (and so must stop when the last such database closes)."""
+    global _local_databases
     if ray.is_initialized():
+        if _local_databases:
+            _local_databases += 1
+            return True
         return False
     if address is None:
         # Ray binds a local cluster to loopback only with this set in the starting process.
@@ -67,12 +74,13 @@ def start_ray(address: str | None, settings: Settings) -> bool:
             "include_dashboard": False,
             "_node_ip_address": LOOPBACK,
             "namespace": NAMESPACE,
-            "logging_level": logging.WARNING,
+            "logging_level": logging.ERROR,
             "log_to_driver": False,
         }
         if settings.object_store_memory:
             kwargs["object_store_memory"] = settings.object_store_memory
         ray.init(**kwargs)
+        _local_databases = 1
         return True
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
@@ -94,8 +102,16 @@ def launch(
         return _launch_actors(address, workers, data_dir, settings, started)
     except BaseException:
         if started:
-            ray.shutdown()
+            _release_ray()
         raise
+
+
+def _release_ray() -> None:
+    global _local_databases
+    _local_databases -= 1
+    if _local_databases <= 0 and ray.is_initialized():
+        _local_databases = 0
+        ray.shutdown()
 
 
 def _launch_actors(
@@ -141,10 +157,10 @@ def _launch_actors(
 def shutdown(handle: ClusterHandle) -> None:
     """Stop what ``launch`` started: the actors it created (they share its fate anyway) and
     Ray if it started it. A session that attached to running actors leaves them."""
-    if handle.owns_actors and not handle.started_ray:
+    if handle.owns_actors and ray.is_initialized():
         for worker in handle.workers.values():
             ray.kill(worker, no_restart=True)
         if handle.coordinator is not None:
             ray.kill(handle.coordinator, no_restart=True)
-    if handle.started_ray and ray.is_initialized():
-        ray.shutdown()
+    if handle.started_ray:
+        _release_ray()

@@ -48,19 +48,20 @@ class StageReport:
 
 @dataclass
 class ExecutionReport:
+    pushdown: str = ""
+    """How much of the plan runs next to the data: "full", "partial" or "replicated"."""
     plan_seconds: float = 0.0
     stages: list[StageReport] = field(default_factory=list)
     wall_seconds: float = 0.0
 
     @property
-    def shard_share(self) -> float:
-        """Fraction of execution time spent on the shards (vs merges and single-node steps)."""
-        on_shards = sum(s.shard_seconds for s in self.stages if s.placement == "shards")
-        elsewhere = sum(s.merge_seconds for s in self.stages) + sum(
-            s.shard_seconds for s in self.stages if s.placement != "shards"
-        )
-        total = on_shards + elsewhere
-        return on_shards / total if total > 0 else 0.0
+    def worker_share(self) -> float:
+        """Fraction of execution time spent on the workers, next to the data (fragments on
+        shards and steps over replicated tables), rather than in merges on the client."""
+        on_workers = sum(s.shard_seconds for s in self.stages)
+        on_client = sum(s.merge_seconds for s in self.stages)
+        total = on_workers + on_client
+        return on_workers / total if total > 0 else 0.0
 
 
 def concat(tables: list[pa.Table]) -> pa.Table:
@@ -72,7 +73,7 @@ def concat(tables: list[pa.Table]) -> pa.Table:
 def execute(
     plan: DistributedPlan, runner: Runner, engine: DuckDBEngine
 ) -> tuple[pa.Table, ExecutionReport]:
-    report = ExecutionReport()
+    report = ExecutionReport(pushdown=plan.pushdown)
     results: dict[str, pa.Table] = {}
     started = time.perf_counter()
     for stage in plan.stages:

@@ -43,6 +43,7 @@ def _split(query: exp.Select) -> Finish:
         group_exprs = [p.unalias().copy() for p in query.expressions]
     else:
         group_exprs = []
+    group_exprs = list({g.sql(): g for g in group_exprs}.values())  # GROUP BY a, a
     sources = {s.alias for s in a.sources(query)}
 
     partial_columns: dict[str, exp.Expr] = {}
@@ -81,11 +82,14 @@ def _split(query: exp.Select) -> Finish:
             if filtered:
                 sum_part = exp.Filter(this=sum_part, expression=aggregate.expression.copy())
                 count_part = exp.Filter(this=count_part, expression=aggregate.expression.copy())
-            return exp.Div(
-                this=exp.cast(exp.func("SUM", partial(sum_part)), "DOUBLE"),
-                expression=exp.func(
-                    "NULLIF", exp.func("SUM", partial(count_part)), exp.Literal.number(0)
+            return exp.paren(
+                exp.Div(
+                    this=exp.cast(exp.func("SUM", partial(sum_part)), "DOUBLE"),
+                    expression=exp.func(
+                        "NULLIF", exp.func("SUM", partial(count_part)), exp.Literal.number(0)
+                    ),
                 ),
+                copy=False,
             )
         if isinstance(inner, _COMBINE_AS_ITSELF) and len(inner.expressions) == 0:
             rebuilt = inner.__class__(this=partial(aggregate))

@@ -1,0 +1,149 @@
+"""The main job: TPC-H on a local shardflow cluster beside DuckDB on the same data."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from shardflow import tpch
+from shardflow.api import connect
+
+
+@dataclass(frozen=True)
+class QueryTiming:
+    query: int
+    shardflow_s: float
+    duckdb_s: float
+    plan: str
+    worker_share: float
+    rows: int
+    matches: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.shardflow_s / self.duckdb_s
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float | Decimal):
+        number = float(value)
+        return round(number, 6 - math.floor(math.log10(abs(number))) if number else 0)
+    return value
+
+
+def same_rows(left: pa.Table, right: pa.Table) -> bool:
+    """Equal as multisets of rows, numbers compared to about 7 significant digits."""
+    if left.shape != right.shape:
+        return False
+
+    def rows(table: pa.Table) -> list[tuple[Any, ...]]:
+        values = [tuple(_rounded(v) for v in row.values()) for row in table.to_pylist()]
+        return sorted(values, key=lambda row: tuple((v is None, str(v)) for v in row))
+
+    return rows(left) == rows(right)
+
+
+def best_of(repeat: int, run: Any) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def run_demo(
+    sf: float = 0.1,
+    workers: int = 4,
+    repeat: int = 3,
+    home: Path = Path(".shardflow-demo"),
+    console: Console | None = None,
+) -> list[QueryTiming]:
+    console = console or Console()
+    with console.status(f"generating TPC-H at scale factor {sf:g}"):
+        data = tpch.generate(sf, home / "tpch")
+    console.print(f"TPC-H SF {sf:g} in {data}")
+    db_dir = home / f"db-sf{sf:g}"
+    shutil.rmtree(db_dir, ignore_errors=True)  # a fresh load every run
+    with console.status(f"starting {workers} local workers"):
+        db = connect(workers=workers, data_dir=db_dir)
+    timings = []
+    with db:
+        paths = tpch.table_paths(data)
+        started = time.perf_counter()
+        for layout in tpch.LAYOUT:
+            db.create_table(
+                layout.name,
+                paths[layout.name],
+                distributed_by=layout.distributed_by,
+                colocate_with=layout.colocate_with,
+                replicated=layout.replicated,
+                progress=True,
+            )
+        console.print(f"loaded 8 tables in {time.perf_counter() - started:.1f}s")
+        oracle = tpch.duckdb_oracle(data)
+        for number, query in tpch.queries().items():
+            answer = db.sql(query)  # warm: plan cached, answer checked against DuckDB
+            report = db.last_report
+            expected = oracle.sql(query).to_arrow_table()
+            ours = best_of(repeat, lambda q=query: db.sql(q))
+            theirs = best_of(repeat, lambda q=query: oracle.sql(q).to_arrow_table())
+            assert report is not None
+            timings.append(
+                QueryTiming(
+                    number,
+                    ours,
+                    theirs,
+                    report.pushdown,
+                    report.worker_share,
+                    answer.num_rows,
+                    same_rows(answer, expected),
+                )
+            )
+    console.print(render(timings, sf, workers))
+    return timings
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def render(timings: list[QueryTiming], sf: float, workers: int) -> Table:
+    table = Table(title=f"TPC-H SF {sf:g}: shardflow ({workers} workers) vs DuckDB")
+    for column in (
+        "query",
+        "shardflow ms",
+        "DuckDB ms",
+        "ratio",
+        "pushdown",
+        "on workers",
+        "rows",
+        "same answer",
+    ):
+        table.add_column(column, justify="right" if column != "pushdown" else "left")
+    for t in timings:
+        table.add_row(
+            f"Q{t.query:02d}",
+            f"{t.shardflow_s * 1000:.1f}",
+            f"{t.duckdb_s * 1000:.1f}",
+            f"{t.ratio:.2f}",
+            t.plan,
+            f"{t.worker_share:.0%}",
+            str(t.rows),
+            "yes" if t.matches else "NO",
+        )
+    table.caption = (
+        f"geometric mean ratio shardflow/DuckDB: {geomean([t.ratio for t in timings]):.2f}; "
+        f"answers equal: {sum(t.matches for t in timings)}/{len(timings)}"
+    )
+    return table

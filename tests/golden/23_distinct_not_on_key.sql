@@ -1,0 +1,1 @@
+SELECT DISTINCT o_orderpriority, o_orderstatus FROM orders

@@ -1,0 +1,59 @@
+"""The distributed plans answer exactly what DuckDB answers, run over really partitioned
+data in one process (fast; the cluster tests run the same plans on Ray workers)."""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from shardflow import tpch
+from shardflow.engine import DuckDBEngine
+from shardflow.runtime.executor import execute
+from shardflow.sql import plan
+from tests.support.inmemory import InMemoryCluster
+from tests.support.oracle import assert_same_result, query_is_ordered
+from tests.support.querygen import select_queries
+
+ENGINE = DuckDBEngine(threads=1)
+
+
+def run(sql: str, cluster: InMemoryCluster) -> object:
+    result, _ = execute(plan(sql, cluster.catalog), cluster, ENGINE)
+    return result
+
+
+@pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
+def test_tpch_query_matches_duckdb(
+    number: int, inmemory: InMemoryCluster, tiny_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    sql = tpch.query(number)
+    expected = tiny_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        run(sql, inmemory),  # type: ignore[arg-type]
+        expected,
+        ordered=query_is_ordered(sql),
+        check_names=False,
+        context=f"Q{number}",
+    )
+
+
+@settings(
+    max_examples=int(os.environ.get("SHARDFLOW_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=select_queries())
+def test_random_selects_match_duckdb(
+    sql: str, inmemory: InMemoryCluster, tiny_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    expected = tiny_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        run(sql, inmemory),  # type: ignore[arg-type]
+        expected,
+        ordered=query_is_ordered(sql),
+        check_names=False,
+        context=sql,
+    )

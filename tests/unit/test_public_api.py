@@ -1,0 +1,80 @@
+"""The public surface is small, documented and stable; bad arguments fail before anything
+starts."""
+
+import pytest
+
+import shardflow
+
+
+def test_exported_members() -> None:
+    assert sorted(shardflow.__all__) == [
+        "Cluster",
+        "ClusterError",
+        "ConfigError",
+        "Database",
+        "Error",
+        "NodeInfo",
+        "QueryError",
+        "SchemaMismatchError",
+        "Settings",
+        "SqlSyntaxError",
+        "TableError",
+        "TableExistsError",
+        "UnknownColumnError",
+        "UnknownTableError",
+        "UnsupportedError",
+        "__version__",
+        "connect",
+    ]
+    for name in shardflow.__all__:
+        member = getattr(shardflow, name)
+        if callable(member):
+            assert member.__doc__, f"{name} has no docstring"
+
+
+def test_errors_form_one_hierarchy() -> None:
+    for name in shardflow.__all__:
+        member = getattr(shardflow, name)
+        if isinstance(member, type) and issubclass(member, Exception):
+            assert issubclass(member, shardflow.Error)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"workers": 0},
+        {"workers": -2},
+        {"workers": "4"},
+        {"workers": True},
+        {"workers": 10_000},
+        {"address": ""},
+        {"address": 5},
+        {"data_dir": 3},
+        {"data_dir": ""},
+        {"settings": {"buckets": 8}},
+        {"buckets": 0},
+        {"buckets": "many"},
+        {"no_such_setting": 1},
+        {"retry_deadline_s": -1},
+    ],
+)
+def test_bad_connect_arguments_raise_config_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(shardflow.ConfigError):
+        shardflow.connect(**kwargs)  # type: ignore[arg-type]
+
+
+def test_data_dir_that_is_a_file_is_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "file"
+    path.write_text("x")
+    with pytest.raises(shardflow.ConfigError, match="not a directory"):
+        shardflow.connect(data_dir=path)
+
+
+def test_settings_document_every_field() -> None:
+    import dataclasses
+
+    doc = shardflow.Settings.__doc__ or ""
+    for field in dataclasses.fields(shardflow.Settings):
+        assert f"{field.name}:" in doc, f"setting {field.name} is not documented"

@@ -1,6 +1,7 @@
 """The distribution hash is part of the on-disk format: it must never change."""
 
 import datetime
+import itertools
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,7 @@ def test_unhashable_key_type_is_refused() -> None:
 def test_split_range_covers_without_gaps() -> None:
     ranges = split_range(0, 256, 6)
     assert ranges[0][0] == 0 and ranges[-1][1] == 256
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     assert {hi - lo for lo, hi in ranges} <= {42, 43}
     with pytest.raises(ValueError):
         split_range(0, 4, 5)

@@ -14,7 +14,7 @@ from shardflow.engine import DuckDBEngine
 from shardflow.runtime.executor import execute
 from shardflow.sql import plan
 from tests.support.inmemory import InMemoryCluster
-from tests.support.oracle import assert_same_result, query_is_ordered
+from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
 from tests.support.querygen import select_queries
 
 ENGINE = DuckDBEngine(threads=1)
@@ -35,6 +35,7 @@ def test_tpch_query_matches_duckdb(
         run(sql, inmemory),  # type: ignore[arg-type]
         expected,
         ordered=query_is_ordered(sql),
+        sort_keys=sort_key_indexes(sql, expected.column_names),
         check_names=False,
         context=f"Q{number}",
     )

@@ -1,2 +1,3 @@
-"""Test-support code: a tolerant result comparator (``oracle``) and a random SQL generator
-(``querygen``) for differential testing of shardflow against DuckDB."""
+"""Test-support code for shardflow's tests (no Ray needed): among others a tolerant result
+comparator (``oracle``) and a random SQL generator (``querygen``) for differential testing
+against DuckDB."""

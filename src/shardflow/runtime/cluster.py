@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 
 from shardflow.config import Settings
 from shardflow.errors import ClusterError, ConfigError
@@ -67,9 +68,13 @@ def start_ray(address: str | None, settings: Settings) -> bool:
             return True
         return False
     if address is None:
-        # Ray binds a local cluster to loopback only with this set in the starting process.
+        # An embedded cluster serves this machine only: every server binds to 127.0.0.1.
+        # (Ray read the switch when it was imported; a process that imported Ray before
+        # shardflow gets it set here too.)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
         kwargs: dict[str, Any] = {
+            "address": "local",  # always a new instance, never one `ray start` left behind
             "num_cpus": max(os.cpu_count() or 1, 1),
             "include_dashboard": False,
             "_node_ip_address": LOOPBACK,
@@ -82,11 +87,24 @@ def start_ray(address: str | None, settings: Settings) -> bool:
         ray.init(**kwargs)
         _local_databases = 1
         return True
+    _use_auth_token_if_present()
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
     return False
+
+
+def _use_auth_token_if_present() -> None:
+    """Join a token-authenticated cluster (Ray's default) with the token this machine has;
+    Ray only looks for it by itself when it starts a cluster."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def gpu_count() -> int:

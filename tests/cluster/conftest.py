@@ -1,0 +1,47 @@
+"""One real local Ray cluster with TPC-H SF 0.1 loaded, shared by the cluster tests that do
+not kill or restart anything (those start clusters of their own)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shardflow
+from shardflow import tpch
+
+
+def listening_sockets() -> set[str]:
+    out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[3] for line in out.splitlines() if line.strip()}
+
+
+@pytest.fixture(scope="session")
+def sockets_before() -> set[str]:
+    return listening_sockets()
+
+
+@pytest.fixture(scope="session")
+def db(
+    tpch_small: Path, tmp_path_factory: pytest.TempPathFactory, sockets_before: set[str]
+) -> Iterator[shardflow.Database]:
+    database = shardflow.connect(workers=4, data_dir=tmp_path_factory.mktemp("cluster"))
+    for layout in tpch.LAYOUT:
+        database.create_table(
+            layout.name,
+            tpch_small / f"{layout.name}.parquet",
+            distributed_by=layout.distributed_by,
+            colocate_with=layout.colocate_with,
+            replicated=layout.replicated,
+        )
+    yield database
+    database.close()
+
+
+@pytest.fixture(scope="session")
+def small_oracle(tpch_small: Path) -> Iterator[object]:
+    con = tpch.duckdb_oracle(tpch_small)
+    yield con
+    con.close()

@@ -1,0 +1,129 @@
+"""Bad input fails with a documented error that says what is wrong; nothing is left half
+written and no worker crashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import shardflow
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.parametrize(
+    ("sql", "error", "message"),
+    [
+        ("SELEC * FROM orders", shardflow.SqlSyntaxError, "parse"),
+        ("SELECT FROM WHERE", shardflow.SqlSyntaxError, "parse"),
+        ("", shardflow.SqlSyntaxError, "empty"),
+        ("SELECT * FROM no_such_table", shardflow.UnknownTableError, "no_such_table"),
+        ("SELECT no_such_column FROM orders", shardflow.UnknownColumnError, "no_such_column"),
+        (
+            "SELECT o_orderkey FROM orders o JOIN lineitem l ON o.x = l.l_orderkey",
+            shardflow.UnknownColumnError,
+            "x",
+        ),
+        ("INSERT INTO orders VALUES (1)", shardflow.UnsupportedError, "INSERT"),
+        ("DROP TABLE orders", shardflow.UnsupportedError, "DROP"),
+        ("SELECT 1; SELECT 2", shardflow.UnsupportedError, "one statement"),
+        ("SELECT o_orderkey + 'abc' FROM orders", shardflow.QueryError, r"(?i)conver|cast"),
+        (
+            "SELECT no_such_function(o_orderkey) FROM orders",
+            shardflow.QueryError,
+            "no_such_function",
+        ),
+    ],
+)
+def test_bad_queries(db: shardflow.Database, sql: str, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        db.sql(sql)
+
+
+def test_runtime_error_on_a_worker_is_reported_and_the_worker_lives(
+    db: shardflow.Database,
+) -> None:
+    with pytest.raises(shardflow.QueryError, match=r"(?i)conver"):
+        db.sql("SELECT CAST(o_comment AS INTEGER) FROM orders")
+    assert db.sql("SELECT count(*) AS n FROM orders").column("n")[0].as_py() == 150_000
+    assert all(node.alive for node in db.cluster.nodes())
+
+
+def test_query_must_be_text(db: shardflow.Database) -> None:
+    with pytest.raises(shardflow.SqlSyntaxError, match="string"):
+        db.sql(42)  # type: ignore[arg-type]
+
+
+def _people() -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "name": ["a", "b", "c"],
+            "score": pa.array([1.5, 2.5, 3.5]),
+        }
+    )
+
+
+def test_bad_inserts_leave_no_rows(db: shardflow.Database) -> None:
+    db.create_table("people_err", _people(), distributed_by="id")
+    bad = [
+        pa.table({"id": [4], "name": ["d"]}),  # missing column
+        pa.table({"id": [4], "name": ["d"], "score": [1.0], "extra": [1]}),  # extra
+        pa.table({"id": ["four"], "name": ["d"], "score": [1.0]}),  # wrong type
+        pa.table({"id": [4, 5], "name": ["d", "e"], "score": ["x", "y"]}),  # wrong type
+        "not a table",
+    ]
+    for data in bad:
+        with pytest.raises(shardflow.SchemaMismatchError):
+            db.insert("people_err", data)  # type: ignore[arg-type]
+    with pytest.raises(shardflow.UnknownTableError, match="nope"):
+        db.insert("nope", _people())
+    assert db.sql("SELECT count(*) FROM people_err")[0][0].as_py() == 3
+    db.drop_table("people_err")
+
+
+def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
+    before = db.tables().column("name").to_pylist()
+    cases = [
+        (dict(name="orders", source=_people()), shardflow.TableExistsError),
+        (dict(name="bad name!", source=_people()), shardflow.TableError),
+        (dict(name="t1", source=tmp_path / "missing.parquet"), shardflow.TableError),
+        (dict(name="t1", source=[1, 2, 3]), shardflow.TableError),
+        (dict(name="t1", source=_people(), distributed_by="nope"), shardflow.UnknownColumnError),
+        (
+            dict(name="t1", source=_people(), distributed_by="id", replicated=True),
+            shardflow.TableError,
+        ),
+        (dict(name="t1", source=_people(), colocate_with="orders"), shardflow.TableError),
+        (
+            dict(name="t1", source=_people(), distributed_by="id", colocate_with="nope"),
+            shardflow.UnknownTableError,
+        ),
+        (
+            dict(name="t1", source=_people(), distributed_by="id", colocate_with="nation"),
+            shardflow.TableError,
+        ),
+        (
+            dict(name="t1", source=_people(), distributed_by="name", colocate_with="orders"),
+            shardflow.TableError,
+        ),
+    ]
+    for kwargs, error in cases:
+        with pytest.raises(error):
+            db.create_table(**kwargs)  # type: ignore[arg-type]
+    assert db.tables().column("name").to_pylist() == before
+
+
+def test_drop_and_recreate(db: shardflow.Database) -> None:
+    db.create_table("people_drop", _people(), replicated=True)
+    assert db.sql("SELECT sum(id) FROM people_drop")[0][0].as_py() == 6
+    db.drop_table("people_drop")
+    with pytest.raises(shardflow.UnknownTableError):
+        db.sql("SELECT * FROM people_drop")
+    with pytest.raises(shardflow.UnknownTableError):
+        db.drop_table("people_drop")
+    db.create_table("people_drop", _people().slice(0, 1), distributed_by="id")
+    assert db.sql("SELECT count(*) FROM people_drop")[0][0].as_py() == 1
+    db.drop_table("people_drop")

@@ -1,0 +1,84 @@
+"""Distributed SQL on a real local Ray cluster answers what DuckDB answers."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import shardflow
+from shardflow import tpch
+from tests.cluster.conftest import listening_sockets
+from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
+from tests.support.querygen import select_queries
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
+def test_tpch(number: int, db: shardflow.Database, small_oracle: duckdb.DuckDBPyConnection) -> None:
+    sql = tpch.query(number)
+    result = db.sql(sql)
+    expected = small_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        result,
+        expected,
+        ordered=query_is_ordered(sql),
+        sort_keys=sort_key_indexes(sql, expected.column_names),
+        context=f"Q{number}",
+    )
+    assert result.schema.names == expected.schema.names
+    assert db.last_report is not None and db.last_report.stages
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=select_queries())
+def test_random_selects(
+    sql: str, db: shardflow.Database, small_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    expected = small_oracle.sql(sql).to_arrow_table()
+    result = db.sql(sql)
+    assert_same_result(result, expected, ordered=query_is_ordered(sql), context=sql)
+
+
+def test_explain_says_where_each_part_runs(db: shardflow.Database) -> None:
+    text = db.explain(tpch.query(13))
+    assert "on every worker, over its shards" in text
+    assert "on one worker" in text
+    assert "LEFT OUTER JOIN __sf_t1" in text
+
+
+def test_tables_nodes_and_shards_report_what_is_where(db: shardflow.Database) -> None:
+    tables = {row["name"]: row for row in db.tables().to_pylist()}
+    assert tables["lineitem"]["kind"] == "distributed"
+    assert tables["lineitem"]["distributed_by"] == "l_orderkey"
+    assert tables["lineitem"]["colocation_group"] == tables["orders"]["colocation_group"]
+    assert tables["nation"]["kind"] == "replicated" and tables["nation"]["rows"] == 25
+    assert tables["orders"]["rows"] == 150_000 and tables["orders"]["shards"] == 8
+
+    nodes = db.cluster.nodes()
+    assert sorted(n.node_id for n in nodes) == [f"node-{i}" for i in range(4)]
+    assert all(n.alive and n.vendor == "cpu" and n.engine == "duckdb" for n in nodes)
+    assert all(n.shards == 4 for n in nodes)  # 2 units x (lineitem, orders) each
+
+    shards = db.cluster.shards().to_pylist()
+    lineitem = [s for s in shards if s["table"] == "lineitem"]
+    orders = [s for s in shards if s["table"] == "orders"]
+    assert sum(s["rows"] for s in lineitem) == db.sql("SELECT count(*) FROM lineitem")[0][0].as_py()
+    # co-location: equal bucket ranges of lineitem and orders are on the same node
+    placed = {(s["bucket_lo"], s["bucket_hi"]): s["node"] for s in orders}
+    assert all(placed[(s["bucket_lo"], s["bucket_hi"])] == s["node"] for s in lineitem)
+    assert sum(1 for s in shards if s["kind"] == "replica" and s["table"] == "nation") == 4
+
+
+def test_nothing_listens_beyond_loopback(db: shardflow.Database, sockets_before: set[str]) -> None:
+    db.sql("SELECT count(*) FROM orders")
+    new = listening_sockets() - sockets_before
+    assert new, "the cluster should listen on some loopback ports"
+    for address in new:
+        host = address.rsplit(":", 1)[0]
+        assert host in ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]"), address

@@ -1,0 +1,75 @@
+"""TPC-H on shardflow beside DuckDB (in memory, threads = CPU cores) on the same data, in one
+run. Prints per-query times and, last, the geometric-mean ratio shardflow/DuckDB.
+
+    python bench/tpch.py --sf 1 --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import shardflow
+from shardflow import tpch
+
+
+def best(repeat: int, run: object) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()  # type: ignore[operator]
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per query (best)")
+    parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    parser.add_argument("--queries", type=str, default="", help="e.g. 1,3,18 (default all)")
+    args = parser.parse_args()
+
+    data = tpch.generate(args.sf, args.home / "tpch")
+    db_dir = args.home / f"db-sf{args.sf:g}"
+    shutil.rmtree(db_dir, ignore_errors=True)
+    numbers = [int(q) for q in args.queries.split(",") if q] or list(tpch.QUERY_NUMBERS)
+
+    oracle = tpch.duckdb_oracle(data)
+    oracle.execute(f"SET threads = {os.cpu_count() or 1}")
+    with shardflow.connect(workers=args.workers, data_dir=db_dir) as db:
+        started = time.perf_counter()
+        for layout in tpch.LAYOUT:
+            db.create_table(
+                layout.name,
+                data / f"{layout.name}.parquet",
+                distributed_by=layout.distributed_by,
+                colocate_with=layout.colocate_with,
+                replicated=layout.replicated,
+            )
+        print(f"load: {time.perf_counter() - started:.1f}s (SF {args.sf:g}, {args.workers} workers)")
+        print(f"{'query':>5} {'shardflow ms':>13} {'duckdb ms':>10} {'ratio':>6}  plan")
+        ratios = []
+        for number in numbers:
+            query = tpch.query(number)
+            db.sql(query)  # warm-up: the plan is cached from here on
+            oracle.sql(query).fetchall()
+            ours = best(args.repeat, lambda q=query: db.sql(q))
+            report = db.last_report
+            theirs = best(args.repeat, lambda q=query: oracle.sql(q).to_arrow_table())
+            ratios.append(ours / theirs)
+            stages = " + ".join(f"{s.strategy}@{s.placement}" for s in report.stages)
+            print(f"Q{number:02d}  {ours * 1000:13.1f} {theirs * 1000:10.1f} "
+                  f"{ours / theirs:6.2f}  {stages}")
+    geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    print(f"geometric-mean ratio shardflow/duckdb at SF {args.sf:g}: {geomean:.2f}")
+
+
+if __name__ == "__main__":
+    main()

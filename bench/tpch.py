@@ -53,20 +53,39 @@ def main() -> None:
                 colocate_with=layout.colocate_with,
                 replicated=layout.replicated,
             )
-        print(f"load: {time.perf_counter() - started:.1f}s (SF {args.sf:g}, {args.workers} workers)")
-        print(f"{'query':>5} {'shardflow ms':>13} {'duckdb ms':>10} {'ratio':>6}  plan")
+        print(
+            f"load: {time.perf_counter() - started:.1f}s (SF {args.sf:g}, {args.workers} workers)"
+        )
+        print(
+            f"{'query':>5} {'shardflow ms':>13} {'duckdb ms':>10} {'ratio':>6}"
+            f" | {'plan*':>6} {'workers':>8} {'merge':>6} {'other':>6}  stages"
+        )
         ratios = []
         for number in numbers:
             query = tpch.query(number)
             db.sql(query)  # warm-up: the plan is cached from here on
+            planning = db.last_report.plan_seconds if db.last_report else 0.0
             oracle.sql(query).fetchall()
             ours = best(args.repeat, lambda q=query: db.sql(q))
             report = db.last_report
+            assert report is not None
+            on_workers = sum(
+                max((f.seconds for f in stage.fragments), default=0.0) for stage in report.stages
+            )
+            merging = sum(stage.merge_seconds for stage in report.stages)
+            other = report.wall_seconds - on_workers - merging
             theirs = best(args.repeat, lambda q=query: oracle.sql(q).to_arrow_table())
             ratios.append(ours / theirs)
             stages = " + ".join(f"{s.strategy}@{s.placement}" for s in report.stages)
-            print(f"Q{number:02d}  {ours * 1000:13.1f} {theirs * 1000:10.1f} "
-                  f"{ours / theirs:6.2f}  {stages}")
+            print(
+                f"Q{number:02d}  {ours * 1000:13.1f} {theirs * 1000:10.1f} {ours / theirs:6.2f}"
+                f" | {planning * 1000:6.1f} {on_workers * 1000:8.1f} {merging * 1000:6.1f}"
+                f" {other * 1000:6.1f}  {stages}"
+            )
+    print(
+        "plan*: planning on first run (cached after); workers: slowest fragment per stage;"
+        " merge: client merges; other: scatter, transfer and Ray overhead (last timed run)"
+    )
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     print(f"geometric-mean ratio shardflow/duckdb at SF {args.sf:g}: {geomean:.2f}")
 

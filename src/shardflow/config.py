@@ -18,7 +18,8 @@ class Settings:
             directory; a shard owns a contiguous range of them, so this bounds how finely a
             table can ever be split.
         shards_per_worker: shards a new distributed table gets per worker at creation.
-        engine_threads: DuckDB threads per worker; 0 means one per CPU core.
+        engine_threads: DuckDB threads per worker; 0 means the node's cores divided among
+            the workers of an embedded cluster, and all of the node's cores otherwise.
         retry_deadline_s: how long a query or insert keeps retrying fragments whose worker
             died or moved before it gives up with ``ClusterError``.
         load_batch_rows: rows read and routed at a time when a table is loaded.

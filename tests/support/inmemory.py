@@ -17,7 +17,7 @@ from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.types import storage_schema
 from shardflow.control.placement import place_units
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.executor import FragmentResult, concat
+from shardflow.runtime.executor import FragmentResult, Materialized, Output, concat
 from shardflow.sql import Stage
 from shardflow.storage.partition import split_by_unit
 
@@ -70,18 +70,21 @@ class InMemoryCluster:
             tables[name] = concat([self.shards[(name, u)] for u in units])
         return tables
 
-    def scatter(self, stage: Stage, inputs: Mapping[str, pa.Table]) -> list[FragmentResult]:
+    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         assert stage.group is not None
         group = self.catalog.groups[stage.group]
-        results = []
-        for node in sorted({u.node for u in group.units}):
-            started = time.perf_counter()
-            tables = {**self._tables_on(node, stage.tables), **inputs}
-            table = self.engine.run(stage.sql, tables)
-            results.append(FragmentResult(table, node, time.perf_counter() - started))
-        return results
+        given = {name: value.table() for name, value in inputs.items()}
+        return [
+            self._run(node, stage.sql, {**self._tables_on(node, stage.tables), **given})
+            for node in sorted({u.node for u in group.units})
+        ]
 
-    def run_on_worker(self, sql: str, inputs: Mapping[str, pa.Table]) -> FragmentResult:
+    def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
+        given = {name: value.table() for name, value in inputs.items()}
+        return self._run(self.nodes[0], sql, {**self.replicated, **given})
+
+    def _run(self, node: str, sql: str, tables: dict[str, pa.Table]) -> FragmentResult:
         started = time.perf_counter()
-        table = self.engine.run(sql, {**self.replicated, **inputs})
-        return FragmentResult(table, self.nodes[0], time.perf_counter() - started)
+        table = self.engine.run(sql, tables)
+        elapsed = time.perf_counter() - started
+        return FragmentResult(Materialized(table), node, elapsed, table.num_rows)

@@ -108,6 +108,21 @@ class WorkerActor:
         bindings: Mapping[str, list[int]],
         epoch: int,
         names: list[str],
-        *inputs: pa.Table,
-    ) -> tuple[pa.Table, float]:
-        return self.node.execute(sql, bindings, epoch, dict(zip(names, inputs, strict=True)))
+        *parts: pa.Table,
+    ) -> tuple[pa.Table, tuple[float, int]]:
+        """Called with ``num_returns=2``: the result stays in the object store for whoever
+        needs it (the client, or the workers of a later stage) while the caller learns the
+        execution time and row count. An input may come in several parts (the fragment
+        results of an earlier stage); they are concatenated here."""
+        inputs: dict[str, list[pa.Table]] = {}
+        for name, part in zip(names, parts, strict=True):
+            inputs.setdefault(name, []).append(part)
+        tables = {name: concat_tables(chunks) for name, chunks in inputs.items()}
+        result, seconds = self.node.execute(sql, bindings, epoch, tables)
+        return result, (seconds, result.num_rows)
+
+
+def concat_tables(parts: list[pa.Table]) -> pa.Table:
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts, promote_options="permissive")

@@ -155,6 +155,10 @@ def _launch_actors(
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
     ).remote(data_dir, settings)
+    if address is None and not settings.engine_threads:
+        # Workers of an embedded cluster share this machine's cores: oversubscribing them
+        # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
+        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
     nodes = [f"node-{i}" for i in range(count)]
     ray.get(handle.coordinator.register_nodes.remote(nodes))
     resources: dict[str, Any] = {"num_cpus": 0}

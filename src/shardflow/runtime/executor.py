@@ -1,5 +1,9 @@
 """Runs a distributed plan stage by stage; where fragments run is an injected :class:`Runner`
-(Ray workers in a session, in-memory shards in tests)."""
+(Ray workers in a session, in-memory shards in tests).
+
+Stage results are :class:`Output` objects that fetch their rows only when asked: a stage whose
+result only feeds later stages on the workers never passes through the client.
+"""
 
 from __future__ import annotations
 
@@ -14,20 +18,50 @@ from shardflow.engine import DuckDBEngine
 from shardflow.sql import PARTIALS, DistributedPlan, Stage
 
 
+class Output(Protocol):
+    """A stage's (or fragment's) result, wherever it lives."""
+
+    def table(self) -> pa.Table: ...
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """A result held by the client."""
+
+    rows: pa.Table
+
+    def table(self) -> pa.Table:
+        return self.rows
+
+
+@dataclass
+class Concatenated:
+    """The union of fragment results, fetched and concatenated on first use."""
+
+    parts: list[Output]
+    _table: pa.Table | None = None
+
+    def table(self) -> pa.Table:
+        if self._table is None:
+            self._table = concat([part.table() for part in self.parts])
+        return self._table
+
+
 @dataclass(frozen=True)
 class FragmentResult:
-    table: pa.Table
+    output: Output
     worker: str
     seconds: float
     """Execution time of the fragment on the worker (queue wait and transfer excluded)."""
+    rows: int
 
 
 class Runner(Protocol):
-    def scatter(self, stage: Stage, inputs: Mapping[str, pa.Table]) -> list[FragmentResult]:
+    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         """Run ``stage.sql`` on every worker owning units of ``stage.group``."""
         ...
 
-    def run_on_worker(self, sql: str, inputs: Mapping[str, pa.Table]) -> FragmentResult:
+    def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         """Run ``sql`` on one worker, which sees replicated tables and ``inputs``."""
         ...
 
@@ -39,7 +73,6 @@ class StageReport:
     fragments: list[FragmentResult] = field(default_factory=list)
     merge_seconds: float = 0.0
     wall_seconds: float = 0.0
-    rows: int = 0
 
     @property
     def shard_seconds(self) -> float:
@@ -74,35 +107,39 @@ def execute(
     plan: DistributedPlan, runner: Runner, engine: DuckDBEngine
 ) -> tuple[pa.Table, ExecutionReport]:
     report = ExecutionReport(pushdown=plan.pushdown)
-    results: dict[str, pa.Table] = {}
+    results: dict[str, Output] = {}
     started = time.perf_counter()
     for stage in plan.stages:
         stage_started = time.perf_counter()
         inputs = {name: results[name] for name in stage.inputs}
         stage_report = StageReport(stage.strategy, stage.placement)
+        output: Output
         if stage.placement == "shards":
             fragments = runner.scatter(stage, inputs)
             stage_report.fragments = fragments
-            output = concat([f.table for f in fragments])
+            output = Concatenated([f.output for f in fragments])
             if stage.merge_sql is not None:
                 merge_started = time.perf_counter()
-                tables = {PARTIALS: output, **inputs}
                 if stage.merge_on == "client":
-                    output = engine.run(stage.merge_sql, tables)
+                    tables = {PARTIALS: output.table()}
+                    tables.update({name: value.table() for name, value in inputs.items()})
+                    output = Materialized(engine.run(stage.merge_sql, tables))
                 else:
-                    output = runner.run_on_worker(stage.merge_sql, tables).table
+                    merged = runner.run_on_worker(stage.merge_sql, {PARTIALS: output, **inputs})
+                    output = merged.output
                 stage_report.merge_seconds = time.perf_counter() - merge_started
         elif stage.placement == "worker":
             fragment = runner.run_on_worker(stage.sql, inputs)
             stage_report.fragments = [fragment]
-            output = fragment.table
+            output = fragment.output
         else:
             merge_started = time.perf_counter()
-            output = engine.run(stage.sql, inputs)
+            tables = {name: value.table() for name, value in inputs.items()}
+            output = Materialized(engine.run(stage.sql, tables))
             stage_report.merge_seconds = time.perf_counter() - merge_started
-        stage_report.rows = output.num_rows
         stage_report.wall_seconds = time.perf_counter() - stage_started
         report.stages.append(stage_report)
         results[stage.output] = output
+    answer = results[plan.result.output].table()
     report.wall_seconds = time.perf_counter() - started
-    return results[plan.result.output], report
+    return answer, report

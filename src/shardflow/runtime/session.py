@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.buckets import key_family
@@ -37,7 +37,13 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.runtime.cluster import ClusterHandle
-from shardflow.runtime.executor import ExecutionReport, FragmentResult, execute
+from shardflow.runtime.executor import (
+    Concatenated,
+    ExecutionReport,
+    FragmentResult,
+    Output,
+    execute,
+)
 from shardflow.runtime.worker import REPLICA
 from shardflow.sql import DistributedPlan, Stage, explain, plan
 from shardflow.storage.conform import conform
@@ -46,6 +52,7 @@ from shardflow.storage.partition import split_by_unit
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_IN_FLIGHT_LOADS = 8
+QUERY_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -60,14 +67,22 @@ class _Transient(Exception):
     """A call failed for a reason a retry with fresh routing can cure."""
 
 
+class _InputLost(Exception):
+    """An intermediate result in the object store was lost with its node."""
+
+
 def _unwrap(call: Callable[[], T]) -> T:
     """Run a Ray call; re-raise errors of ours as themselves, transient ones as _Transient."""
     try:
         return call()
+    except ObjectLostError:
+        raise _InputLost() from None
     except RayActorError as error:
         raise _Transient(str(error)) from None
     except RayTaskError as error:
         cause = error.cause
+        if isinstance(cause, ObjectLostError):
+            raise _InputLost() from None
         if isinstance(cause, Retryable):
             raise _Transient(str(cause)) from None
         if isinstance(cause, Error):
@@ -160,9 +175,19 @@ class Session:
             raise QueryError(str(error).strip()) from None
 
     def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+        planning_started = time.perf_counter()
         planned = self.plan(sql)
-        result, report = execute(planned.plan, _RayRunner(self), self.engine)
-        report.plan_seconds = planned.plan_seconds
+        planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
+        for attempt in range(QUERY_ATTEMPTS):
+            try:
+                result, report = execute(planned.plan, _RayRunner(self), self.engine)
+                break
+            except _InputLost:
+                # an intermediate result died with its node: run the whole plan again
+                if attempt == QUERY_ATTEMPTS - 1:
+                    raise ClusterError("intermediate results were lost repeatedly") from None
+                self.refresh()
+        report.plan_seconds = planning
         return _as_schema(result, planned.schema), report
 
     def explain(self, sql: str) -> str:
@@ -371,26 +396,62 @@ class Session:
         self.engine.close()
 
 
+@dataclass
+class _RayOutput:
+    """A fragment result left in Ray's object store until someone needs its rows."""
+
+    ref: Any
+    _table: pa.Table | None = None
+
+    def table(self) -> pa.Table:
+        if self._table is None:
+            self._table = _unwrap(lambda: ray.get(self.ref))
+        return self._table
+
+
 class _RayRunner:
     """Runs fragments on the workers through Ray, retrying moved or dead ones."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._refs: dict[int, Any] = {}
+        self._puts: dict[int, Any] = {}
 
-    def _put(self, inputs: Mapping[str, pa.Table]) -> tuple[list[str], list[Any]]:
-        names = list(inputs)
-        refs = []
-        for table in inputs.values():
-            ref = self._refs.get(id(table))
-            if ref is None:
-                ref = self._refs[id(table)] = ray.put(table)
-            refs.append(ref)
+    def _refs(self, inputs: Mapping[str, Output]) -> tuple[list[str], list[Any]]:
+        """Every input as object references, a name repeated once per part: results still
+        on the workers travel worker to worker; client-side tables are put once per query."""
+        names: list[str] = []
+        refs: list[Any] = []
+        for name, value in inputs.items():
+            for part in _parts(value):
+                if isinstance(part, _RayOutput):
+                    ref = part.ref
+                else:
+                    key = id(part)
+                    if key not in self._puts:
+                        self._puts[key] = ray.put(part.table())
+                    ref = self._puts[key]
+                names.append(name)
+                refs.append(ref)
         return names, refs
 
-    def scatter(self, stage: Stage, inputs: Mapping[str, pa.Table]) -> list[FragmentResult]:
+    def _call(
+        self,
+        node: str,
+        sql: str,
+        bindings: dict[str, list[int]],
+        epoch: int,
+        names: list[str],
+        refs: list[Any],
+    ) -> tuple[Any, Any]:
+        worker = self.session.handle.worker(node)
+        table_ref, stats_ref = worker.execute.options(num_returns=2).remote(
+            sql, bindings, epoch, names, *refs
+        )
+        return table_ref, stats_ref
+
+    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
-        names, refs = self._put(inputs)
+        names, refs = self._refs(inputs)
         results: list[FragmentResult] = []
         assert stage.group is not None
         pending: set[int] | None = None
@@ -408,42 +469,48 @@ class _RayRunner:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
             calls = {
-                node: session.handle.worker(node).execute.remote(
-                    stage.sql, {t: units for t in stage.tables}, catalog.epoch, names, *refs
+                node: self._call(
+                    node, stage.sql, {t: units for t in stage.tables}, catalog.epoch, names, refs
                 )
                 for node, units in by_node.items()
             }
-            for node, call in calls.items():
+            for node, (table_ref, stats_ref) in calls.items():
                 try:
-                    table, seconds = _unwrap(lambda call=call: ray.get(call))
+                    seconds, rows = _unwrap(lambda ref=stats_ref: ray.get(ref))
                 except _Transient as error:
                     log.info("fragment retried after %s failed: %s", node, error)
                     continue
-                results.append(FragmentResult(table, node, seconds))
+                results.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
                 pending -= set(by_node[node])
             return not pending
 
         session._retrying("query", attempt)
         return results
 
-    def run_on_worker(self, sql: str, inputs: Mapping[str, pa.Table]) -> FragmentResult:
+    def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         session = self.session
-        names, refs = self._put(inputs)
+        names, refs = self._refs(inputs)
         found: list[FragmentResult] = []
 
         def attempt() -> bool:
             nodes = session.catalog.nodes
             node = nodes[next(session._round_robin) % len(nodes)]
-            call = session.handle.worker(node).execute.remote(sql, {}, 0, names, *refs)
+            table_ref, stats_ref = self._call(node, sql, {}, 0, names, refs)
             try:
-                table, seconds = _unwrap(lambda: ray.get(call))
+                seconds, rows = _unwrap(lambda: ray.get(stats_ref))
             except _Transient:
                 return False
-            found.append(FragmentResult(table, node, seconds))
+            found.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
             return True
 
         session._retrying("query", attempt)
         return found[0]
+
+
+def _parts(value: Output) -> list[Output]:
+    if isinstance(value, Concatenated) and value._table is None:
+        return [p for part in value.parts for p in _parts(part)]
+    return [value]
 
 
 def _as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from sqlglot import exp
-from sqlglot.optimizer.unnest_subqueries import unnest_subqueries
 
 from shardflow.catalog import Catalog
 from shardflow.sql import analysis as a
+from shardflow.sql.decorrelate import decorrelate, mark, semijoin_reduction
 from shardflow.sql.parse import DIALECT, parse, resolve
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.rules import FINISHING_RULES, Finish
@@ -215,7 +215,7 @@ class Planner:
     def _settle_select(self, select: exp.Select, env: Env, outer: Frame | None) -> Dist:
         decorrelated = False
         for _ in range(MAX_SETTLE_ROUNDS):
-            srcs = [_Source(ref, self._source_dist(ref, env)) for ref in a.sources(select)]
+            srcs = [_Source(ref, self._source_dist(select, ref, env)) for ref in a.sources(select)]
             if any(s.dist.kind == "nonlocal" for s in srcs):
                 continue  # a derived table was materialized: look again
             uf = _equivalences(select, srcs)
@@ -232,17 +232,19 @@ class Planner:
             group = partitioned[0].dist.group if partitioned else None
             key_ids = _key_class(select, partitioned, uf)
             frame = Frame(group, frozenset(key_ids) | (outer.key_ids if outer else frozenset()))
-            restart = False
-            for nested in a.nested_queries(select):
-                verdict = self._settle_nested(select, nested, env, frame)
-                if verdict == "decorrelate" and not decorrelated:
-                    _decorrelate(select)
-                    decorrelated = restart = True
-                    break
-                if verdict in ("decorrelate", "gather"):
-                    self._gather_sources(nested, env)
-            if restart:
+            unresolved = [
+                nested
+                for nested in a.nested_queries(select)
+                if self._settle_nested(select, nested, env, frame) == "decorrelate"
+            ]
+            if unresolved and not decorrelated:
+                for nested in unresolved:
+                    mark(nested)
+                decorrelate(select)
+                decorrelated = True
                 continue
+            for nested in unresolved:  # what decorrelation could not rewrite is gathered
+                self._gather_sources(nested, env)
             if not partitioned:
                 return REPLICATED
             anchored = bool(
@@ -265,8 +267,8 @@ class Planner:
         raise AssertionError("planning did not settle")  # pragma: no cover
 
     def _settle_nested(self, select: exp.Select, nested: exp.Expr, env: Env, frame: Frame) -> str:
-        """What to do with a subquery: "ok", "decorrelate" or "gather" (or it is
-        materialized here when uncorrelated)."""
+        """ "decorrelate" for a correlated subquery that cannot run per shard; otherwise
+        "ok", after materializing it here when it is uncorrelated and not local."""
         correlated = bool(a.external_columns(nested))
         dist = self.settle_query(nested, env, frame if correlated else None)
         if dist.kind == "replicated":
@@ -292,7 +294,7 @@ class Planner:
                 if self.settle_query(nested, env, None).kind != "replicated":
                     self._gather_sources(nested, env)
 
-    def _source_dist(self, ref: a.SourceRef, env: Env) -> Dist:
+    def _source_dist(self, select: exp.Select, ref: a.SourceRef, env: Env) -> Dist:
         node = ref.node
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
             name = node.name
@@ -309,7 +311,9 @@ class Planner:
         if isinstance(node, exp.Subquery) and isinstance(node.this, a.QUERY_NODES):
             dist = self.settle_query(node.this, env, outer=None)
             if dist.kind == "nonlocal":
-                temp = self.materialize(node.this, env)
+                body = node.this.copy()
+                semijoin_reduction(select, ref, body, self._replicated_sources(select, env))
+                temp = self.materialize(body, env)
                 node.replace(_temp_table(temp, ref.alias))
             return dist
         if any(self._reads_distributed(t, env) for t in node.find_all(exp.Table)):
@@ -397,6 +401,17 @@ class Planner:
         query.set("with_", exp.With(expressions=ctes))
 
     # -- catalog questions ---------------------------------------------------------------
+    def _replicated_sources(self, select: exp.Select, env: Env) -> set[str]:
+        """Aliases of the sources of ``select`` that are replicated catalog tables."""
+        aliases = set()
+        for ref in a.sources(select):
+            node = ref.node
+            if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+                spec = self.catalog.tables.get(node.name)
+                if spec is not None and not spec.distributed and node.name not in env.ctes:
+                    aliases.add(ref.alias)
+        return aliases
+
     def _reads_distributed(self, table: exp.Table, env: Env) -> bool:
         if not isinstance(table.this, exp.Identifier) or table.name in env.temps:
             return False
@@ -578,14 +593,6 @@ def _is_local_in_filter(select: exp.Select, nested: exp.Expr, dist: Dist, frame:
         and len(selects) == 1
         and selects[0].alias_or_name in dist.keys
     )
-
-
-def _decorrelate(select: exp.Select) -> None:
-    """Turn correlated subqueries into joins with grouped derived tables (SQLGlot's rule),
-    which can then be computed as stages of their own."""
-    rewritten = unnest_subqueries(select.copy())
-    for key in set(select.args) | set(rewritten.args):
-        select.set(key, rewritten.args.get(key))
 
 
 def _pushable_conjuncts(select: exp.Select, ref: a.SourceRef) -> list[exp.Expr]:

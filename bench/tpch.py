@@ -45,14 +45,7 @@ def main() -> None:
     oracle.execute(f"SET threads = {os.cpu_count() or 1}")
     with shardflow.connect(workers=args.workers, data_dir=db_dir) as db:
         started = time.perf_counter()
-        for layout in tpch.LAYOUT:
-            db.create_table(
-                layout.name,
-                data / f"{layout.name}.parquet",
-                distributed_by=layout.distributed_by,
-                colocate_with=layout.colocate_with,
-                replicated=layout.replicated,
-            )
+        tpch.load(db, data)
         print(
             f"load: {time.perf_counter() - started:.1f}s (SF {args.sf:g}, {args.workers} workers)"
         )

@@ -79,17 +79,8 @@ def run_demo(
         db = connect(workers=workers, data_dir=db_dir)
     timings = []
     with db:
-        paths = tpch.table_paths(data)
         started = time.perf_counter()
-        for layout in tpch.LAYOUT:
-            db.create_table(
-                layout.name,
-                paths[layout.name],
-                distributed_by=layout.distributed_by,
-                colocate_with=layout.colocate_with,
-                replicated=layout.replicated,
-                progress=True,
-            )
+        tpch.load(db, data, progress=True)
         console.print(f"loaded 8 tables in {time.perf_counter() - started:.1f}s")
         oracle = tpch.duckdb_oracle(data)
         for number, query in tpch.queries().items():

@@ -28,14 +28,7 @@ def db(
     tpch_small: Path, tmp_path_factory: pytest.TempPathFactory, sockets_before: set[str]
 ) -> Iterator[shardflow.Database]:
     database = shardflow.connect(workers=4, data_dir=tmp_path_factory.mktemp("cluster"))
-    for layout in tpch.LAYOUT:
-        database.create_table(
-            layout.name,
-            tpch_small / f"{layout.name}.parquet",
-            distributed_by=layout.distributed_by,
-            colocate_with=layout.colocate_with,
-            replicated=layout.replicated,
-        )
+    tpch.load(database, tpch_small)
     yield database
     database.close()
 

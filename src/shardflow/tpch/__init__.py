@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 import duckdb
 
@@ -22,6 +23,7 @@ __all__ = [
     "TableLayout",
     "duckdb_oracle",
     "generate",
+    "load",
     "queries",
     "query",
     "table_paths",
@@ -199,6 +201,33 @@ def _install(staging: Path, target: Path, *, overwrite: bool) -> None:
 
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+class _Creates(Protocol):
+    def create_table(
+        self,
+        name: str,
+        source: object,
+        *,
+        distributed_by: str | None = ...,
+        replicated: bool = ...,
+        colocate_with: str | None = ...,
+        progress: bool = ...,
+    ) -> int: ...
+
+
+def load(db: _Creates, data_dir: os.PathLike[str] | str, *, progress: bool = False) -> None:
+    """Create the 8 tables in a shardflow database with the recommended :data:`LAYOUT`."""
+    paths = table_paths(data_dir)
+    for layout in LAYOUT:
+        db.create_table(
+            layout.name,
+            paths[layout.name],
+            distributed_by=layout.distributed_by,
+            colocate_with=layout.colocate_with,
+            replicated=layout.replicated,
+            progress=progress,
+        )
 
 
 def duckdb_oracle(data_dir: os.PathLike[str] | str) -> duckdb.DuckDBPyConnection:

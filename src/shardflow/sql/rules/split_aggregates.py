@@ -21,6 +21,24 @@ class _CannotSplit(Exception):
     pass
 
 
+class _FragmentColumns:
+    """Expressions the fragment computes, each once, named ``<prefix><n>``."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._by_text: dict[str, exp.Alias] = {}
+
+    def column(self, expression: exp.Expr) -> exp.Column:
+        text = expression.sql()
+        if text not in self._by_text:
+            name = f"{self._prefix}{len(self._by_text)}"
+            self._by_text[text] = exp.Alias(this=expression.copy(), alias=exp.to_identifier(name))
+        return exp.column(self._by_text[text].alias)
+
+    def projections(self) -> list[exp.Alias]:
+        return list(self._by_text.values())
+
+
 def split_aggregates(query: exp.Expr, local: bool, reason: str) -> Finish | None:
     if reason != "aggregate" or not isinstance(query, exp.Select):
         return None
@@ -46,21 +64,9 @@ def _split(query: exp.Select) -> Finish:
     group_exprs = list({g.sql(): g for g in group_exprs}.values())  # GROUP BY a, a
     sources = {s.alias for s in a.sources(query)}
 
-    partial_columns: dict[str, exp.Expr] = {}
-
-    def partial(expression: exp.Expr) -> exp.Column:
-        text = expression.sql()
-        if text not in partial_columns:
-            partial_columns[text] = expression.copy().as_(f"_a{len(partial_columns)}")
-        return exp.column(partial_columns[text].alias)
-
-    distinct_columns: dict[str, exp.Expr] = {}
-
-    def distinct_arg(expression: exp.Expr) -> exp.Column:
-        text = expression.sql()
-        if text not in distinct_columns:
-            distinct_columns[text] = expression.copy().as_(f"_d{len(distinct_columns)}")
-        return exp.column(distinct_columns[text].alias)
+    partial_columns = _FragmentColumns("_a")
+    distinct_columns = _FragmentColumns("_d")
+    partial, distinct_arg = partial_columns.column, distinct_columns.column
 
     def final(aggregate: exp.Expr) -> exp.Expr:
         inner = aggregate.this if isinstance(aggregate, exp.Filter) else aggregate
@@ -137,14 +143,14 @@ def _split(query: exp.Select) -> Finish:
     fragment.set(
         "expressions",
         [g.copy().as_(name) for g, name in zip(group_exprs, group_columns.values(), strict=True)]
-        + list(distinct_columns.values())
-        + list(partial_columns.values()),
+        + distinct_columns.projections()
+        + partial_columns.projections(),
     )
     if not fragment.expressions:
         fragment.set("expressions", [exp.Count(this=exp.Star()).as_("_n")])
-    keys = group_exprs + [d.this for d in distinct_columns.values()]
+    keys = group_exprs + [d.this for d in distinct_columns.projections()]
     fragment.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
     reason = "GROUP BY not on the distribution key" if group is not None else "global aggregate"
-    if distinct_columns:
+    if distinct_columns.projections():
         reason += "; DISTINCT arguments kept exact in the partial GROUP BY"
     return Finish(fragment, merge, "partial aggregate", reason)

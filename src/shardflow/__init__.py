@@ -6,18 +6,21 @@ with shardflow.connect(workers=4) as db:
     db.sql("SELECT count(*) FROM orders")
 """
 
-from shardflow.api import Cluster, Database, NodeInfo, connect
+from shardflow.api import Cluster, Database, MigrationRecord, NodeInfo, connect
 from shardflow.config import Settings
 from shardflow.errors import (
     ClusterError,
     ConfigError,
+    DrainTimeoutError,
     Error,
+    MoveRefusedError,
     QueryError,
     SchemaMismatchError,
     SqlSyntaxError,
     TableError,
     TableExistsError,
     UnknownColumnError,
+    UnknownShardError,
     UnknownTableError,
     UnsupportedError,
 )
@@ -29,7 +32,10 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "Database",
+    "DrainTimeoutError",
     "Error",
+    "MigrationRecord",
+    "MoveRefusedError",
     "NodeInfo",
     "QueryError",
     "SchemaMismatchError",
@@ -38,6 +44,7 @@ __all__ = [
     "TableError",
     "TableExistsError",
     "UnknownColumnError",
+    "UnknownShardError",
     "UnknownTableError",
     "UnsupportedError",
     "__version__",

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, Error
+from shardflow.errors import ConfigError, DrainTimeoutError, Error
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.session import Session
@@ -41,11 +41,84 @@ class NodeInfo:
     """Share of the worker's uptime spent executing fragments (summed over threads)."""
 
 
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One live move (migration, split or merge), as the history keeps it."""
+
+    move_id: str
+    kind: str
+    reason: str
+    shards: tuple[str, ...]
+    """The shards that moved (every co-located table of the unit)."""
+    new_shards: tuple[str, ...]
+    from_nodes: tuple[str, ...]
+    to_nodes: tuple[str, ...]
+    phase: str
+    outcome: str
+    """"done", or why it was rolled back."""
+    started_at: float
+    seconds: float
+    phase_seconds: dict[str, float]
+    rows: int
+    bytes: int
+    catch_up_rounds: int
+    fence_seconds: float
+    """How long writes to the moving shards were held (they wait; they do not fail)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MigrationRecord:
+        fields = {f for f in cls.__dataclass_fields__}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
+        return cls(**values)
+
+
 class Cluster:
-    """What is where: nodes and shards, as reported live by the workers."""
+    """What is where (nodes and shards, reported live by the workers), and the operations
+    that change it while queries and inserts keep running."""
 
     def __init__(self, database: Database) -> None:
         self._db = database
+
+    # -- live operations ------------------------------------------------------------------
+    def migrate(self, shard: str | int, to: str) -> MigrationRecord:
+        """Move a shard — with every shard co-located with it — to node ``to``, live."""
+        session = self._db._session_or_raise()
+        result = session.coordinator_call("migrate", session.unit_of(shard), to)
+        return MigrationRecord.from_dict(result)
+
+    def split(self, shard: str | int) -> MigrationRecord:
+        """Halve a shard's bucket range (and its co-located shards'), live."""
+        session = self._db._session_or_raise()
+        return MigrationRecord.from_dict(session.coordinator_call("split", session.unit_of(shard)))
+
+    def merge(self, first: str | int, second: str | int) -> MigrationRecord:
+        """Join two adjacent shards (and their co-located shards) into one, live."""
+        session = self._db._session_or_raise()
+        result = session.coordinator_call("merge", session.unit_of(first), session.unit_of(second))
+        return MigrationRecord.from_dict(result)
+
+    def migrations(self) -> list[MigrationRecord]:
+        """Every move so far, oldest first, with the time spent in each phase."""
+        session = self._db._session_or_raise()
+        return [MigrationRecord.from_dict(r) for r in session.coordinator_call("migrations")]
+
+    def add_node(self) -> str:
+        """Start a new worker; it joins the cluster and the balancer moves load to it."""
+        return self._db._session_or_raise().add_node()
+
+    def drain(self, node: str, deadline: float = 300.0) -> list[MigrationRecord]:
+        """Move every shard off ``node`` live, then stop it. If that cannot be done within
+        ``deadline`` seconds, :class:`DrainTimeoutError` says so and the node keeps
+        serving what it still holds."""
+        result = self._db._session_or_raise().drain(node, deadline)
+        moved = [MigrationRecord.from_dict(r) for r in result["moved"]]
+        if not result["drained"]:
+            raise DrainTimeoutError(result["reason"], moved)
+        return moved
+
+    def failovers(self) -> list[dict[str, Any]]:
+        """Workers declared dead, with how long until their shards were served again."""
+        return list(self._db._session_or_raise().coordinator_call("failovers"))
 
     def nodes(self) -> list[NodeInfo]:
         infos = self._db._session_or_raise().worker_infos()
@@ -202,7 +275,7 @@ class Database:
                 rows[shard["table"]] += shard["rows"]
                 shards[shard["table"]] += 1
         catalog = session.catalog
-        primary = sorted(catalog.nodes)[0] if catalog.nodes else None
+        primary = catalog.primary
         for replica in infos.get(primary or "", {}).get("replicas", []):
             rows[replica["table"]] = replica["rows"]
         specs = sorted(catalog.tables.values(), key=lambda s: s.name)

@@ -29,6 +29,11 @@ class Settings:
         plan_cache_size: distributed plans a session keeps, by query text and catalog version.
         object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
             0 lets Ray choose (30 % of memory).
+        migration_bandwidth_mb_s: cap on the copy rate of one live move, in MB/s; 0 means
+            as fast as the transport goes.
+        health_interval_s: how often the coordinator pings every worker.
+        health_misses: unanswered pings in a row after which a worker is declared dead and
+            its shards are reassigned (a worker whose process died is declared at once).
     """
 
     buckets: int = 256
@@ -40,6 +45,9 @@ class Settings:
     wal_checkpoint_bytes: int = 64 << 20
     plan_cache_size: int = 256
     object_store_memory: int = 0
+    migration_bandwidth_mb_s: float = 0.0
+    health_interval_s: float = 1.0
+    health_misses: int = 3
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -60,8 +68,13 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative")
-        if self.retry_deadline_s <= 0:
-            raise ConfigError("setting retry_deadline_s must be positive")
+        for name in ("retry_deadline_s", "health_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"setting {name} must be positive")
+        if self.migration_bandwidth_mb_s < 0:
+            raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
+        if self.health_misses < 1:
+            raise ConfigError("setting health_misses must be at least 1")
 
     def replace(self, **changes: Any) -> Settings:
         names = {f.name for f in dataclasses.fields(self)}

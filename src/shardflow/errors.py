@@ -51,6 +51,27 @@ class SchemaMismatchError(Error, TypeError):
     in a NOT NULL column. Nothing of the insert was written."""
 
 
+class UnknownShardError(Error, KeyError):
+    """A cluster operation names a shard or node that does not exist."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MoveRefusedError(Error):
+    """A migration, split, merge or drain cannot be done as asked (the message says why);
+    nothing was changed."""
+
+
+class DrainTimeoutError(MoveRefusedError):
+    """A drain did not finish by its deadline; the node keeps serving what it still holds.
+    ``moved`` lists the moves that did finish."""
+
+    def __init__(self, message: str, moved: list[object] | None = None) -> None:
+        super().__init__(message)
+        self.moved = moved or []
+
+
 class ClusterError(Error):
     """The cluster could not serve the request (workers unreachable past the retry deadline)."""
 

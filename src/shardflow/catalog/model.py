@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,12 @@ from shardflow.catalog.buckets import key_family, split_range
 TableKind = Literal["distributed", "replicated"]
 ROUND_ROBIN = ""
 """The ``key`` of a distributed table without a distribution column (rows spread evenly)."""
+
+
+def _node_order(node: str) -> tuple[int, str]:
+    """node-2 before node-10."""
+    tail = node.rsplit("-", 1)[-1]
+    return (int(tail), node) if tail.isdigit() else (1 << 30, node)
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class Catalog:
     tables: Mapping[str, TableSpec] = field(default_factory=lambda: MappingProxyType({}))
     groups: Mapping[str, Group] = field(default_factory=lambda: MappingProxyType({}))
     next_unit_id: int = 0
+    next_node_index: int = 0
 
     # -- reading -------------------------------------------------------------------------
     def table(self, name: str) -> TableSpec:
@@ -152,6 +160,11 @@ class Catalog:
                     refs.append(ShardRef(spec.name, unit.unit_id))
         return refs
 
+    @property
+    def primary(self) -> str | None:
+        """The node that writes the log of replicated tables (the lowest-numbered node)."""
+        return min(self.nodes, key=_node_order) if self.nodes else None
+
     def replicated_tables(self) -> list[TableSpec]:
         return [spec for spec in self.tables.values() if spec.kind == "replicated"]
 
@@ -164,7 +177,7 @@ class Catalog:
 
     def with_nodes(self, nodes: Iterable[str], placement: Mapping[int, str]) -> Catalog:
         """Register the live node set; ``placement`` gives new owners of orphaned units."""
-        nodes = tuple(nodes)
+        nodes = tuple(sorted(set(nodes), key=_node_order))
         moved = False
         groups = {}
         for group_id, group in self.groups.items():
@@ -175,10 +188,12 @@ class Catalog:
                     moved = True
                 units.append(unit)
             groups[group_id] = dataclasses.replace(group, units=tuple(units))
+        indexes = [int(n.rsplit("-", 1)[1]) for n in nodes if n.rsplit("-", 1)[-1].isdigit()]
         return self._next(
             nodes=nodes,
             groups=MappingProxyType(groups),
             epoch=self.epoch + 1 if moved else self.epoch,
+            next_node_index=max([self.next_node_index, *(i + 1 for i in indexes)]),
         )
 
     def orphaned_units(self, nodes: Iterable[str]) -> list[Unit]:
@@ -207,6 +222,39 @@ class Catalog:
             next_unit_id=max(self.next_unit_id, next_unit_id),
         )
 
+    def with_unit_ids_reserved(self, count: int) -> tuple[Catalog, list[int]]:
+        """Allocate ``count`` unit ids for units that do not exist yet (a move's targets)."""
+        ids = list(range(self.next_unit_id, self.next_unit_id + count))
+        return self._next(next_unit_id=self.next_unit_id + count), ids
+
+    def with_node_added(self, node: str) -> Catalog:
+        index = int(node.rsplit("-", 1)[1]) if node.rsplit("-", 1)[-1].isdigit() else -1
+        return self._next(
+            nodes=tuple(sorted({*self.nodes, node}, key=_node_order)),
+            next_node_index=max(self.next_node_index, index + 1),
+        )
+
+    def with_units_replaced(
+        self, group_id: str, remove: Iterable[int], add: Iterable[Unit]
+    ) -> Catalog:
+        """Replace units of a group by units covering the same buckets (a move, split or
+        merge switching over); the routing epoch goes up."""
+        group = self.groups[group_id]
+        gone = set(remove)
+        units = [u for u in group.units if u.unit_id not in gone] + list(add)
+        units.sort(key=lambda u: u.lo)
+        covered = [(u.lo, u.hi) for u in units]
+        if (
+            covered[0][0] != 0
+            or covered[-1][1] != self.n_buckets
+            or any(a[1] != b[0] for a, b in itertools.pairwise(covered))
+        ):
+            raise ValueError(f"units of {group_id} would not cover every bucket once: {covered}")
+        replaced = dataclasses.replace(group, units=tuple(units))
+        return self._next(
+            groups=MappingProxyType({**self.groups, group_id: replaced}), epoch=self.epoch + 1
+        )
+
     def with_table(self, spec: TableSpec) -> Catalog:
         return self._next(tables=MappingProxyType({**self.tables, spec.name: spec}))
 
@@ -226,6 +274,7 @@ class Catalog:
             "n_buckets": self.n_buckets,
             "nodes": list(self.nodes),
             "next_unit_id": self.next_unit_id,
+            "next_node_index": self.next_node_index,
             "tables": [t.to_json() for t in self.tables.values()],
             "groups": [
                 {
@@ -254,4 +303,5 @@ class Catalog:
             tables=MappingProxyType(tables),
             groups=MappingProxyType(groups),
             next_unit_id=data["next_unit_id"],
+            next_node_index=data.get("next_node_index", len(data["nodes"])),
         )

@@ -6,7 +6,7 @@ view with the table's name, so fragments run as written."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -72,6 +72,14 @@ class DuckDBEngine:
             union = " UNION ALL ".join(f"SELECT * FROM {quote(p)}" for p in physicals)
             self.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {union}")
 
+    def checksum(self, select: str) -> tuple[int, int]:
+        """(rows, sum of DuckDB row hashes) of a query: order-independent and additive, so
+        the parts of a split add up to the whole."""
+        row = self.run(
+            f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
+        ).to_pylist()[0]
+        return int(row["n"]), int(row["h"])
+
     def drop_physical(self, physical: str) -> None:
         with self._ddl:
             self.execute(f"DROP TABLE IF EXISTS {quote(physical)}")
@@ -116,6 +124,27 @@ class NativeRows:
     def read(self) -> pa.Table:
         table = self.engine.run(f"SELECT * FROM {quote(self.physical)}")
         return table.cast(self.schema) if not table.schema.equals(self.schema) else table
+
+    def pin(self) -> Callable[[], pa.Table]:
+        """A transaction begun now sees exactly the rows committed so far, whatever is
+        appended while the (possibly slow) read runs."""
+        cursor = self.engine._database.cursor()
+        cursor.execute("BEGIN TRANSACTION")
+        cursor.execute(f"SELECT count(*) FROM {quote(self.physical)}").fetchall()
+
+        def read() -> pa.Table:
+            try:
+                table = cursor.sql(f"SELECT * FROM {quote(self.physical)}").to_arrow_table()
+                cursor.execute("COMMIT")
+            finally:
+                cursor.close()
+            return table.cast(self.schema) if not table.schema.equals(self.schema) else table
+
+        return read
+
+    def checksum(self) -> tuple[int, int]:
+        """(rows, order-independent sum of row hashes): equal on both sides of a move."""
+        return self.engine.checksum(f"SELECT * FROM {quote(self.physical)}")
 
     @property
     def rows(self) -> int:

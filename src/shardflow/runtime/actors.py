@@ -3,6 +3,8 @@ on the cluster. All logic lives in those classes; here only what Ray needs."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,17 +12,71 @@ import pyarrow as pa
 import ray
 
 from shardflow.config import Settings
+from shardflow.control.migration import MovePlan, UnitSpan
+from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
-from shardflow.runtime.worker import WorkerNode
+from shardflow.runtime.worker import ShardKey, WorkerNode
+from shardflow.storage.shard import Change
 
 WORKER_CONCURRENCY = 16
-COORDINATOR_CONCURRENCY = 8
+COORDINATOR_CONCURRENCY = 16
+Exported = tuple[ShardKey, int, list[str], list[Any]]
+"""A shard of a move's snapshot: key, LSN, batch ids, object references of its chunks."""
+CHUNK_ROWS = 256 * 1024
+"""Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
+
+
+def plan_from_json(data: Mapping[str, Any]) -> MovePlan:
+    return MovePlan(
+        move_id=data["move_id"],
+        kind=data["kind"],
+        group=data["group"],
+        sources=tuple(UnitSpan(**s) for s in data["sources"]),
+        targets=tuple(UnitSpan(**t) for t in data["targets"]),
+        reason=data.get("reason", ""),
+    )
 
 
 @ray.remote
 class CoordinatorActor:
-    def __init__(self, data_dir: str, settings: Settings) -> None:
+    def __init__(self, data_dir: str, settings: Settings, prefix: str) -> None:
         self.state = CoordinatorState(data_dir, settings)
+        self.controller = Controller(self.state, prefix, settings)
+        self.controller.start()  # watch workers; finish or roll back moves a crash cut short
+
+    def ping(self) -> bool:
+        return True
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # -- cluster operations -------------------------------------------------------------
+    def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_move(unit_id, to))
+
+    def split(self, unit_id: int) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_split(unit_id))
+
+    def merge(self, first: int, second: int) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_merge(first, second))
+
+    def migrations(self) -> list[dict[str, Any]]:
+        return self.controller.history()
+
+    def drain(self, node: str, deadline_s: float) -> dict[str, Any]:
+        return self.controller.drain(node, deadline_s)
+
+    def reserve_node(self) -> str:
+        return self.state.reserve_node()
+
+    def node_joined(self, node: str) -> dict[str, Any]:
+        return self.state.node_joined(node)
+
+    def failovers(self) -> list[dict[str, Any]]:
+        return [vars(f) for f in self.controller.failovers]
+
+    def stop(self) -> None:
+        self.controller.stop()
 
     def catalog(self) -> dict[str, Any]:
         return self.state.catalog_json()
@@ -68,9 +124,10 @@ class WorkerActor:
         return self.node.info()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
+
+    def ping(self) -> bool:
+        return True
 
     def sync(self, catalog: Mapping[str, Any]) -> int:
         return self.node.sync(catalog)
@@ -120,6 +177,88 @@ class WorkerActor:
         tables = {name: concat_tables(chunks) for name, chunks in inputs.items()}
         result, seconds = self.node.execute(sql, bindings, epoch, tables)
         return result, (seconds, result.num_rows)
+
+    # -- live moves: source side ----------------------------------------------------------
+    def export_begin(
+        self, plan: Mapping[str, Any]
+    ) -> list[tuple[ShardKey, int, list[str], list[Any]]]:
+        """Pin the snapshot; its rows go into the object store in chunks the target pulls."""
+        exported = self.node.export_begin(plan_from_json(plan))
+        return [
+            (key, lsn, batch_ids, [ray.put(chunk) for chunk in _chunks(rows)])
+            for key, (lsn, batch_ids, rows) in exported.items()
+        ]
+
+    def export_changes(
+        self, move_id: str, since: Mapping[ShardKey, int]
+    ) -> dict[ShardKey, list[Change]]:
+        return self.node.export_changes(move_id, since)
+
+    def fence(self, move_id: str) -> None:
+        self.node.fence(move_id)
+
+    def abort_export(self, move_id: str) -> None:
+        self.node.abort_export(move_id)
+
+    def retire(self, move_id: str) -> None:
+        self.node.retire(move_id)
+
+    def drop_retired(self, move_id: str) -> bool:
+        return self.node.drop_retired(move_id)
+
+    def unit_bytes(self, units: list[int]) -> int:
+        return self.node.unit_bytes(units)
+
+    def memory_headroom(self) -> int:
+        return self.node.memory_headroom()
+
+    def checksums(self, keys: list[ShardKey], move_id: str | None = None) -> dict[str, list[int]]:
+        return self.node.checksums(keys, move_id)
+
+    # -- live moves: target side ----------------------------------------------------------
+    def pull_snapshot(
+        self, plan: Mapping[str, Any], sources: Mapping[str, Any], bandwidth_bytes_s: float
+    ) -> tuple[int, int]:
+        """Copy the sources' snapshots into new shards here, at most ``bandwidth_bytes_s``
+        (0: no cap); returns rows and bytes copied."""
+        move = plan_from_json(plan)
+        self.node.import_begin(move)
+        rows = size = 0
+        started = time.monotonic()
+        for source in sources.values():
+            for key, lsn, batch_ids, chunks in ray.get(source.export_begin.remote(plan)):
+                for ref in chunks:
+                    chunk = ray.get(ref)
+                    rows += self.node.import_rows(move.move_id, key, chunk)
+                    size += chunk.nbytes
+                    if bandwidth_bytes_s > 0:
+                        ahead = size / bandwidth_bytes_s - (time.monotonic() - started)
+                        if ahead > 0:
+                            time.sleep(ahead)
+                self.node.import_snapshot_done(move.move_id, key, lsn, batch_ids)
+        self.node.import_commit(move.move_id)
+        return rows, size
+
+    def catch_up(self, move_id: str, sources: Mapping[str, Any]) -> int:
+        """Apply what the sources took in since the last pull; returns those rows."""
+        since = self.node.import_since(move_id)
+        changes = ray.get(
+            [source.export_changes.remote(move_id, since) for source in sources.values()]
+        )
+        return sum(self.node.import_changes(move_id, found) for found in changes)
+
+    def promote(self, move_id: str) -> None:
+        if move_id in self.node.imports:
+            self.node.promote(move_id)
+
+    def abort_import(self, move_id: str) -> None:
+        self.node.abort_import(move_id)
+
+
+def _chunks(rows: pa.Table) -> list[pa.Table]:
+    if rows.num_rows <= CHUNK_ROWS:
+        return [rows]
+    return [rows.slice(start, CHUNK_ROWS) for start in range(0, rows.num_rows, CHUNK_ROWS)]
 
 
 def concat_tables(parts: list[pa.Table]) -> pa.Table:

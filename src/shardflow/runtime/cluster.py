@@ -39,6 +39,8 @@ class ClusterHandle:
     workers: dict[str, Any] = field(default_factory=dict)
     started_ray: bool = False
     owns_actors: bool = True
+    worker_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
+    worker_settings: Settings | None = None
 
     @property
     def coordinator_name(self) -> str:
@@ -154,26 +156,39 @@ def _launch_actors(
         max_restarts=-1,
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
-    ).remote(data_dir, settings)
+    ).remote(data_dir, settings, prefix)
     if address is None and not settings.engine_threads:
         # Workers of an embedded cluster share this machine's cores: oversubscribing them
         # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
         settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
     nodes = [f"node-{i}" for i in range(count)]
     ray.get(handle.coordinator.register_nodes.remote(nodes))
-    resources: dict[str, Any] = {"num_cpus": 0}
     if gpus and workers is None:
-        resources["num_gpus"] = 1  # one worker per GPU, pinned to it
+        handle.worker_resources = {"num_cpus": 0, "num_gpus": 1}  # one worker per GPU
+    handle.worker_settings = settings
     for node in nodes:
-        handle.workers[node] = WorkerActor.options(  # type: ignore[attr-defined]
-            name=handle.worker_name(node),
-            namespace=NAMESPACE,
-            max_restarts=-1,
-            max_concurrency=WORKER_CONCURRENCY,
-            **resources,
-        ).remote(node, data_dir, settings, handle.coordinator_name, NAMESPACE)
+        start_worker(handle, node)
     ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
     return handle
+
+
+def start_worker(handle: ClusterHandle, node: str) -> Any:
+    """Create the worker actor of ``node``; it loads what the catalog assigns it."""
+    worker = WorkerActor.options(  # type: ignore[attr-defined]
+        name=handle.worker_name(node),
+        namespace=NAMESPACE,
+        max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
+        max_concurrency=WORKER_CONCURRENCY,
+        **handle.worker_resources,
+    ).remote(
+        node,
+        handle.data_dir,
+        handle.worker_settings or handle.settings,
+        handle.coordinator_name,
+        NAMESPACE,
+    )
+    handle.workers[node] = worker
+    return worker
 
 
 def shutdown(handle: ClusterHandle) -> None:

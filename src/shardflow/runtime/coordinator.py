@@ -15,11 +15,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec
+from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
+from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
 from shardflow.control.placement import place_units
-from shardflow.errors import TableError, TableExistsError, UnknownTableError
+from shardflow.errors import (
+    MoveRefusedError,
+    TableError,
+    TableExistsError,
+    UnknownShardError,
+    UnknownTableError,
+)
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -42,6 +49,7 @@ class CoordinatorState:
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
         self.pending: dict[str, PendingTable] = {}
         self.profiles: dict[str, dict[str, Any]] = {}
+        self.moving: dict[str, MovePlan] = {}
         self._lock = threading.RLock()
         self._remove_orphaned_files()
 
@@ -76,9 +84,116 @@ class CoordinatorState:
             placement = {unit.unit_id: owner for unit, owner in zip(orphans, owners, strict=True)}
             if orphans:
                 log.info("reassigning %d units of departed nodes", len(orphans))
-            if tuple(nodes) == self.catalog.nodes and not orphans:
+            if set(nodes) == set(self.catalog.nodes) and not orphans:
                 return self.catalog.to_json()
             return self._save(self.catalog.with_nodes(nodes, placement))
+
+    def reserve_node(self) -> str:
+        """A new node id (never reused, even after the node is gone)."""
+        with self._lock:
+            node = f"node-{self.catalog.next_node_index}"
+            self._save(self.catalog._next(next_node_index=self.catalog.next_node_index + 1))
+            return node
+
+    def node_joined(self, node: str) -> dict[str, Any]:
+        with self._lock:
+            return self._save(self.catalog.with_node_added(node))
+
+    def node_left(self, node: str) -> dict[str, Any] | None:
+        """A node died or was drained: its units (if any) get new owners. None if it was not
+        a member any more."""
+        with self._lock:
+            if node not in self.catalog.nodes:
+                return None
+            for move in self.moving.values():
+                if node in move.nodes:
+                    log.info("node %s left during move %s", node, move.move_id)
+            return self.register_nodes([n for n in self.catalog.nodes if n != node])
+
+    # -- moves --------------------------------------------------------------------------
+    def _find_unit(self, unit_id: int) -> tuple[str, Unit]:
+        for group in self.catalog.groups.values():
+            for unit in group.units:
+                if unit.unit_id == unit_id:
+                    return group.group_id, unit
+        raise UnknownShardError(f"no shard unit {unit_id}; see db.cluster.shards()")
+
+    def _reserve(
+        self,
+        kind: MoveKind,
+        group: str,
+        sources: list[Unit],
+        targets: list[tuple[int, int, str]],
+        reason: str,
+    ) -> MovePlan:
+        busy = {u.unit_id for move in self.moving.values() for u in move.sources}
+        if busy & {u.unit_id for u in sources}:
+            raise MoveRefusedError(f"unit(s) {sorted(busy)} are already being moved")
+        catalog, ids = self.catalog.with_unit_ids_reserved(len(targets))
+        self._save(catalog)
+        plan = MovePlan(
+            move_id=uuid.uuid4().hex[:12],
+            kind=kind,
+            group=group,
+            sources=tuple(UnitSpan(u.unit_id, u.lo, u.hi, u.node) for u in sources),
+            targets=tuple(
+                UnitSpan(i, lo, hi, node) for i, (lo, hi, node) in zip(ids, targets, strict=True)
+            ),
+            reason=reason,
+        )
+        self.moving[plan.move_id] = plan
+        return plan
+
+    def plan_move(self, unit_id: int, to: str, reason: str = "requested") -> MovePlan:
+        with self._lock:
+            group, unit = self._find_unit(unit_id)
+            if to not in self.catalog.nodes:
+                raise MoveRefusedError(f"{to!r} is not a node of the cluster")
+            if unit.node == to:
+                raise MoveRefusedError(f"unit {unit_id} is already on {to}")
+            return self._reserve("move", group, [unit], [(unit.lo, unit.hi, to)], reason)
+
+    def plan_split(self, unit_id: int, reason: str = "requested") -> MovePlan:
+        with self._lock:
+            group, unit = self._find_unit(unit_id)
+            if unit.buckets < 2:
+                raise MoveRefusedError(f"unit {unit_id} holds one bucket and cannot be split")
+            middle = unit.lo + unit.buckets // 2
+            halves = [(unit.lo, middle, unit.node), (middle, unit.hi, unit.node)]
+            return self._reserve("split", group, [unit], halves, reason)
+
+    def plan_merge(self, first: int, second: int, reason: str = "requested") -> MovePlan:
+        with self._lock:
+            group_a, a = self._find_unit(first)
+            group_b, b = self._find_unit(second)
+            if group_a != group_b or not (a.hi == b.lo or b.hi == a.lo):
+                raise MoveRefusedError(f"units {first} and {second} are not adjacent")
+            low, high = sorted((a, b), key=lambda u: u.lo)
+            return self._reserve("merge", group_a, [low, high], [(low.lo, high.hi, a.node)], reason)
+
+    def switched(self, plan: MovePlan) -> bool:
+        group = self.catalog.groups.get(plan.group)
+        present = {u.unit_id for u in group.units} if group is not None else set()
+        return all(t.unit_id in present for t in plan.targets)
+
+    def apply_switch(self, plan: MovePlan) -> dict[str, Any]:
+        """Route the moved buckets to the targets (epoch bump, persisted). Idempotent."""
+        with self._lock:
+            if self.switched(plan):
+                return self.catalog.to_json()
+            group = self.catalog.groups.get(plan.group)
+            current = {u.unit_id: u for u in group.units} if group is not None else {}
+            for source in plan.sources:
+                unit = current.get(source.unit_id)
+                if unit is None or unit.node != source.node:
+                    raise MoveRefusedError(f"unit {source.unit_id} changed owner during the move")
+            added = [Unit(t.unit_id, t.lo, t.hi, t.node) for t in plan.targets]
+            removed = [s.unit_id for s in plan.sources]
+            return self._save(self.catalog.with_units_replaced(plan.group, removed, added))
+
+    def finish_move(self, plan: MovePlan) -> None:
+        with self._lock:
+            self.moving.pop(plan.move_id, None)
 
     def report_profile(self, node_id: str, profile: dict[str, Any]) -> None:
         with self._lock:
@@ -123,6 +238,8 @@ class CoordinatorState:
                     )
                     key_type = schema.field(key).type if key else pa.int64()
                     catalog, group = catalog.with_new_group(key_type, owners)
+                    # the unit ids are taken now, so concurrent creates never share one
+                    self._save(self.catalog.with_unit_ids_reserved(len(owners))[0])
             spec = TableSpec(
                 name,
                 uuid.uuid4().hex,

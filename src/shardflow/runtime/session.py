@@ -34,9 +34,10 @@ from shardflow.errors import (
     SqlSyntaxError,
     TableError,
     UnknownColumnError,
+    UnknownShardError,
     UnknownTableError,
 )
-from shardflow.runtime.cluster import ClusterHandle
+from shardflow.runtime.cluster import ClusterHandle, start_worker
 from shardflow.runtime.executor import (
     Concatenated,
     ExecutionReport,
@@ -235,7 +236,8 @@ class Session:
 
     def _insert_replicated(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
         ref = ray.put(table)
-        primary = sorted(self.catalog.nodes)[0]
+        primary = self.catalog.primary
+        assert primary is not None
         # The primary logs the rows durably first; then every other replica applies them.
         self._deliver_replica(spec.name, ref, batch_id, [primary])
         others = [n for n in self.catalog.nodes if n != primary]
@@ -319,7 +321,7 @@ class Session:
         progress: Callable[[int, int], None] | None,
     ) -> int:
         nodes = list(preview.nodes)
-        primary = sorted(nodes)[0]
+        primary = preview.primary
         units_by_node: dict[str, list[int]] = defaultdict(list)
         if spec.group is not None:
             for unit in preview.groups[spec.group].units:
@@ -379,6 +381,44 @@ class Session:
                 pass  # a restarting worker loads the new catalog anyway
         ray.get(self.handle.coordinator.delete_files.remote(uid))
         self.refresh()
+
+    # -- cluster operations -------------------------------------------------------------
+    def unit_of(self, shard: str | int) -> int:
+        """The unit of a shard named like ``lineitem#3`` (or the unit id itself)."""
+        if isinstance(shard, int) and not isinstance(shard, bool):
+            return shard
+        if isinstance(shard, str) and "#" in shard and shard.rsplit("#", 1)[1].isdigit():
+            return int(shard.rsplit("#", 1)[1])
+        raise UnknownShardError(
+            f"{shard!r} is not a shard id: use a name like 'lineitem#3' from db.cluster.shards()"
+        )
+
+    def coordinator_call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        call = getattr(self.handle.coordinator, method).remote(*args)
+        try:
+            result = _unwrap(lambda: ray.get(call, timeout=timeout))
+        except _Transient as error:
+            raise ClusterError(
+                f"the coordinator restarted during {method}; it finished or rolled back what "
+                f"was in progress (see db.cluster.migrations()): {error}"
+            ) from None
+        self.refresh()
+        return result
+
+    def add_node(self) -> str:
+        node = self.coordinator_call("reserve_node")
+        worker = start_worker(self.handle, node)
+        ray.get(worker.info.remote())  # started, replicated tables loaded
+        self.coordinator_call("node_joined", node)
+        return node
+
+    def drain(self, node: str, deadline_s: float) -> dict[str, Any]:
+        result: dict[str, Any] = self.coordinator_call("drain", node, deadline_s)
+        if result["drained"]:
+            worker = self.handle.workers.pop(node, None)
+            if worker is not None:
+                ray.kill(worker, no_restart=True)
+        return result
 
     # -- reporting ----------------------------------------------------------------------
     def worker_infos(self) -> dict[str, dict[str, Any]]:
@@ -462,8 +502,12 @@ class _RayRunner:
             group = catalog.groups.get(stage.group or "")
             if group is None:
                 raise QueryError("a table of the query was dropped while it ran")
-            if pending is None:
-                pending = {u.unit_id for u in group.units}
+            current = {u.unit_id for u in group.units}
+            if pending is None or pending - current:
+                # first attempt, or a split/merge replaced units still to do: the parts
+                # done so far may overlap the new units, so the stage starts over
+                results.clear()
+                pending = current
             by_node: dict[str, list[int]] = defaultdict(list)
             for unit in group.units:
                 if unit.unit_id in pending:
@@ -479,6 +523,7 @@ class _RayRunner:
                     seconds, rows = _unwrap(lambda ref=stats_ref: ray.get(ref))
                 except _Transient as error:
                     log.info("fragment retried after %s failed: %s", node, error)
+                    _discard(table_ref)
                     continue
                 results.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
                 pending -= set(by_node[node])
@@ -499,12 +544,21 @@ class _RayRunner:
             try:
                 seconds, rows = _unwrap(lambda: ray.get(stats_ref))
             except _Transient:
+                _discard(table_ref)
                 return False
             found.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
             return True
 
         session._retrying("query", attempt)
         return found[0]
+
+
+def _discard(ref: Any) -> None:
+    """Collect the error of a failed result we will not use, so Ray does not report it."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # the error is the one already handled
+        pass
 
 
 def _parts(value: Output) -> list[Output]:

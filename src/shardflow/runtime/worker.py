@@ -1,8 +1,10 @@
-"""The worker: a threaded Ray actor that is one logical node. It holds its shards in memory
-as Arrow, makes inserts durable, and runs SQL fragments over its shards with its engine.
+"""The worker: one logical node. It holds its shards (native DuckDB tables behind a view
+per table), makes inserts durable, runs SQL fragments over its shards, and takes part in live
+moves: as a source it exports a pinned snapshot and the changes since, fences writes and
+retires what moved; as a target it builds the new shards in folders of their own and
+promotes them at the switch.
 
-A worker that is restarted (its process killed) rebuilds every shard the catalog assigns to
-it from durable storage before it serves again.
+A worker that starts rebuilds every shard the catalog assigns to it from durable storage.
 """
 
 from __future__ import annotations
@@ -10,24 +12,51 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, DataDir, TableSpec
 from shardflow.config import Settings
+from shardflow.control.migration import MovePlan
 from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.errors import Moved, QueryError
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
+from shardflow.storage.partition import buckets_for
+from shardflow.storage.shard import Change
 from shardflow.telemetry.devices import probe
 
 log = logging.getLogger(__name__)
 
 REPLICA = "replica"
+ShardKey = tuple[str, int]
+
+
+@dataclass
+class Export:
+    """This node as the source of a move: the shards it exports, pinned at a snapshot."""
+
+    plan: MovePlan
+    shards: dict[ShardKey, Shard]
+
+
+@dataclass
+class Import:
+    """This node as a target of a move: new shards built beside the served ones."""
+
+    plan: MovePlan
+    units: list[tuple[int, int, int]]
+    """(unit_id, lo, hi) of the targets on this node."""
+    shards: dict[ShardKey, Shard]
+    applied: dict[ShardKey, int] = field(default_factory=dict)
+    """Per source shard, the LSN applied so far."""
+    promoted: bool = False
 
 
 def owned(table: pa.Table) -> pa.Table:
@@ -60,6 +89,11 @@ class WorkerNode:
         self.shards: dict[tuple[str, int], Shard] = {}
         self.replicas: dict[str, Shard] = {}
         self.loading: dict[str, dict[int | str, Shard]] = {}
+        self.exports: dict[str, Export] = {}
+        self.imports: dict[str, Import] = {}
+        self.retired: dict[str, dict[ShardKey, Shard]] = {}
+        self._readers: Counter[ShardKey] = Counter()
+        self._unit_seconds: Counter[int] = Counter()
         self.catalog = Catalog()
         self._lock = threading.RLock()
         self._running = 0
@@ -88,6 +122,8 @@ class WorkerNode:
                     self._release(self.replicas.pop(name))
                     changed.add(name)
             for table, unit_id in sorted(wanted - set(self.shards)):
+                if self._importing(table, unit_id):
+                    continue  # built by a move in progress, served once it switches
                 spec = catalog.table(table)
                 shard = self._new_shard(spec, str(unit_id), writer=True)
                 shard.recover()
@@ -125,13 +161,16 @@ class WorkerNode:
         if isinstance(shard.data, NativeRows):
             shard.data.drop()
 
+    def _importing(self, table: str, unit_id: int) -> bool:
+        return any((table, unit_id) in move.shards for move in self.imports.values())
+
     def _uid(self, catalog: Catalog, table: str) -> str | None:
         spec = catalog.tables.get(table)
         return spec.uid if spec is not None else None
 
     def _is_primary(self, catalog: Catalog) -> bool:
         """The node that writes the log of replicated tables (the first live node)."""
-        return bool(catalog.nodes) and sorted(catalog.nodes)[0] == self.node_id
+        return catalog.primary == self.node_id
 
     def _new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)
@@ -213,8 +252,8 @@ class WorkerNode:
 
     # -- queries ------------------------------------------------------------------------
     def views_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, str]:
-        """Per-call views for tables bound to fewer shards than this node serves (a retry
-        after a move); tables bound to all of them read their standing view."""
+        """Per-call views for tables bound to other shards than this node serves (a retry
+        after a move, a fragment from before a switch); otherwise the standing view."""
         views = {}
         with self._lock:
             for table, units in bindings.items():
@@ -237,9 +276,11 @@ class WorkerNode:
         inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, float]:
         """Run a fragment over this node's shards; returns the result and execution seconds."""
-        views = self.views_for(bindings, epoch)
         started = time.perf_counter()
         with self._lock:
+            views = self.views_for(bindings, epoch)
+            reading = [(t, u) for t, units in bindings.items() for u in units]
+            self._readers.update(reading)
             self._running += 1
         try:
             result = self.engine.run(sql, inputs, views)
@@ -248,9 +289,198 @@ class WorkerNode:
         finally:
             elapsed = time.perf_counter() - started
             with self._lock:
+                self._readers.subtract(reading)
                 self._running -= 1
                 self._busy_seconds += elapsed
+                units = {u for _, u in reading}
+                for unit in units:  # the load of a fragment is shared by the units it read
+                    self._unit_seconds[unit] += elapsed / len(units)
         return result, elapsed
+
+    # -- moves: source side ---------------------------------------------------------------
+    def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, list[str], pa.Table]]:
+        """Pin a snapshot of every shard of the source units on this node; returns, per
+        shard, its LSN, the batch ids it holds and its rows."""
+        units = {s.unit_id for s in plan.sources if s.node == self.node_id}
+        with self._lock:
+            shards = {k: v for k, v in self.shards.items() if k[1] in units}
+            missing = {u for u in units if not any(k[1] == u for k in shards)}
+            if missing:
+                raise Moved(f"units {sorted(missing)}", self.catalog.epoch)
+            self.exports[plan.move_id] = Export(plan, shards)
+        pinned = {key: shard.begin_export() for key, shard in shards.items()}
+        return {key: (lsn, ids, read()) for key, (lsn, ids, read) in pinned.items()}
+
+    def export_changes(
+        self, move_id: str, since: Mapping[ShardKey, int]
+    ) -> dict[ShardKey, list[Change]]:
+        export = self.exports[move_id]
+        return {key: shard.changes_since(since.get(key, 0)) for key, shard in export.shards.items()}
+
+    def fence(self, move_id: str) -> None:
+        for shard in self.exports[move_id].shards.values():
+            shard.fence()
+
+    def abort_export(self, move_id: str) -> None:
+        export = self.exports.pop(move_id, None)
+        if export is None:
+            return
+        for shard in export.shards.values():
+            shard.end_export()
+            shard.unfence()
+
+    def retire(self, move_id: str) -> None:
+        """The switch happened: stop serving the moved shards (fragments and inserts for
+        them are told ``Moved``), keep them until the readers still on them finish."""
+        export = self.exports.pop(move_id, None)
+        if export is None:
+            return
+        with self._lock:
+            for key, shard in export.shards.items():
+                shard.retire()
+                if self.shards.get(key) is shard:
+                    del self.shards[key]
+            self.retired[move_id] = dict(export.shards)
+            for table in {key[0] for key in export.shards}:
+                self._refresh_view(table)
+
+    def drop_retired(self, move_id: str, timeout_s: float = 60.0) -> bool:
+        """Drop the retired shards and their files once no fragment reads them."""
+        shards = self.retired.get(move_id, {})
+        deadline = time.monotonic() + timeout_s
+        while any(self._readers[key] > 0 for key in shards):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        for shard in self.retired.pop(move_id, {}).values():
+            self._release(shard)
+            shard.store.destroy()
+        return True
+
+    # -- moves: target side ---------------------------------------------------------------
+    def import_begin(self, plan: MovePlan) -> None:
+        mine = [(t.unit_id, t.lo, t.hi) for t in plan.targets if t.node == self.node_id]
+        shards: dict[ShardKey, Shard] = {}
+        for table in self.catalog.group_tables(plan.group):
+            spec = self.catalog.table(table)
+            for unit_id, _, _ in mine:
+                shards[(table, unit_id)] = self._new_shard(spec, str(unit_id), writer=True)
+        with self._lock:
+            self.imports[plan.move_id] = Import(plan, mine, shards)
+
+    def import_rows(self, move_id: str, source: ShardKey, rows: pa.Table) -> int:
+        """Stage rows of a source shard's snapshot into the target shards they belong to."""
+        move = self.imports[move_id]
+        table, _ = source
+        staged = 0
+        for unit_id, part in self._route(move, source, rows):
+            move.shards[(table, unit_id)].stage(owned(part))
+            staged += part.num_rows
+        return staged
+
+    def import_snapshot_done(
+        self, move_id: str, source: ShardKey, lsn: int, batch_ids: list[str]
+    ) -> None:
+        move = self.imports[move_id]
+        move.applied[source] = lsn
+        for (table, _), shard in move.shards.items():
+            if table == source[0]:
+                shard.adopt_batch_ids(batch_ids)
+
+    def import_commit(self, move_id: str) -> int:
+        """Write the staged snapshot as the new shards' durable base; returns the rows."""
+        return sum(shard.commit_load() for shard in self.imports[move_id].shards.values())
+
+    def import_changes(self, move_id: str, changes: Mapping[ShardKey, list[Change]]) -> int:
+        """Apply the inserts made at the source since what was applied (durably, with their
+        batch ids); returns the rows applied."""
+        move = self.imports[move_id]
+        applied = 0
+        for source, entries in changes.items():
+            table = source[0]
+            for change in sorted(entries, key=lambda c: c.lsn):
+                if change.lsn <= move.applied.get(source, 0):
+                    continue
+                for unit_id, part in self._route(move, source, change.rows):
+                    move.shards[(table, unit_id)].append(owned(part), change.batch_id)
+                    applied += part.num_rows
+                move.applied[source] = change.lsn
+        return applied
+
+    def import_since(self, move_id: str) -> dict[ShardKey, int]:
+        return dict(self.imports[move_id].applied)
+
+    def promote(self, move_id: str) -> None:
+        """Serve the new shards (the routing switch follows)."""
+        move = self.imports[move_id]
+        with self._lock:
+            for key, shard in move.shards.items():
+                self.shards[key] = shard
+            move.promoted = True
+            for table in {key[0] for key in move.shards}:
+                self._refresh_view(table)
+            del self.imports[move_id]
+
+    def abort_import(self, move_id: str) -> None:
+        with self._lock:
+            move = self.imports.pop(move_id, None)
+        if move is None:
+            return
+        for shard in move.shards.values():
+            self._release(shard)
+            shard.store.destroy()
+
+    def checksums(
+        self, keys: Iterable[ShardKey], move_id: str | None = None
+    ) -> dict[str, list[int]]:
+        """Per table: [rows, hash sum] over the given shards (served, exported or imported)."""
+        pool: dict[ShardKey, Shard] = dict(self.shards)
+        if move_id is not None and move_id in self.imports:
+            pool.update(self.imports[move_id].shards)
+        if move_id is not None and move_id in self.exports:
+            pool.update(self.exports[move_id].shards)
+        totals: dict[str, list[int]] = {}
+        for key in keys:
+            shard = pool[key]
+            assert isinstance(shard.data, NativeRows)
+            rows, digest = shard.data.checksum()
+            total = totals.setdefault(key[0], [0, 0])
+            total[0] += rows
+            total[1] += digest
+        return totals
+
+    def _route(self, move: Import, source: ShardKey, rows: pa.Table) -> list[tuple[int, pa.Table]]:
+        """Which of this node's target units each row belongs to, by bucket."""
+        if len(move.units) == 1 and len(move.plan.targets) == 1:
+            return [(move.units[0][0], rows)] if rows.num_rows else []
+        spec = self.catalog.table(source[0])
+        if spec.key:
+            buckets = buckets_for(rows, spec, self.catalog.n_buckets)
+        else:  # no key: any split of a unit's rows over its buckets is right
+            span = next(s for s in move.plan.sources if s.unit_id == source[1])
+            width = span.hi - span.lo
+            buckets = (span.lo + np.arange(rows.num_rows) % width).astype(np.int32)
+        routed = []
+        for unit_id, lo, hi in move.units:
+            mask = (buckets >= lo) & (buckets < hi)
+            if mask.any():
+                routed.append((unit_id, rows.filter(pa.array(mask))))
+        return routed
+
+    def memory_headroom(self) -> int:
+        """Bytes of memory this machine has available."""
+        try:
+            with open("/proc/meminfo", encoding="utf-8") as info:
+                for line in info:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return self.profile.memory_bytes
+
+    def unit_bytes(self, units: Iterable[int]) -> int:
+        wanted = set(units)
+        return sum(s.nbytes for (t, u), s in self.shards.items() if u in wanted)
 
     # -- reporting ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -11,12 +11,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 
+from shardflow.errors import Moved, Retryable
 from shardflow.storage.shard_store import RECENT_BATCH_IDS, ShardStore
+
+FENCE_WAIT_S = 10.0
+"""How long an insert waits at a fence before it asks its client to retry."""
 
 COMPACT_TAIL_BATCHES = 32
 """Small inserted batches are merged once this many pile up (scans of tiny batches are slow)."""
@@ -37,6 +42,15 @@ class AppendResult:
     duplicate: bool
 
 
+@dataclass(frozen=True)
+class Change:
+    """An insert applied after a snapshot was pinned (what a live move catches up on)."""
+
+    lsn: int
+    batch_id: str
+    rows: pa.Table
+
+
 class RowStore(Protocol):
     """Where a shard's rows live in memory."""
 
@@ -47,6 +61,10 @@ class RowStore(Protocol):
         ...
 
     def read(self) -> pa.Table: ...
+
+    def pin(self) -> Callable[[], pa.Table]:
+        """A reader of exactly the rows there are now, however many appends follow."""
+        ...
 
     @property
     def rows(self) -> int: ...
@@ -87,6 +105,10 @@ class ArrowRows:
                 self._snapshot = pa.Table.from_batches(self._batches, self.schema)
             return self._snapshot
 
+    def pin(self) -> Callable[[], pa.Table]:
+        table = self.read()
+        return lambda: table
+
     @property
     def rows(self) -> int:
         return self.read().num_rows
@@ -118,7 +140,10 @@ class Shard:
         self._batch_ids: OrderedDict[str, None] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._tap: list[Change] | None = None
+        self.fenced = False
+        self.retired = False
 
     # -- life cycle ----------------------------------------------------------------------
     def recover(self, attempts: int = 5) -> None:
@@ -157,6 +182,10 @@ class Shard:
     def append(self, table: pa.Table, batch_id: str) -> AppendResult:
         table = table.cast(self.schema)
         with self._lock:
+            if not self._lock.wait_for(lambda: not self.fenced or self.retired, FENCE_WAIT_S):
+                raise Retryable(f"{self.store.folder} is fenced for a move; retry")
+            if self.retired:
+                raise Moved(self.store.folder, -1)
             if batch_id in self._batch_ids:
                 return AppendResult(self.lsn, 0, duplicate=True)
             lsn = self.lsn + 1
@@ -166,6 +195,8 @@ class Shard:
             self.lsn = lsn
             self.data.append(table)
             self._remember(batch_id)
+            if self._tap is not None:
+                self._tap.append(Change(lsn, batch_id, table))
             due = self.writer and (
                 self._wal_entries >= self.policy.max_wal_entries
                 or self._wal_bytes >= self.policy.max_wal_bytes
@@ -183,6 +214,47 @@ class Shard:
         self.store.write_base(self.data.read(), self.lsn, list(self._batch_ids))
         self._wal_entries = 0
         self._wal_bytes = 0
+
+    def adopt_batch_ids(self, batch_ids: list[str]) -> None:
+        """Remember batches applied elsewhere (by the shard this one replaces), so that a
+        retry of one of them after the move is still applied once."""
+        with self._lock:
+            for batch_id in batch_ids:
+                self._remember(batch_id)
+
+    # -- moving ---------------------------------------------------------------------------
+    def begin_export(self) -> tuple[int, list[str], Callable[[], pa.Table]]:
+        """Pin a snapshot: its LSN, the batch ids it contains, and a reader of exactly its
+        rows. Appends from now on are also kept (see :meth:`changes_since`)."""
+        with self._lock:
+            self._tap = []
+            return self.lsn, list(self._batch_ids), self.data.pin()
+
+    def changes_since(self, lsn: int) -> list[Change]:
+        with self._lock:
+            return [c for c in self._tap or [] if c.lsn > lsn]
+
+    def end_export(self) -> None:
+        with self._lock:
+            self._tap = None
+
+    def fence(self) -> int:
+        """Hold new appends (they wait, they do not fail); returns the LSN they stop at."""
+        with self._lock:
+            self.fenced = True
+            return self.lsn
+
+    def unfence(self) -> None:
+        with self._lock:
+            self.fenced = False
+            self._lock.notify_all()
+
+    def retire(self) -> None:
+        """The shard has moved: waiting and later appends are told so (``Moved``)."""
+        with self._lock:
+            self.retired = True
+            self._tap = None
+            self._lock.notify_all()
 
     def _remember(self, batch_id: str) -> None:
         self._batch_ids[batch_id] = None

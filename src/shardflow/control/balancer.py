@@ -1,0 +1,345 @@
+"""The balancer: from observed per-node and per-unit load and size, the splits, merges and
+moves that bring every node's load per unit of capacity within the tolerance of the mean,
+moving as few bytes as it can. Pure: plain data in, a decision out.
+
+Load is what the workers measured (seconds of execution per second, per unit). While the
+cluster is (nearly) idle, size stands in for load, so that a node that joins an idle cluster
+still receives its share of the data.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    capacity: float
+    """Relative speed (1.0 = reference node); a node of capacity 0.5 gets half the work."""
+    utilization: float = 0.0
+    """Busy fraction over the last window (device utilisation where telemetry has it)."""
+
+
+@dataclass(frozen=True)
+class UnitState:
+    unit_id: int
+    group: str
+    node: str
+    lo: int
+    hi: int
+    bytes: int
+    load: float = 0.0
+    """Execution seconds per second spent on this unit's shards."""
+
+
+@dataclass(frozen=True)
+class BalancerSettings:
+    """Every threshold of the balancer (documented on :class:`shardflow.Settings`)."""
+
+    utilization_threshold: float = 0.80
+    tolerance: float = 0.10
+    load_swing: float = 0.20
+    max_moves: int = 2
+    max_unit_bytes: int = 1 << 40
+    min_unit_bytes: int = 256 << 20
+    idle_load: float = 0.05
+    """Below this much cluster load (busy seconds per second) size stands in for load."""
+
+
+@dataclass(frozen=True)
+class Split:
+    unit_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Merge:
+    first: int
+    second: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Move:
+    unit_id: int
+    to: str
+    bytes: int
+    reason: str
+
+
+Action = Split | Merge | Move
+SINK_SEARCH = 32
+OVERSHOOT = 2.0
+"""A unit carrying more than this times what its node must shed is split, not moved whole:
+moving the excess (half of it next round) costs fewer bytes."""
+"""How many of the least loaded nodes a move considers before it gives up on a unit."""
+Weight = Callable[[UnitState], float]
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    reason: str
+    measure: str
+    """What was balanced: "load" or "bytes"."""
+    spread: float
+    """Largest deviation of a node's load/capacity from the mean, before the actions."""
+    total_load: float
+    projected: dict[str, float] = field(default_factory=dict)
+    """Each node's load/capacity relative to the mean after the planned moves."""
+
+
+def target_unit_bytes(unit: UnitState, cost_per_byte: float, settings: BalancerSettings) -> float:
+    """The size a unit should have: between the minimum and maximum, smaller when the queries
+    that hit it cost more per byte than the cluster's typical query (``cost_per_byte`` is the
+    median over units)."""
+    low, high = float(settings.min_unit_bytes), float(settings.max_unit_bytes)
+    middle = math.sqrt(low * high)
+    if unit.bytes <= 0 or unit.load <= 0 or cost_per_byte <= 0:
+        return high
+    heavier = (unit.load / unit.bytes) / cost_per_byte
+    return min(high, max(low, middle / heavier))
+
+
+def plan(
+    nodes: Sequence[NodeState],
+    units: Sequence[UnitState],
+    settings: BalancerSettings,
+    previous_load: float | None = None,
+    busy: frozenset[int] = frozenset(),
+) -> Decision:
+    """What to do now. ``busy`` units are being moved already and are left alone."""
+    if not nodes:
+        return Decision((), "no nodes", "load", 0.0, 0.0)
+    total_load = sum(u.load for u in units)
+    measure = "load" if total_load >= settings.idle_load else "bytes"
+
+    def weight(unit: UnitState) -> float:
+        return unit.load if measure == "load" else float(unit.bytes)
+
+    capacity = {n.node: max(n.capacity, 1e-9) for n in nodes}
+    held: dict[str, float] = defaultdict(float)
+    for unit in units:
+        if unit.node in capacity:
+            held[unit.node] += weight(unit)
+    total = sum(held.values())
+    total_capacity = sum(capacity.values())
+    share = {n: total * capacity[n] / total_capacity for n in capacity}
+    ratio = {n: (held[n] / share[n] if share[n] > 0 else 0.0) for n in capacity}
+    spread = max((abs(r - 1.0) for r in ratio.values()), default=0.0) if total > 0 else 0.0
+    hot = [n.node for n in nodes if n.utilization > settings.utilization_threshold]
+    swing = (
+        previous_load is not None
+        and previous_load > 0
+        and abs(total_load - previous_load) / previous_load > settings.load_swing
+    )
+    too_small = measure == "bytes" and total < settings.min_unit_bytes * len(nodes)
+
+    actions: list[Action] = []
+    reasons: list[str] = []
+    free = [u for u in units if u.unit_id not in busy]
+    actions += _splits(free, settings, share, measure)
+    if actions:
+        reasons.append(f"{len(actions)} shard(s) too big or too hot")
+    merges = _merges(free, settings, {a.unit_id for a in actions if isinstance(a, Split)})
+    if merges:
+        reasons.append(f"{len(merges)} pair(s) of small cold shards")
+    actions += merges
+
+    unbalanced = spread > settings.tolerance and not too_small and total > 0
+    projected = {n: ratio[n] for n in capacity}
+    if (unbalanced or hot or swing) and len(actions) < settings.max_moves:
+        touched = {a.unit_id for a in actions if isinstance(a, Split)}
+        touched |= {u for a in actions if isinstance(a, Merge) for u in (a.first, a.second)}
+        # a node whose dense units are being split waits for the halves rather than
+        # shedding its sparser units now (that would move more bytes for the same load)
+        waiting = {u.node for u in free if u.unit_id in touched}
+        candidates = [u for u in free if u.unit_id not in touched]
+        moves, projected = _moves(
+            candidates,
+            capacity,
+            held,
+            share,
+            settings,
+            weight,
+            settings.max_moves - len(actions),
+            set(hot),
+            waiting,
+        )
+        actions += moves
+        if moves:
+            why = (
+                "hot nodes " + ", ".join(sorted(hot))
+                if hot
+                else (
+                    f"load/capacity spread {spread:.0%} > {settings.tolerance:.0%}"
+                    if unbalanced
+                    else "load swung since the last poll"
+                )
+            )
+            reasons.append(f"{len(moves)} move(s): {why}")
+    reason = "; ".join(reasons) if reasons else "balanced"
+    return Decision(tuple(actions), reason, measure, spread, total_load, projected)
+
+
+def _splits(
+    units: Sequence[UnitState],
+    settings: BalancerSettings,
+    share: dict[str, float],
+    measure: str,
+) -> list[Action]:
+    """Split units that are bigger than their target size, or so hot that moving them whole
+    cannot relieve a node (their load exceeds a fair node share)."""
+    costs = sorted(u.load / u.bytes for u in units if u.bytes > 0 and u.load > 0)
+    median_cost = costs[len(costs) // 2] if costs else 0.0
+    fair = min(share.values()) if share else 0.0
+    splits: list[Action] = []
+    for unit in sorted(units, key=lambda u: -u.bytes):
+        if unit.hi - unit.lo < 2 or len(splits) >= settings.max_moves:
+            continue
+        target = target_unit_bytes(unit, median_cost, settings)
+        if unit.bytes > settings.max_unit_bytes or unit.bytes > 2 * target:
+            splits.append(Split(unit.unit_id, f"{unit.bytes} bytes > target {target:.0f}"))
+        elif measure == "load" and fair > 0 and unit.load > fair / 2:
+            # too hot to place anywhere without pushing that node out of its band
+            splits.append(Split(unit.unit_id, f"load {unit.load:.2f} > half a node's share"))
+    return splits
+
+
+def _merges(units: Sequence[UnitState], settings: BalancerSettings, skip: set[int]) -> list[Action]:
+    """Join adjacent units of a group on one node when both are small and cold."""
+    mean_load = sum(u.load for u in units) / len(units) if units else 0.0
+    by_group: dict[str, list[UnitState]] = defaultdict(list)
+    for unit in units:
+        by_group[unit.group].append(unit)
+    merges: list[Action] = []
+    used: set[int] = set(skip)
+    for group_units in by_group.values():
+        group_units.sort(key=lambda u: u.lo)
+        for a, b in itertools.pairwise(group_units):
+            if len(merges) >= settings.max_moves:
+                return merges
+            if a.unit_id in used or b.unit_id in used or a.node != b.node or a.hi != b.lo:
+                continue
+            small = a.bytes + b.bytes < settings.min_unit_bytes
+            cold = a.load <= 0.1 * mean_load and b.load <= 0.1 * mean_load
+            if small and cold:
+                merges.append(Merge(a.unit_id, b.unit_id, "small and cold neighbours"))
+                used |= {a.unit_id, b.unit_id}
+    return merges
+
+
+def _moves(
+    units: Sequence[UnitState],
+    capacity: dict[str, float],
+    held: dict[str, float],
+    share: dict[str, float],
+    settings: BalancerSettings,
+    weight: Weight,
+    budget: int,
+    hot: set[str],
+    waiting: set[str],
+) -> tuple[list[Action], dict[str, float]]:
+    """Moves only what brings nodes back into the band, carrying the most load per byte.
+
+    Every node above the band (or hot) sheds, densest units first, to the least loaded
+    nodes, which may fill up to just under the top of the band; a dense unit too heavy for
+    any node's room is split in place (splits move no bytes) and its halves move later.
+    Then every node still below the band is filled from the nodes furthest above their
+    share."""
+    band = settings.tolerance
+    top, aim = 1 + band * 0.9, band * 0.9
+    load = dict(held)
+    on_node: dict[str, list[UnitState]] = defaultdict(list)
+    for unit in units:
+        on_node[unit.node].append(unit)
+    for node_units in on_node.values():
+        node_units.sort(key=lambda u: -(weight(u) / max(u.bytes, 1)))
+    nodes = [n for n in capacity if share[n] > 0]
+    actions: list[Action] = []
+
+    def ratio(node: str) -> float:
+        return load[node] / share[node]
+
+    def move(unit: UnitState, src: str, dst: str) -> None:
+        on_node[src].remove(unit)
+        load[src] -= weight(unit)
+        load[dst] += weight(unit)
+        actions.append(Move(unit.unit_id, dst, unit.bytes, f"{src} out of balance"))
+
+    def splittable(unit: UnitState) -> bool:
+        return unit.hi - unit.lo >= 2 and unit.bytes >= 2 * settings.min_unit_bytes
+
+    sinks = [(ratio(n), n) for n in nodes]
+    heapq.heapify(sinks)
+
+    def sink_for(amount: float, exclude: str) -> str | None:
+        """The least loaded node (by load/capacity) with room for ``amount``; a node of
+        small capacity may have too little room even when it is the least loaded."""
+        skipped: list[tuple[float, str]] = []
+        found = None
+        while sinks and len(skipped) < SINK_SEARCH:
+            current, node = heapq.heappop(sinks)
+            if current != ratio(node):
+                heapq.heappush(sinks, (ratio(node), node))  # stale entry: refresh it
+                continue
+            skipped.append((current, node))
+            if node != exclude and share[node] * top - load[node] >= amount:
+                found = node
+                break
+        for entry in skipped:
+            heapq.heappush(sinks, entry)
+        return found
+
+    over = sorted(
+        (n for n in nodes if (n in hot or ratio(n) > 1 + band) and n not in waiting),
+        key=lambda n: -ratio(n),
+    )
+    for src in over:
+        goal = share[src] * (1 if src in hot else 1 + aim)
+        floor = share[src] * (1 - band)
+        for unit in list(on_node[src]):
+            if load[src] <= goal or len(actions) >= budget:
+                break
+            excess = load[src] - goal
+            overshoot = weight(unit) > OVERSHOOT * excess
+            if overshoot and weight(unit) > 8 * excess:
+                continue  # far too big for the little left to shed: a lighter unit will do
+            fits = weight(unit) <= load[src] - floor and not (overshoot and splittable(unit))
+            dst = sink_for(weight(unit), src) if fits else None
+            if dst is not None:
+                move(unit, src, dst)
+            elif splittable(unit):
+                # split the dense unit and move its halves next round, rather than now
+                # shedding sparser units that carry less load per byte
+                actions.append(Split(unit.unit_id, "too heavy to place whole"))
+                on_node[src].remove(unit)
+                break
+
+    if any(ratio(n) > 1 + band for n in nodes):
+        # load is still coming from nodes over the band (some wait for splits): taking it
+        # from nodes within the band now would move it twice
+        return actions, {n: ratio(n) for n in nodes}
+    for dst in sorted((n for n in nodes if ratio(n) < 1 - band), key=ratio):
+        goal = share[dst] * (1 - aim)
+        donors = sorted(
+            (n for n in nodes if ratio(n) > 1 and n != dst and n not in waiting),
+            key=lambda n: -ratio(n),
+        )
+        for src in donors:
+            if load[dst] >= goal or len(actions) >= budget:
+                break
+            for unit in list(on_node[src]):
+                spare = load[src] - share[src] * (1 - aim)
+                if load[dst] >= goal or len(actions) >= budget or spare <= 0:
+                    break
+                if weight(unit) <= min(share[dst] * top - load[dst], spare):
+                    move(unit, src, dst)
+    projected = {n: ratio(n) for n in nodes}
+    return actions, projected

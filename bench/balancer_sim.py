@@ -163,10 +163,10 @@ def main() -> None:
             f"{rounds} round(s); moved {moved_bytes / 2**30:.1f} GiB, minimum "
             f"{floor / 2**30:.1f} GiB (x{ratio:.2f})"
         )
+    mean_ms = statistics.fmean(decision_times) * 1000
     print(
-        f"{args.nodes} nodes, {len(units)} units: decision time mean "
-        f"{statistics.fmean(decision_times) * 1000:.0f} ms, max {max(decision_times) * 1000:.0f} ms;"
-        f" rounds to converge {rounds_to_converge}"
+        f"{args.nodes} nodes, {len(units)} units: decision time mean {mean_ms:.0f} ms, "
+        f"max {max(decision_times) * 1000:.0f} ms; rounds to converge {rounds_to_converge}"
     )
     print(f"bytes moved / minimum needed: {max(ratios):.2f}")
 

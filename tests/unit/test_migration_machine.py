@@ -92,7 +92,7 @@ def test_any_failure_before_the_switch_rolls_back(fail_after: int) -> None:
 
 
 def test_failed_precheck_and_bad_verification_roll_back() -> None:
-    state, actions = drive([m.PrecheckDone(False, "no memory")])
+    state, _ = drive([m.PrecheckDone(False, "no memory")])
     assert state.phase == m.Phase.ROLLED_BACK and "no memory" in state.outcome
     state, _actions = drive(
         [

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, DrainTimeoutError, Error
+from shardflow.errors import ConfigError, DrainTimeoutError, Error, MigrationError
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.session import Session
@@ -72,6 +72,15 @@ class MigrationRecord:
         return cls(**values)
 
 
+def _finished(result: dict[str, Any]) -> MigrationRecord:
+    record = MigrationRecord.from_dict(result)
+    if record.phase != "done":
+        raise MigrationError(
+            f"{record.kind} of {', '.join(record.shards)} {record.outcome}", record
+        )
+    return record
+
+
 class Cluster:
     """What is where (nodes and shards, reported live by the workers), and the operations
     that change it while queries and inserts keep running."""
@@ -81,21 +90,22 @@ class Cluster:
 
     # -- live operations ------------------------------------------------------------------
     def migrate(self, shard: str | int, to: str) -> MigrationRecord:
-        """Move a shard — with every shard co-located with it — to node ``to``, live."""
+        """Move a shard — with every shard co-located with it — to node ``to``, live.
+        Raises :class:`MigrationError` if the move had to be rolled back."""
         session = self._db._session_or_raise()
-        result = session.coordinator_call("migrate", session.unit_of(shard), to)
-        return MigrationRecord.from_dict(result)
+        return _finished(session.coordinator_call("migrate", session.unit_of(shard), to))
 
     def split(self, shard: str | int) -> MigrationRecord:
         """Halve a shard's bucket range (and its co-located shards'), live."""
         session = self._db._session_or_raise()
-        return MigrationRecord.from_dict(session.coordinator_call("split", session.unit_of(shard)))
+        return _finished(session.coordinator_call("split", session.unit_of(shard)))
 
     def merge(self, first: str | int, second: str | int) -> MigrationRecord:
         """Join two adjacent shards (and their co-located shards) into one, live."""
         session = self._db._session_or_raise()
-        result = session.coordinator_call("merge", session.unit_of(first), session.unit_of(second))
-        return MigrationRecord.from_dict(result)
+        return _finished(
+            session.coordinator_call("merge", session.unit_of(first), session.unit_of(second))
+        )
 
     def migrations(self) -> list[MigrationRecord]:
         """Every move so far, oldest first, with the time spent in each phase."""
@@ -115,6 +125,12 @@ class Cluster:
         if not result["drained"]:
             raise DrainTimeoutError(result["reason"], moved)
         return moved
+
+    def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
+        """What the balancer would do now (``dry_run``), or do it. The plan lists splits,
+        merges and moves with their reasons, what was balanced (load, or bytes while the
+        cluster is idle), the current spread of load/capacity and the projected one."""
+        return dict(self._db._session_or_raise().coordinator_call("rebalance", dry_run))
 
     def failovers(self) -> list[dict[str, Any]]:
         """Workers declared dead, with how long until their shards were served again."""

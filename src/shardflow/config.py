@@ -34,6 +34,19 @@ class Settings:
         health_interval_s: how often the coordinator pings every worker.
         health_misses: unanswered pings in a row after which a worker is declared dead and
             its shards are reassigned (a worker whose process died is declared at once).
+        auto_balance: whether the coordinator rebalances by itself every balance interval.
+        balance_interval_s: how often the coordinator reads load and sizes and decides.
+        utilization_threshold: a node busier than this (busy fraction of execution time over
+            the last interval) sheds load.
+        balance_tolerance: how far a node's load per unit of capacity may deviate from the
+            mean before shards move (0.10 = 10 %).
+        load_swing: a change of total cluster load between two polls larger than this
+            (0.20 = 20 %) triggers a re-plan.
+        max_concurrent_moves: live moves (splits, merges, migrations) in flight at once.
+        max_shard_bytes: a shard unit larger than this is split (1 TiB; MiB in tests).
+        min_shard_bytes: adjacent cold units smaller than this together are merged; the target
+            size of a unit lies between the two, smaller for units whose queries cost more per
+            byte.
     """
 
     buckets: int = 256
@@ -48,10 +61,22 @@ class Settings:
     migration_bandwidth_mb_s: float = 0.0
     health_interval_s: float = 1.0
     health_misses: int = 3
+    auto_balance: bool = True
+    balance_interval_s: float = 5.0
+    utilization_threshold: float = 0.80
+    balance_tolerance: float = 0.10
+    load_swing: float = 0.20
+    max_concurrent_moves: int = 2
+    max_shard_bytes: int = 1 << 40
+    min_shard_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.type in ("bool", bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"setting {field.name} must be True or False")
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"setting {field.name} must be a number, not {value!r}")
         positive = ("buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size")
@@ -73,8 +98,18 @@ class Settings:
                 raise ConfigError(f"setting {name} must be positive")
         if self.migration_bandwidth_mb_s < 0:
             raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
-        if self.health_misses < 1:
-            raise ConfigError("setting health_misses must be at least 1")
+        if self.health_misses < 1 or self.max_concurrent_moves < 1:
+            raise ConfigError("settings health_misses and max_concurrent_moves must be >= 1")
+        for name in (
+            "balance_interval_s",
+            "utilization_threshold",
+            "balance_tolerance",
+            "load_swing",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"setting {name} must be positive")
+        if not 0 < self.min_shard_bytes < self.max_shard_bytes:
+            raise ConfigError("settings need 0 < min_shard_bytes < max_shard_bytes")
 
     def replace(self, **changes: Any) -> Settings:
         names = {f.name for f in dataclasses.fields(self)}

@@ -63,6 +63,15 @@ class MoveRefusedError(Error):
     nothing was changed."""
 
 
+class MigrationError(MoveRefusedError):
+    """A live move failed and was rolled back: the source kept serving, nothing was lost.
+    ``record`` is the move as ``db.cluster.migrations()`` keeps it (phase times, cause)."""
+
+    def __init__(self, message: str, record: object = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 class DrainTimeoutError(MoveRefusedError):
     """A drain did not finish by its deadline; the node keeps serving what it still holds.
     ``moved`` lists the moves that did finish."""

@@ -14,6 +14,7 @@ def test_exported_members() -> None:
         "Database",
         "DrainTimeoutError",
         "Error",
+        "MigrationError",
         "MigrationRecord",
         "MoveRefusedError",
         "NodeInfo",

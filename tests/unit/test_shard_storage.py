@@ -4,6 +4,7 @@ and rebuilding it from disk."""
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -78,7 +79,7 @@ def test_crash_between_new_base_and_log_cleanup_loses_and_doubles_nothing(
     shard.append(rows(0, 3), "a")
     shard.append(rows(3, 3), "b")
     # The new base is durable but the crash came before the old entries were deleted.
-    shard.store.write_base(shard.snapshot(), shard.lsn, ["a", "b"])
+    shard.store.write_base(shard.snapshot(), shard.lsn, {"a": None, "b": None})
     shard.store.append_wal(rows(0, 3), 1, "a")  # a stale entry that the base covers
     shard.append(rows(6, 1), "c")
     recovered = reopened(tmp_path)
@@ -92,6 +93,28 @@ def test_a_half_written_entry_is_never_read(tmp_path: Path) -> None:
     folder = next(iter(shard_folder_files(tmp_path))).parent
     (folder / "wal-000000000002-torn.arrow.tmp-123").write_bytes(b"\x00\x01")
     assert ids(reopened(tmp_path)) == [0, 1]
+
+
+def test_a_batch_split_across_shards_lands_once_per_bucket(tmp_path: Path) -> None:
+    """One insert's rows reach a shard from two shards that were merged: both parts apply;
+    a retry of either part afterwards (same batch id, same buckets) applies nothing."""
+    merged = shard_at(tmp_path)
+    merged.commit_load()
+    part_a, part_b = rows(0, 3), rows(3, 2)
+    buckets_a, buckets_b = np.array([1, 1, 2]), np.array([7, 8])
+    assert merged.append(part_a, "batch", buckets_a).rows == 3
+    assert merged.append(part_b, "batch", buckets_b).rows == 2
+    assert merged.append(part_b, "batch", buckets_b).duplicate
+    mixed = merged.append(rows(10, 2), "batch", np.array([2, 9]))  # bucket 9 is new
+    assert mixed.rows == 1 and ids(merged) == [0, 1, 2, 3, 4, 11]
+    recovered = reopened(tmp_path)
+    assert recovered.append(part_a, "batch", buckets_a).duplicate
+    adopted = shard_at(tmp_path / "other")
+    adopted.commit_load()
+    adopted.adopt({"batch": [1, 2], "whole": None})
+    assert adopted.append(part_a, "batch", buckets_a).duplicate
+    assert adopted.append(rows(0, 1), "whole").duplicate
+    assert adopted.append(part_b, "batch", buckets_b).rows == 2
 
 
 def test_wrong_schema_is_refused(tmp_path: Path) -> None:

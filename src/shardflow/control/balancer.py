@@ -194,11 +194,10 @@ def _splits(
     share: dict[str, float],
     measure: str,
 ) -> list[Action]:
-    """Split units that are bigger than their target size, or so hot that moving them whole
-    cannot relieve a node (their load exceeds a fair node share)."""
+    """Split units bigger than their target size. (Units too hot to move whole are split by
+    the mover, which knows whether any node has room for them.)"""
     costs = sorted(u.load / u.bytes for u in units if u.bytes > 0 and u.load > 0)
     median_cost = costs[len(costs) // 2] if costs else 0.0
-    fair = min(share.values()) if share else 0.0
     splits: list[Action] = []
     for unit in sorted(units, key=lambda u: -u.bytes):
         if unit.hi - unit.lo < 2 or len(splits) >= settings.max_moves:
@@ -206,9 +205,7 @@ def _splits(
         target = target_unit_bytes(unit, median_cost, settings)
         if unit.bytes > settings.max_unit_bytes or unit.bytes > 2 * target:
             splits.append(Split(unit.unit_id, f"{unit.bytes} bytes > target {target:.0f}"))
-        elif measure == "load" and fair > 0 and unit.load > fair / 2:
-            # too hot to place anywhere without pushing that node out of its band
-            splits.append(Split(unit.unit_id, f"load {unit.load:.2f} > half a node's share"))
+
     return splits
 
 
@@ -308,7 +305,8 @@ def _moves(
             if load[src] <= goal or len(actions) >= budget:
                 break
             excess = load[src] - goal
-            overshoot = weight(unit) > OVERSHOOT * excess
+            # a hot node needs relief now, whatever it costs in bytes
+            overshoot = src not in hot and weight(unit) > OVERSHOOT * excess
             if overshoot and weight(unit) > 8 * excess:
                 continue  # far too big for the little left to shed: a lighter unit will do
             fits = weight(unit) <= load[src] - floor and not (overshoot and splittable(unit))

@@ -20,8 +20,8 @@ from shardflow.storage.shard import Change
 
 WORKER_CONCURRENCY = 16
 COORDINATOR_CONCURRENCY = 16
-Exported = tuple[ShardKey, int, list[str], list[Any]]
-"""A shard of a move's snapshot: key, LSN, batch ids, object references of its chunks."""
+Exported = tuple[ShardKey, int, dict[str, list[int] | None], list[Any]]
+"""A shard of a move's snapshot: key, LSN, insert batches held, references of its chunks."""
 CHUNK_ROWS = 256 * 1024
 """Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
 
@@ -71,6 +71,9 @@ class CoordinatorActor:
 
     def node_joined(self, node: str) -> dict[str, Any]:
         return self.state.node_joined(node)
+
+    def rebalance(self, dry_run: bool) -> dict[str, Any]:
+        return self.controller.rebalance(dry_run)
 
     def failovers(self) -> list[dict[str, Any]]:
         return [vars(f) for f in self.controller.failovers]
@@ -129,6 +132,9 @@ class WorkerActor:
     def ping(self) -> bool:
         return True
 
+    def load_report(self) -> dict[str, Any]:
+        return self.node.load_report()
+
     def sync(self, catalog: Mapping[str, Any]) -> int:
         return self.node.sync(catalog)
 
@@ -149,7 +155,7 @@ class WorkerActor:
         self.node.abort_load(table)
 
     def append(
-        self, table: str, parts: Mapping[int, pa.Table], batch_id: str, epoch: int
+        self, table: str, parts: Mapping[int, tuple[pa.Table, Any]], batch_id: str, epoch: int
     ) -> dict[int, int]:
         return self.node.append(table, parts, batch_id, epoch)
 
@@ -185,8 +191,8 @@ class WorkerActor:
         """Pin the snapshot; its rows go into the object store in chunks the target pulls."""
         exported = self.node.export_begin(plan_from_json(plan))
         return [
-            (key, lsn, batch_ids, [ray.put(chunk) for chunk in _chunks(rows)])
-            for key, (lsn, batch_ids, rows) in exported.items()
+            (key, lsn, applied, [ray.put(chunk) for chunk in _chunks(rows)])
+            for key, (lsn, applied, rows) in exported.items()
         ]
 
     def export_changes(
@@ -226,7 +232,7 @@ class WorkerActor:
         rows = size = 0
         started = time.monotonic()
         for source in sources.values():
-            for key, lsn, batch_ids, chunks in ray.get(source.export_begin.remote(plan)):
+            for key, lsn, applied, chunks in ray.get(source.export_begin.remote(plan)):
                 for ref in chunks:
                     chunk = ray.get(ref)
                     rows += self.node.import_rows(move.move_id, key, chunk)
@@ -235,7 +241,7 @@ class WorkerActor:
                         ahead = size / bandwidth_bytes_s - (time.monotonic() - started)
                         if ahead > 0:
                             time.sleep(ahead)
-                self.node.import_snapshot_done(move.move_id, key, lsn, batch_ids)
+                self.node.import_snapshot_done(move.move_id, key, lsn, applied)
         self.node.import_commit(move.move_id)
         return rows, size
 

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from shardflow.config import Settings
+from shardflow.control import balancer
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
 from shardflow.errors import MoveRefusedError, UnknownShardError
 from shardflow.runtime.coordinator import CoordinatorState
@@ -46,8 +48,13 @@ class Controller:
             bandwidth_bytes_s=settings.migration_bandwidth_mb_s * 1e6,
         )
         self.failovers: list[Failover] = []
+        self.decisions: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._balancing = threading.Lock()
+        self._last_reports: dict[str, dict[str, Any]] = {}
+        self._previous_load: float | None = None
+        self._unbalanced_polls = 0
 
     # -- workers ------------------------------------------------------------------------
     def worker(self, node: str) -> Any:
@@ -79,6 +86,7 @@ class Controller:
     def start(self) -> None:
         threading.Thread(target=self._resume, name="resume", daemon=True).start()
         threading.Thread(target=self._watch, name="monitor", daemon=True).start()
+        threading.Thread(target=self._balance_loop, name="balancer", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,6 +191,119 @@ class Controller:
             self.broadcast(catalog)
         return {"drained": True, "node": node, "moved": moved, "remaining": 0, "reason": ""}
 
+    # -- balancing ----------------------------------------------------------------------
+    def balancer_settings(self) -> balancer.BalancerSettings:
+        s = self.settings
+        return balancer.BalancerSettings(
+            utilization_threshold=s.utilization_threshold,
+            tolerance=s.balance_tolerance,
+            load_swing=s.load_swing,
+            max_moves=s.max_concurrent_moves,
+            max_unit_bytes=s.max_shard_bytes,
+            min_unit_bytes=s.min_shard_bytes,
+        )
+
+    def observe(self) -> tuple[list[balancer.NodeState], list[balancer.UnitState]]:
+        """Per-node and per-unit load over the window since the last observation."""
+        catalog = self.state.catalog
+        calls = {}
+        for node in catalog.nodes:
+            try:
+                calls[node] = self.worker(node).load_report.remote()
+            except UnknownShardError:
+                continue
+        reports = {}
+        for node, call in calls.items():
+            try:
+                reports[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
+            except (RayActorError, GetTimeoutError):
+                continue
+        nodes, units = [], []
+        for node, report in reports.items():
+            before = self._last_reports.get(node)
+            window = report["at"] - before["at"] if before else 0.0
+
+            def rate(now: float, then: float, w: float = window) -> float:
+                return max(0.0, now - then) / w if w > 0 else 0.0
+
+            busy = rate(report["busy_seconds"], before["busy_seconds"]) if before else 0.0
+            capacity = float(self.state.profiles.get(node, {}).get("capacity", 1.0))
+            nodes.append(balancer.NodeState(node, capacity, utilization=busy))
+            for group in catalog.groups.values():
+                for unit in group.units:
+                    if unit.node != node:
+                        continue
+                    seconds = report["unit_seconds"].get(unit.unit_id, 0.0)
+                    then = before["unit_seconds"].get(unit.unit_id, 0.0) if before else seconds
+                    units.append(
+                        balancer.UnitState(
+                            unit.unit_id,
+                            group.group_id,
+                            node,
+                            unit.lo,
+                            unit.hi,
+                            int(report["unit_bytes"].get(unit.unit_id, 0)),
+                            rate(seconds, then),
+                        )
+                    )
+        self._last_reports = reports
+        return nodes, units
+
+    def decide(self) -> balancer.Decision:
+        nodes, units = self.observe()
+        busy = frozenset(u.unit_id for plan in self.state.moving.values() for u in plan.sources)
+        decision = balancer.plan(nodes, units, self.balancer_settings(), self._previous_load, busy)
+        self._previous_load = decision.total_load
+        return decision
+
+    def rebalance(self, dry_run: bool) -> dict[str, Any]:
+        """Decide now; unless ``dry_run``, carry the decision out."""
+        with self._balancing:
+            decision = self.decide()
+            results = [] if dry_run else self.carry_out(decision)
+        summary = describe(decision)
+        summary["moves"] = results
+        self.decisions.append({**summary, "dry_run": dry_run, "at": time.time()})
+        del self.decisions[:-100]
+        return summary
+
+    def carry_out(self, decision: balancer.Decision) -> list[dict[str, Any]]:
+        """Run the decision's moves, at most ``max_concurrent_moves`` at a time."""
+        plans: list[MovePlan] = []
+        for action in decision.actions:
+            try:
+                if isinstance(action, balancer.Split):
+                    plans.append(self.state.plan_split(action.unit_id, action.reason))
+                elif isinstance(action, balancer.Merge):
+                    plans.append(self.state.plan_merge(action.first, action.second, action.reason))
+                else:
+                    plans.append(self.state.plan_move(action.unit_id, action.to, action.reason))
+            except (MoveRefusedError, UnknownShardError) as error:
+                log.info("balancer action skipped: %s", error)
+        if not plans:
+            return []
+        with ThreadPoolExecutor(max_workers=self.settings.max_concurrent_moves) as pool:
+            return list(pool.map(self.run_move, plans))
+
+    def _balance_loop(self) -> None:
+        while not self._stop.wait(self.settings.balance_interval_s):
+            try:
+                with self._balancing:
+                    decision = self.decide()  # keeps the load rates fresh either way
+                    if not self.settings.auto_balance:
+                        continue
+                    # act on an imbalance seen twice in a row, not on one noisy window
+                    self._unbalanced_polls = self._unbalanced_polls + 1 if decision.actions else 0
+                    if decision.actions and self._unbalanced_polls >= 2:
+                        self.decisions.append(
+                            {**describe(decision), "dry_run": False, "at": time.time()}
+                        )
+                        del self.decisions[:-100]
+                        self.carry_out(decision)
+                        self._unbalanced_polls = 0
+            except Exception:  # the loop must outlive any one bad poll
+                log.exception("balancing failed")
+
     def _least_loaded(self, nodes: list[str]) -> str:
         held = Counter(u.node for g in self.state.catalog.groups.values() for u in g.units)
         capacity = {n: float(self.state.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
@@ -210,4 +331,34 @@ def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:
         "catch_up_rounds": state.catch_up_rounds,
         "fence_seconds": state.fence_seconds,
         "plan": asdict(plan),
+    }
+
+
+def describe(decision: balancer.Decision) -> dict[str, Any]:
+    """A decision as plain data (what ``db.cluster.rebalance()`` returns)."""
+    actions = []
+    for action in decision.actions:
+        if isinstance(action, balancer.Split):
+            actions.append({"action": "split", "unit": action.unit_id, "reason": action.reason})
+        elif isinstance(action, balancer.Merge):
+            actions.append(
+                {"action": "merge", "units": [action.first, action.second], "reason": action.reason}
+            )
+        else:
+            actions.append(
+                {
+                    "action": "move",
+                    "unit": action.unit_id,
+                    "to": action.to,
+                    "bytes": action.bytes,
+                    "reason": action.reason,
+                }
+            )
+    return {
+        "actions": actions,
+        "reason": decision.reason,
+        "measure": decision.measure,
+        "spread": decision.spread,
+        "total_load": decision.total_load,
+        "projected": decision.projected,
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import ray
@@ -48,7 +49,7 @@ from shardflow.runtime.executor import (
 from shardflow.runtime.worker import REPLICA
 from shardflow.sql import DistributedPlan, Stage, explain, plan
 from shardflow.storage.conform import conform
-from shardflow.storage.partition import split_by_unit
+from shardflow.storage.partition import buckets_for, route, split_by_unit
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -208,15 +209,19 @@ class Session:
         return table.num_rows
 
     def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
-        pending = [table]
+        # every row's bucket is fixed once: a retry after a split or merge re-routes the same
+        # rows with the same buckets, and each shard drops the buckets of the batch it holds
+        salt = int(batch_id[:8], 16)
+        pending = [(table, buckets_for(table, spec, self.catalog.n_buckets, salt))]
 
         def attempt() -> bool:
             catalog = self.catalog
-            rows = pa.concat_tables(pending)
+            rows = pa.concat_tables([t for t, _ in pending])
+            buckets = np.concatenate([b for _, b in pending])
             pending.clear()
-            by_node: dict[str, dict[int, pa.Table]] = defaultdict(dict)
             group = catalog.group_of(spec.name)
-            for unit_id, part in split_by_unit(rows, spec, catalog).items():
+            by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = defaultdict(dict)
+            for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
                 by_node[group.unit(unit_id).node][unit_id] = part
             calls = {
                 node: self.handle.worker(node).append.remote(

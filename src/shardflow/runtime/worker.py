@@ -30,6 +30,7 @@ from shardflow.errors import Moved, QueryError
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.storage.partition import buckets_for
 from shardflow.storage.shard import Change
+from shardflow.storage.shard_store import Applied
 from shardflow.telemetry.devices import probe
 
 log = logging.getLogger(__name__)
@@ -225,15 +226,20 @@ class WorkerNode:
 
     # -- writes -------------------------------------------------------------------------
     def append(
-        self, table: str, parts: Mapping[int, pa.Table], batch_id: str, epoch: int
+        self,
+        table: str,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+        batch_id: str,
+        epoch: int,
     ) -> dict[int, int]:
-        """Append each part to its shard (durably); returns the new LSN per unit."""
+        """Append each part (rows and their buckets) to its shard, durably; returns the new
+        LSN per unit."""
         lsns = {}
-        for unit, part in parts.items():
+        for unit, (part, buckets) in parts.items():
             shard = self.shards.get((table, unit))
             if shard is None:
                 raise Moved(f"{table}#{unit}", epoch)
-            lsns[unit] = shard.append(owned(part), batch_id).lsn
+            lsns[unit] = shard.append(owned(part), batch_id, np.asarray(buckets)).lsn
         return lsns
 
     def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
@@ -252,20 +258,19 @@ class WorkerNode:
 
     # -- queries ------------------------------------------------------------------------
     def views_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, str]:
-        """Per-call views for tables bound to other shards than this node serves (a retry
-        after a move, a fragment from before a switch); otherwise the standing view."""
+        """Per-call views naming exactly the shards a fragment was bound to. (The standing
+        view of a table may change under a running fragment when a move switches; these
+        cannot, and the shards they name are kept until the fragment's reads are done.)"""
         views = {}
         with self._lock:
             for table, units in bindings.items():
                 for unit in units:
                     if (table, unit) not in self.shards:
                         raise Moved(f"{table}#{unit}", epoch)
-                served = {u for t, u in self.shards if t == table}
-                if set(units) != served:
-                    views[table] = " UNION ALL ".join(
-                        f"SELECT * FROM {quote(self._physical(self.shards[(table, u)]))}"
-                        for u in sorted(units)
-                    )
+                views[table] = " UNION ALL ".join(
+                    f"SELECT * FROM {quote(self._physical(self.shards[(table, u)]))}"
+                    for u in sorted(units)
+                )
         return views
 
     def execute(
@@ -298,9 +303,9 @@ class WorkerNode:
         return result, elapsed
 
     # -- moves: source side ---------------------------------------------------------------
-    def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, list[str], pa.Table]]:
+    def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, Applied, pa.Table]]:
         """Pin a snapshot of every shard of the source units on this node; returns, per
-        shard, its LSN, the batch ids it holds and its rows."""
+        shard, its LSN, the insert batches it holds and its rows."""
         units = {s.unit_id for s in plan.sources if s.node == self.node_id}
         with self._lock:
             shards = {k: v for k, v in self.shards.items() if k[1] in units}
@@ -309,7 +314,7 @@ class WorkerNode:
                 raise Moved(f"units {sorted(missing)}", self.catalog.epoch)
             self.exports[plan.move_id] = Export(plan, shards)
         pinned = {key: shard.begin_export() for key, shard in shards.items()}
-        return {key: (lsn, ids, read()) for key, (lsn, ids, read) in pinned.items()}
+        return {key: (lsn, applied, read()) for key, (lsn, applied, read) in pinned.items()}
 
     def export_changes(
         self, move_id: str, since: Mapping[ShardKey, int]
@@ -373,19 +378,19 @@ class WorkerNode:
         move = self.imports[move_id]
         table, _ = source
         staged = 0
-        for unit_id, part in self._route(move, source, rows):
+        for unit_id, part, _ in self._route(move, source, rows, None):
             move.shards[(table, unit_id)].stage(owned(part))
             staged += part.num_rows
         return staged
 
     def import_snapshot_done(
-        self, move_id: str, source: ShardKey, lsn: int, batch_ids: list[str]
+        self, move_id: str, source: ShardKey, lsn: int, applied: Applied
     ) -> None:
         move = self.imports[move_id]
         move.applied[source] = lsn
         for (table, _), shard in move.shards.items():
             if table == source[0]:
-                shard.adopt_batch_ids(batch_ids)
+                shard.adopt(applied)
 
     def import_commit(self, move_id: str) -> int:
         """Write the staged snapshot as the new shards' durable base; returns the rows."""
@@ -401,9 +406,12 @@ class WorkerNode:
             for change in sorted(entries, key=lambda c: c.lsn):
                 if change.lsn <= move.applied.get(source, 0):
                     continue
-                for unit_id, part in self._route(move, source, change.rows):
-                    move.shards[(table, unit_id)].append(owned(part), change.batch_id)
-                    applied += part.num_rows
+                routed = self._route(move, source, change.rows, change.buckets)
+                for unit_id, part, buckets in routed:
+                    result = move.shards[(table, unit_id)].append(
+                        owned(part), change.batch_id, buckets
+                    )
+                    applied += result.rows
                 move.applied[source] = change.lsn
         return applied
 
@@ -449,22 +457,25 @@ class WorkerNode:
             total[1] += digest
         return totals
 
-    def _route(self, move: Import, source: ShardKey, rows: pa.Table) -> list[tuple[int, pa.Table]]:
+    def _route(
+        self, move: Import, source: ShardKey, rows: pa.Table, buckets: np.ndarray | None
+    ) -> list[tuple[int, pa.Table, np.ndarray | None]]:
         """Which of this node's target units each row belongs to, by bucket."""
         if len(move.units) == 1 and len(move.plan.targets) == 1:
-            return [(move.units[0][0], rows)] if rows.num_rows else []
-        spec = self.catalog.table(source[0])
-        if spec.key:
-            buckets = buckets_for(rows, spec, self.catalog.n_buckets)
-        else:  # no key: any split of a unit's rows over its buckets is right
-            span = next(s for s in move.plan.sources if s.unit_id == source[1])
-            width = span.hi - span.lo
-            buckets = (span.lo + np.arange(rows.num_rows) % width).astype(np.int32)
+            return [(move.units[0][0], rows, buckets)] if rows.num_rows else []
+        if buckets is None:
+            spec = self.catalog.table(source[0])
+            if spec.key:
+                buckets = buckets_for(rows, spec, self.catalog.n_buckets)
+            else:  # no key and no recorded buckets: any split of the rows is right
+                span = next(s for s in move.plan.sources if s.unit_id == source[1])
+                width = span.hi - span.lo
+                buckets = (span.lo + np.arange(rows.num_rows) % width).astype(np.int32)
         routed = []
         for unit_id, lo, hi in move.units:
             mask = (buckets >= lo) & (buckets < hi)
             if mask.any():
-                routed.append((unit_id, rows.filter(pa.array(mask))))
+                routed.append((unit_id, rows.filter(pa.array(mask)), buckets[mask]))
         return routed
 
     def memory_headroom(self) -> int:
@@ -483,6 +494,20 @@ class WorkerNode:
         return sum(s.nbytes for (t, u), s in self.shards.items() if u in wanted)
 
     # -- reporting ----------------------------------------------------------------------
+    def load_report(self) -> dict[str, Any]:
+        """Cumulative execution seconds (in all and per unit) and the bytes of every unit:
+        the balancer turns two reports into rates."""
+        with self._lock:
+            unit_bytes: Counter[int] = Counter()
+            for (_, unit), shard in self.shards.items():
+                unit_bytes[unit] += shard.nbytes
+            return {
+                "busy_seconds": self._busy_seconds,
+                "unit_seconds": dict(self._unit_seconds),
+                "unit_bytes": dict(unit_bytes),
+                "at": time.monotonic(),
+            }
+
     def info(self) -> dict[str, Any]:
         with self._lock:
             shards = [

@@ -13,28 +13,43 @@ from shardflow.catalog.buckets import bucket_of
 _round_robin_start = itertools.count()
 
 
-def buckets_for(table: pa.Table, spec: TableSpec, n_buckets: int) -> np.ndarray:
-    """The bucket of every row: the hashed key, or round-robin for tables without a key."""
+def buckets_for(
+    table: pa.Table, spec: TableSpec, n_buckets: int, salt: int | None = None
+) -> np.ndarray:
+    """The bucket of every row: the hashed key, or round-robin for tables without a key
+    (starting where ``salt`` says, so that a retried insert lands in the same buckets)."""
     if spec.key:
         return bucket_of(table.column(spec.key), n_buckets)
-    start = next(_round_robin_start) * 7919  # spread successive small inserts over buckets
+    start = (salt if salt is not None else next(_round_robin_start)) * 7919
     return ((np.arange(table.num_rows, dtype=np.int64) + start) % n_buckets).astype(np.int32)
 
 
-def split_by_unit(table: pa.Table, spec: TableSpec, catalog: Catalog) -> dict[int, pa.Table]:
-    """The rows of ``table`` grouped by the unit that owns them (units with no rows omitted)."""
-    group = catalog.group_of(spec.name)
-    owners = np.asarray(group.bucket_owners(catalog.n_buckets), dtype=np.int64)
-    units = owners[buckets_for(table, spec, catalog.n_buckets)]
+def route(
+    table: pa.Table, buckets: np.ndarray, catalog: Catalog, group_id: str
+) -> dict[int, tuple[pa.Table, np.ndarray]]:
+    """Rows (and their buckets) grouped by the unit of ``group_id`` that owns them."""
     if table.num_rows == 0:
         return {}
+    owners = np.asarray(catalog.groups[group_id].bucket_owners(catalog.n_buckets), np.int64)
+    units = owners[buckets]
     order = np.argsort(units, kind="stable")
     sorted_units = units[order]
     cut = np.flatnonzero(np.diff(sorted_units)) + 1
     starts = np.concatenate(([0], cut))
     ends = np.concatenate((cut, [len(sorted_units)]))
     arranged = table.take(pa.array(order))
+    arranged_buckets = buckets[order]
     return {
-        int(sorted_units[start]): arranged.slice(start, end - start)
+        int(sorted_units[start]): (
+            arranged.slice(start, end - start),
+            arranged_buckets[start:end],
+        )
         for start, end in zip(starts, ends, strict=True)
     }
+
+
+def split_by_unit(table: pa.Table, spec: TableSpec, catalog: Catalog) -> dict[int, pa.Table]:
+    """The rows of ``table`` grouped by the unit that owns them (units with no rows omitted)."""
+    assert spec.group is not None
+    buckets = buckets_for(table, spec, catalog.n_buckets)
+    return {unit: rows for unit, (rows, _) in route(table, buckets, catalog, spec.group).items()}

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from shardflow.errors import Moved, Retryable
-from shardflow.storage.shard_store import RECENT_BATCH_IDS, ShardStore
+from shardflow.storage.shard_store import RECENT_BATCH_IDS, Applied, ShardStore, merge_buckets
 
 FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
@@ -49,6 +50,8 @@ class Change:
     lsn: int
     batch_id: str
     rows: pa.Table
+    buckets: np.ndarray | None
+    """The bucket of every row (None for tables without buckets: replicas)."""
 
 
 class RowStore(Protocol):
@@ -137,7 +140,7 @@ class Shard:
         self.lsn = 0
         self.data: RowStore = rows if rows is not None else ArrowRows(schema)
         self._staged: list[pa.Table] = []
-        self._batch_ids: OrderedDict[str, None] = OrderedDict()
+        self._applied: OrderedDict[str, list[int] | None] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
         self._lock = threading.Condition()
@@ -159,7 +162,7 @@ class Shard:
         with self._lock:
             self.data.reset(recovered.tables)
             self.lsn = recovered.lsn
-            self._batch_ids = OrderedDict.fromkeys(recovered.batch_ids)
+            self._applied = OrderedDict(recovered.applied)
             self._wal_entries = recovered.wal_entries
             self._wal_bytes = recovered.wal_bytes
 
@@ -174,29 +177,42 @@ class Shard:
             table = pa.concat_tables(self._staged) if self._staged else self.schema.empty_table()
             self._staged = []
             if self.writer:
-                self.store.write_base(table, self.lsn, list(self._batch_ids))
+                self.store.write_base(table, self.lsn, self._applied)
             self.data.reset([table])
             return table.num_rows
 
     # -- writes --------------------------------------------------------------------------
-    def append(self, table: pa.Table, batch_id: str) -> AppendResult:
+    def append(
+        self, table: pa.Table, batch_id: str, buckets: np.ndarray | None = None
+    ) -> AppendResult:
+        """Append rows durably. Rows of a batch id whose bucket this shard already holds are
+        dropped, so a retried insert is applied once even if the shard was split or merged
+        in between. ``buckets`` gives each row's bucket; without it the batch is all or
+        nothing (replicated tables)."""
         table = table.cast(self.schema)
         with self._lock:
             if not self._lock.wait_for(lambda: not self.fenced or self.retired, FENCE_WAIT_S):
                 raise Retryable(f"{self.store.folder} is fenced for a move; retry")
             if self.retired:
                 raise Moved(self.store.folder, -1)
-            if batch_id in self._batch_ids:
+            held = self._applied.get(batch_id, [])
+            if batch_id in self._applied and (held is None or buckets is None):
                 return AppendResult(self.lsn, 0, duplicate=True)
+            if buckets is not None and held:
+                fresh = ~np.isin(buckets, held)
+                if not fresh.any():
+                    return AppendResult(self.lsn, 0, duplicate=True)
+                table, buckets = table.filter(pa.array(fresh)), buckets[fresh]
+            present = sorted({int(b) for b in np.unique(buckets)}) if buckets is not None else None
             lsn = self.lsn + 1
             if self.writer:
-                self._wal_bytes += self.store.append_wal(table, lsn, batch_id)
+                self._wal_bytes += self.store.append_wal(table, lsn, batch_id, present)
                 self._wal_entries += 1
             self.lsn = lsn
             self.data.append(table)
-            self._remember(batch_id)
+            self._remember(batch_id, present)
             if self._tap is not None:
-                self._tap.append(Change(lsn, batch_id, table))
+                self._tap.append(Change(lsn, batch_id, table, buckets))
             due = self.writer and (
                 self._wal_entries >= self.policy.max_wal_entries
                 or self._wal_bytes >= self.policy.max_wal_bytes
@@ -211,24 +227,24 @@ class Shard:
                 self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
-        self.store.write_base(self.data.read(), self.lsn, list(self._batch_ids))
+        self.store.write_base(self.data.read(), self.lsn, self._applied)
         self._wal_entries = 0
         self._wal_bytes = 0
 
-    def adopt_batch_ids(self, batch_ids: list[str]) -> None:
-        """Remember batches applied elsewhere (by the shard this one replaces), so that a
-        retry of one of them after the move is still applied once."""
+    def adopt(self, applied: Applied) -> None:
+        """Remember batches applied by the shard(s) this one replaces, so that a retry of one
+        of them after the move is still applied once."""
         with self._lock:
-            for batch_id in batch_ids:
-                self._remember(batch_id)
+            for batch_id, buckets in applied.items():
+                self._remember(batch_id, buckets)
 
     # -- moving ---------------------------------------------------------------------------
-    def begin_export(self) -> tuple[int, list[str], Callable[[], pa.Table]]:
-        """Pin a snapshot: its LSN, the batch ids it contains, and a reader of exactly its
-        rows. Appends from now on are also kept (see :meth:`changes_since`)."""
+    def begin_export(self) -> tuple[int, Applied, Callable[[], pa.Table]]:
+        """Pin a snapshot: its LSN, the batches it holds, and a reader of exactly its rows.
+        Appends from now on are also kept (see :meth:`changes_since`)."""
         with self._lock:
             self._tap = []
-            return self.lsn, list(self._batch_ids), self.data.pin()
+            return self.lsn, dict(self._applied), self.data.pin()
 
     def changes_since(self, lsn: int) -> list[Change]:
         with self._lock:
@@ -256,10 +272,11 @@ class Shard:
             self._tap = None
             self._lock.notify_all()
 
-    def _remember(self, batch_id: str) -> None:
-        self._batch_ids[batch_id] = None
-        while len(self._batch_ids) > RECENT_BATCH_IDS:
-            self._batch_ids.popitem(last=False)
+    def _remember(self, batch_id: str, buckets: list[int] | None) -> None:
+        held = self._applied.pop(batch_id, [])
+        self._applied[batch_id] = merge_buckets(held, buckets)
+        while len(self._applied) > RECENT_BATCH_IDS:
+            self._applied.popitem(last=False)
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot(self) -> pa.Table:

@@ -14,7 +14,9 @@ state from which :meth:`ShardStore.recover` rebuilds every acknowledged row exac
 from __future__ import annotations
 
 import io
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,12 +27,16 @@ from shardflow.catalog.store import DataDir, fsync_dir
 RECENT_BATCH_IDS = 4096
 """How many insert batch ids a shard remembers (and persists) to make retries idempotent."""
 
+Applied = dict[str, list[int] | None]
+"""Per recent insert batch id, the buckets of it this shard holds (None: all of it). Kept per
+bucket because a split or merge can bring rows of one batch together from several shards."""
+
 
 @dataclass(frozen=True)
 class Recovered:
     tables: list[pa.Table]
     lsn: int
-    batch_ids: list[str]
+    applied: Applied
     wal_entries: int
     wal_bytes: int
 
@@ -48,8 +54,13 @@ class ShardStore:
         self.folder = shard_folder(data_dir, table_uid, shard)
         data_dir.fs.create_dir(self.folder, recursive=True)
 
-    def append_wal(self, table: pa.Table, lsn: int, batch_id: str) -> int:
-        """Persist one insert; returns the bytes written."""
+    def append_wal(
+        self, table: pa.Table, lsn: int, batch_id: str, buckets: list[int] | None = None
+    ) -> int:
+        """Persist one insert (and which buckets of its batch it holds); returns the bytes
+        written."""
+        metadata = {b"shardflow.buckets": json.dumps(buckets).encode()}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
@@ -57,9 +68,12 @@ class ShardStore:
         self._dir.write_atomic(self._path(f"wal-{lsn:012d}-{batch_id}.arrow"), payload)
         return len(payload)
 
-    def write_base(self, table: pa.Table, lsn: int, batch_ids: list[str]) -> None:
+    def write_base(
+        self, table: pa.Table, lsn: int, applied: Mapping[str, list[int] | None]
+    ) -> None:
         """Make ``table`` the shard's content at ``lsn``, then drop what it supersedes."""
-        metadata = {b"shardflow.batch_ids": ",".join(batch_ids[-RECENT_BATCH_IDS:]).encode()}
+        recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
+        metadata = {b"shardflow.applied": json.dumps(recent).encode()}
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         path = self._path(f"base-{lsn:012d}.parquet")
         if self._dir.local:
@@ -82,14 +96,13 @@ class ShardStore:
         bases = sorted(n for n in names if n.startswith("base-") and n.endswith(".parquet"))
         tables: list[pa.Table] = []
         lsn = 0
-        batch_ids: list[str] = []
+        applied: Applied = {}
         if bases:
             base = bases[-1]
             lsn = _lsn_of(base) or 0
             with self._dir.fs.open_input_file(self._path(base)) as handle:
                 table = pq.read_table(handle)
-            ids = (table.schema.metadata or {}).get(b"shardflow.batch_ids", b"").decode()
-            batch_ids = [i for i in ids.split(",") if i]
+            applied = json.loads((table.schema.metadata or {}).get(b"shardflow.applied", b"{}"))
             tables.append(table.replace_schema_metadata(None).cast(schema))
         wal_entries = 0
         wal_bytes = 0
@@ -99,18 +112,29 @@ class ShardStore:
                 continue
             payload = self._dir.read(self._path(name))
             with pa.ipc.open_stream(io.BytesIO(payload)) as reader:
-                tables.append(reader.read_all().cast(schema))
+                entry = reader.read_all()
+            tables.append(entry.replace_schema_metadata(None).cast(schema))
+            buckets = json.loads((entry.schema.metadata or {}).get(b"shardflow.buckets", b"null"))
+            batch_id = name[len("wal-000000000000-") : -len(".arrow")]
+            applied[batch_id] = merge_buckets(applied.get(batch_id, []), buckets)
             lsn = entry_lsn
-            batch_ids.append(name[len("wal-000000000000-") : -len(".arrow")])
             wal_entries += 1
             wal_bytes += len(payload)
-        return Recovered(tables, lsn, batch_ids[-RECENT_BATCH_IDS:], wal_entries, wal_bytes)
+        recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
+        return Recovered(tables, lsn, recent, wal_entries, wal_bytes)
 
     def destroy(self) -> None:
         self._dir.delete_dir(self.folder)
 
     def _path(self, name: str) -> str:
         return f"{self.folder}/{name}"
+
+
+def merge_buckets(held: list[int] | None, more: list[int] | None) -> list[int] | None:
+    """Buckets of a batch held after adding ``more`` (None stands for every bucket)."""
+    if held is None or more is None:
+        return None
+    return sorted(set(held) | set(more))
 
 
 def _lsn_of(name: str) -> int | None:

@@ -1,0 +1,154 @@
+"""The balancer policy with plain data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardflow.control.balancer import (
+    BalancerSettings,
+    Merge,
+    Move,
+    NodeState,
+    Split,
+    UnitState,
+    plan,
+    target_unit_bytes,
+)
+
+MiB = 1 << 20
+SETTINGS = BalancerSettings(max_moves=100, min_unit_bytes=1 * MiB, max_unit_bytes=1 << 40)
+
+
+def units_on(node: str, count: int, start: int, load: float = 0.1, size: int = 64 * MiB):  # type: ignore[no-untyped-def]
+    return [
+        UnitState(start + i, "g", node, (start + i) * 4, (start + i) * 4 + 4, size, load)
+        for i in range(count)
+    ]
+
+
+def apply(units: list[UnitState], actions: tuple[object, ...]) -> list[UnitState]:
+    """What the runtime would do: moves change owners, splits make two halves."""
+    by_id = {u.unit_id: u for u in units}
+    next_id = max(by_id) + 1
+    for action in actions:
+        if isinstance(action, Move):
+            by_id[action.unit_id] = replace(by_id[action.unit_id], node=action.to)
+        elif isinstance(action, Split):
+            unit = by_id.pop(action.unit_id)
+            middle = (unit.lo + unit.hi) // 2
+            for lo, hi in ((unit.lo, middle), (middle, unit.hi)):
+                by_id[next_id] = replace(
+                    unit, unit_id=next_id, lo=lo, hi=hi, bytes=unit.bytes // 2, load=unit.load / 2
+                )
+                next_id += 1
+    return list(by_id.values())
+
+
+def settle(nodes: list[NodeState], units: list[UnitState], rounds: int = 20) -> list[UnitState]:
+    for _ in range(rounds):
+        decision = plan(nodes, units, SETTINGS)
+        if not decision.actions:
+            return units
+        units = apply(units, decision.actions)
+    raise AssertionError("the balancer did not settle")
+
+
+def node_bytes(units: list[UnitState]) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for unit in units:
+        held[unit.node] = held.get(unit.node, 0) + unit.bytes
+    return held
+
+
+def node_load(units: list[UnitState]) -> dict[str, float]:
+    load: dict[str, float] = {}
+    for unit in units:
+        load[unit.node] = load.get(unit.node, 0.0) + unit.load
+    return load
+
+
+def test_a_balanced_cluster_is_left_alone() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0)]
+    units = units_on("a", 10, 0) + units_on("b", 10, 10)
+    decision = plan(nodes, units, SETTINGS)
+    assert decision.actions == () and decision.reason == "balanced"
+    assert decision.measure == "load" and decision.spread < 0.01
+
+
+def test_load_follows_capacity() -> None:
+    """Capacities 1, 1 and 0.5: the slow node ends with about a fifth of the work."""
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0), NodeState("slow", 0.5)]
+    units = settle(nodes, units_on("a", 20, 0) + units_on("b", 20, 20) + units_on("slow", 20, 40))
+    load = node_load(units)
+    total = sum(load.values())
+    assert abs(load["slow"] / total - 0.2) < 0.03
+    assert abs(load["a"] / total - 0.4) < 0.05
+
+
+def test_moves_stay_within_budget_and_skip_busy_units() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0)]
+    units = units_on("a", 20, 0)
+    settings = replace(SETTINGS, max_moves=3)
+    decision = plan(nodes, units, settings, busy=frozenset({0, 1, 2}))
+    assert len(decision.actions) == 3
+    assert all(isinstance(a, Move) and a.unit_id not in (0, 1, 2) for a in decision.actions)
+
+
+def test_a_hot_node_sheds_even_when_shares_look_even() -> None:
+    nodes = [NodeState("a", 1.0, utilization=0.95), NodeState("b", 1.0, utilization=0.2)]
+    units = units_on("a", 10, 0, load=0.11) + units_on("b", 10, 10, load=0.1)
+    decision = plan(nodes, units, SETTINGS)
+    assert decision.actions and all(isinstance(a, Move) and a.to == "b" for a in decision.actions)
+    assert "hot" in decision.reason
+
+
+def test_an_idle_cluster_balances_bytes_so_a_new_node_gets_data() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0), NodeState("new", 1.0)]
+    units = units_on("a", 12, 0, load=0.0) + units_on("b", 12, 12, load=0.0)
+    assert plan(nodes, units, SETTINGS).measure == "bytes"
+    held = node_bytes(settle(nodes, units))
+    total = sum(held.values())
+    assert all(abs(held[n] / total - 1 / 3) < 0.04 for n in ("a", "b", "new"))
+
+
+def test_tiny_idle_tables_are_not_shuffled() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0)]
+    units = [UnitState(1, "g", "a", 0, 8, 1000), UnitState(2, "g", "b", 8, 16, 10)]
+    assert plan(nodes, units, replace(SETTINGS, min_unit_bytes=256 * MiB)).actions == ()
+
+
+def test_big_and_hot_units_are_split_small_cold_neighbours_merged() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0)]
+    big = UnitState(1, "g", "a", 0, 64, 10 << 30, 0.0)
+    settings = replace(SETTINGS, max_unit_bytes=1 << 30, min_unit_bytes=64 * MiB)
+    assert Split(1, "").unit_id in [
+        a.unit_id for a in plan(nodes, [big], settings).actions if isinstance(a, Split)
+    ]
+    hot = [*units_on("a", 4, 0, load=0.01), UnitState(9, "g", "a", 100, 164, 64 * MiB, 5.0)]
+    hot += units_on("b", 4, 20, load=0.01)
+    split = [a for a in plan(nodes, hot, SETTINGS).actions if isinstance(a, Split)]
+    assert [a.unit_id for a in split] == [9]
+    cold = [
+        UnitState(1, "g", "a", 0, 8, 2 * MiB, 0.0),
+        UnitState(2, "g", "a", 8, 16, 2 * MiB, 0.0),
+        UnitState(3, "g", "b", 16, 24, 2 * MiB, 0.0),
+    ]
+    merges = [a for a in plan(nodes, cold, settings).actions if isinstance(a, Merge)]
+    assert merges == [Merge(1, 2, merges[0].reason)]  # 2 and 3 live on different nodes
+
+
+def test_target_size_shrinks_for_expensive_shards() -> None:
+    settings = BalancerSettings(min_unit_bytes=1 * MiB, max_unit_bytes=1 << 30)
+    cheap = UnitState(1, "g", "a", 0, 2, 100 * MiB, load=0.01)
+    costly = replace(cheap, load=1.0)
+    median = 0.01 / (100 * MiB)
+    assert target_unit_bytes(costly, median, settings) < target_unit_bytes(cheap, median, settings)
+    assert settings.min_unit_bytes <= target_unit_bytes(costly, median, settings)
+
+
+def test_load_swing_triggers_a_replan() -> None:
+    nodes = [NodeState("a", 1.0), NodeState("b", 1.0)]
+    units = units_on("a", 10, 0, load=0.1) + units_on("b", 10, 10, load=0.1)
+    decision = plan(nodes, units, SETTINGS, previous_load=0.5)
+    assert round(decision.total_load, 6) == 2.0
+    assert decision.actions == ()  # it swung, but every node is still within the band

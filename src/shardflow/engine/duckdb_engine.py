@@ -72,13 +72,20 @@ class DuckDBEngine:
             union = " UNION ALL ".join(f"SELECT * FROM {quote(p)}" for p in physicals)
             self.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {union}")
 
-    def checksum(self, select: str) -> tuple[int, int]:
+    def checksum(
+        self, select: str, tables: Mapping[str, pa.Table] | None = None
+    ) -> tuple[int, int]:
         """(rows, sum of DuckDB row hashes) of a query: order-independent and additive, so
-        the parts of a split add up to the whole."""
+        the parts of a split add up to the whole; Arrow input and native tables of the same
+        rows give the same sum."""
         row = self.run(
-            f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
+            f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s",
+            tables,
         ).to_pylist()[0]
         return int(row["n"]), int(row["h"])
+
+    def checksum_rows(self, rows: pa.Table) -> tuple[int, int]:
+        return self.checksum("SELECT * FROM __sf_rows", {"__sf_rows": rows})
 
     def drop_physical(self, physical: str) -> None:
         with self._ddl:

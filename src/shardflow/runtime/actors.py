@@ -218,8 +218,11 @@ class WorkerActor:
     def memory_headroom(self) -> int:
         return self.node.memory_headroom()
 
-    def checksums(self, keys: list[ShardKey], move_id: str | None = None) -> dict[str, list[int]]:
-        return self.node.checksums(keys, move_id)
+    def export_sums(self, move_id: str) -> dict[str, list[int]]:
+        return self.node.export_sums(move_id)
+
+    def import_sums(self, move_id: str) -> dict[str, list[int]]:
+        return self.node.import_sums(move_id)
 
     # -- live moves: target side ----------------------------------------------------------
     def pull_snapshot(

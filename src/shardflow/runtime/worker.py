@@ -39,12 +39,25 @@ REPLICA = "replica"
 ShardKey = tuple[str, int]
 
 
+Sums = dict[str, list[int]]
+"""Per table: [rows, sum of row hashes] of what a move has copied so far."""
+
+
+def add_sum(sums: Sums, table: str, rows_and_hash: tuple[int, int]) -> None:
+    total = sums.setdefault(table, [0, 0])
+    total[0] += rows_and_hash[0]
+    total[1] += rows_and_hash[1]
+
+
 @dataclass
 class Export:
-    """This node as the source of a move: the shards it exports, pinned at a snapshot."""
+    """This node as the source of a move: the shards it exports, pinned at a snapshot, and
+    the checksum of everything it has handed out (snapshot and changes since)."""
 
     plan: MovePlan
     shards: dict[ShardKey, Shard]
+    sums: Sums = field(default_factory=dict)
+    counted: dict[ShardKey, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +70,8 @@ class Import:
     shards: dict[ShardKey, Shard]
     applied: dict[ShardKey, int] = field(default_factory=dict)
     """Per source shard, the LSN applied so far."""
+    sums: Sums = field(default_factory=dict)
+    """Checksum of what the new shards hold: the stored snapshot plus every change applied."""
     promoted: bool = False
 
 
@@ -312,15 +327,38 @@ class WorkerNode:
             missing = {u for u in units if not any(k[1] == u for k in shards)}
             if missing:
                 raise Moved(f"units {sorted(missing)}", self.catalog.epoch)
-            self.exports[plan.move_id] = Export(plan, shards)
+            export = self.exports[plan.move_id] = Export(plan, shards)
         pinned = {key: shard.begin_export() for key, shard in shards.items()}
-        return {key: (lsn, applied, read()) for key, (lsn, applied, read) in pinned.items()}
+        snapshot = {}
+        for key, (lsn, applied, read) in pinned.items():
+            rows = read()
+            add_sum(export.sums, key[0], self.engine.checksum_rows(rows))
+            export.counted[key] = lsn
+            snapshot[key] = (lsn, applied, rows)
+        return snapshot
 
     def export_changes(
         self, move_id: str, since: Mapping[ShardKey, int]
     ) -> dict[ShardKey, list[Change]]:
         export = self.exports[move_id]
-        return {key: shard.changes_since(since.get(key, 0)) for key, shard in export.shards.items()}
+        changes = {
+            key: shard.changes_since(since.get(key, 0)) for key, shard in export.shards.items()
+        }
+        for key, found in changes.items():
+            for change in found:
+                if change.lsn > export.counted.get(key, 0):
+                    add_sum(export.sums, key[0], self.engine.checksum_rows(change.rows))
+                    export.counted[key] = change.lsn
+        return changes
+
+    def export_sums(self, move_id: str) -> dict[str, list[int]]:
+        """Per table: [rows, hash sum] handed out, and the rows the shards hold now (under
+        the fence, equal to the rows handed out unless a change escaped the tap)."""
+        export = self.exports[move_id]
+        held: Counter[str] = Counter()
+        for (table, _), shard in export.shards.items():
+            held[table] += shard.rows
+        return {t: [*sums, held[t]] for t, sums in export.sums.items()}
 
     def fence(self, move_id: str) -> None:
         for shard in self.exports[move_id].shards.values():
@@ -394,7 +432,13 @@ class WorkerNode:
 
     def import_commit(self, move_id: str) -> int:
         """Write the staged snapshot as the new shards' durable base; returns the rows."""
-        return sum(shard.commit_load() for shard in self.imports[move_id].shards.values())
+        move = self.imports[move_id]
+        rows = 0
+        for (table, _), shard in move.shards.items():
+            rows += shard.commit_load()
+            assert isinstance(shard.data, NativeRows)
+            add_sum(move.sums, table, shard.data.checksum())  # what was really stored
+        return rows
 
     def import_changes(self, move_id: str, changes: Mapping[ShardKey, list[Change]]) -> int:
         """Apply the inserts made at the source since what was applied (durably, with their
@@ -412,11 +456,16 @@ class WorkerNode:
                         owned(part), change.batch_id, buckets
                     )
                     applied += result.rows
+                    if result.appended is not None:
+                        add_sum(move.sums, table, self.engine.checksum_rows(result.appended))
                 move.applied[source] = change.lsn
         return applied
 
     def import_since(self, move_id: str) -> dict[ShardKey, int]:
         return dict(self.imports[move_id].applied)
+
+    def import_sums(self, move_id: str) -> Sums:
+        return self.imports[move_id].sums
 
     def promote(self, move_id: str) -> None:
         """Serve the new shards (the routing switch follows)."""
@@ -437,25 +486,6 @@ class WorkerNode:
         for shard in move.shards.values():
             self._release(shard)
             shard.store.destroy()
-
-    def checksums(
-        self, keys: Iterable[ShardKey], move_id: str | None = None
-    ) -> dict[str, list[int]]:
-        """Per table: [rows, hash sum] over the given shards (served, exported or imported)."""
-        pool: dict[ShardKey, Shard] = dict(self.shards)
-        if move_id is not None and move_id in self.imports:
-            pool.update(self.imports[move_id].shards)
-        if move_id is not None and move_id in self.exports:
-            pool.update(self.exports[move_id].shards)
-        totals: dict[str, list[int]] = {}
-        for key in keys:
-            shard = pool[key]
-            assert isinstance(shard.data, NativeRows)
-            rows, digest = shard.data.checksum()
-            total = totals.setdefault(key[0], [0, 0])
-            total[0] += rows
-            total[1] += digest
-        return totals
 
     def _route(
         self, move: Import, source: ShardKey, rows: pa.Table, buckets: np.ndarray | None

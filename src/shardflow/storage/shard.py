@@ -41,6 +41,8 @@ class AppendResult:
     lsn: int
     rows: int
     duplicate: bool
+    appended: pa.Table | None = None
+    """The rows that were new (all of them, unless a retry brought some twice)."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class Shard:
             )
             if due:
                 self._checkpoint_locked()
-        return AppendResult(lsn, table.num_rows, duplicate=False)
+        return AppendResult(lsn, table.num_rows, duplicate=False, appended=table)
 
     def checkpoint(self) -> None:
         with self._lock:

@@ -143,6 +143,13 @@ def test_migrate_split_merge_under_load(tmp_path: Path) -> None:
         history = db.cluster.migrations()
         assert [m.kind for m in history] == ["move", "split", "merge"]
         assert all(m.outcome == "done" and m.fence_seconds < 5 for m in history)
+        assert history[0].new_shards == history[0].shards  # a moved shard keeps its name
+        everything = sorted(range(30_000)) + sorted(load.acked)
+    # what the moved, split and merged shards logged survives a restart
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as again:
+        ids = again.sql("SELECT id FROM events ORDER BY id").column("id").to_pylist()
+        assert ids == sorted(everything)
+        assert again.sql(join).to_pylist() == expected_join
 
 
 def test_bad_cluster_operations_say_why(tmp_path: Path) -> None:

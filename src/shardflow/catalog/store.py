@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import threading
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -44,10 +45,11 @@ class DataDir:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Write ``data`` so that ``path`` holds either nothing or all of it, durably."""
+    def write_atomic(self, path: str, data: bytes, *, sync: bool = True) -> None:
+        """Write ``data`` so that ``path`` holds either nothing or all of it; durably (on
+        disk before returning) unless ``sync`` is False."""
         if self.local:
-            write_local_durable(path, data)
+            write_local_durable(path, data, sync=sync)
             return
         with self.fs.open_output_stream(path) as out:
             out.write(data)
@@ -74,16 +76,18 @@ class DataDir:
             pass
 
 
-def write_local_durable(path: str, data: bytes) -> None:
+def write_local_durable(path: str, data: bytes, *, sync: bool = True) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     with open(tmp, "wb") as out:
         out.write(data)
         out.flush()
-        os.fsync(out.fileno())
+        if sync:
+            os.fsync(out.fileno())
     os.replace(tmp, path)
-    fsync_dir(directory)
+    if sync:
+        fsync_dir(directory)
 
 
 def fsync_dir(directory: str) -> None:

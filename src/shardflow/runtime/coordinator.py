@@ -129,8 +129,11 @@ class CoordinatorState:
         busy = {u.unit_id for move in self.moving.values() for u in move.sources}
         if busy & {u.unit_id for u in sources}:
             raise MoveRefusedError(f"unit(s) {sorted(busy)} are already being moved")
-        catalog, ids = self.catalog.with_unit_ids_reserved(len(targets))
-        self._save(catalog)
+        if kind == "move":  # a moved unit keeps its id, and its durable files with it
+            ids = [sources[0].unit_id]
+        else:
+            catalog, ids = self.catalog.with_unit_ids_reserved(len(targets))
+            self._save(catalog)
         plan = MovePlan(
             move_id=uuid.uuid4().hex[:12],
             kind=kind,
@@ -172,9 +175,10 @@ class CoordinatorState:
             return self._reserve("merge", group_a, [low, high], [(low.lo, high.hi, a.node)], reason)
 
     def switched(self, plan: MovePlan) -> bool:
+        """Whether the catalog routes the move's buckets to its targets already."""
         group = self.catalog.groups.get(plan.group)
-        present = {u.unit_id for u in group.units} if group is not None else set()
-        return all(t.unit_id in present for t in plan.targets)
+        present = {u.unit_id: u.node for u in group.units} if group is not None else {}
+        return all(present.get(t.unit_id) == t.node for t in plan.targets)
 
     def apply_switch(self, plan: MovePlan) -> dict[str, Any]:
         """Route the moved buckets to the targets (epoch bump, persisted). Idempotent."""

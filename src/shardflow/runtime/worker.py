@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -58,6 +59,8 @@ class Export:
     shards: dict[ShardKey, Shard]
     sums: Sums = field(default_factory=dict)
     counted: dict[ShardKey, int] = field(default_factory=dict)
+    hashing: list[Future[None]] = field(default_factory=list)
+    """Checksums of the snapshot, computed while the target copies it."""
 
 
 @dataclass
@@ -72,16 +75,14 @@ class Import:
     """Per source shard, the LSN applied so far."""
     sums: Sums = field(default_factory=dict)
     """Checksum of what the new shards hold: the stored snapshot plus every change applied."""
+    hashing: list[Future[None]] = field(default_factory=list)
     promoted: bool = False
 
-
-def owned(table: pa.Table) -> pa.Table:
-    """A copy in this process's memory: data arriving through Ray points into the shared
-    object store, which must not stay pinned for as long as a shard lives."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return pa.ipc.open_stream(sink.getvalue()).read_all()
+    @property
+    def shares_files(self) -> bool:
+        """A plain move keeps the unit's id and files: the source logged every insert the
+        copy replays, so the copy writes nothing until it takes over at the switch."""
+        return self.plan.kind == "move"
 
 
 class WorkerNode:
@@ -108,7 +109,9 @@ class WorkerNode:
         self.exports: dict[str, Export] = {}
         self.imports: dict[str, Import] = {}
         self.retired: dict[str, dict[ShardKey, Shard]] = {}
+        self._retired_plans: dict[str, str] = {}
         self._readers: Counter[ShardKey] = Counter()
+        self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checksum")
         self._unit_seconds: Counter[int] = Counter()
         self.catalog = Catalog()
         self._lock = threading.RLock()
@@ -210,7 +213,7 @@ class WorkerNode:
         shards = self.loading[table]
         rows = 0
         for unit, part in parts.items():
-            shards[unit].stage(owned(part))
+            shards[unit].stage(part)
             rows += part.num_rows
         return rows
 
@@ -254,14 +257,14 @@ class WorkerNode:
             shard = self.shards.get((table, unit))
             if shard is None:
                 raise Moved(f"{table}#{unit}", epoch)
-            lsns[unit] = shard.append(owned(part), batch_id, np.asarray(buckets)).lsn
+            lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
         return lsns
 
     def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
         shard = self.replicas.get(table)
         if shard is None:
             raise Moved(f"{table} (replica)", self.catalog.epoch)
-        return shard.append(owned(part), batch_id).lsn
+        return shard.append(part, batch_id).lsn
 
     def drop(self, table: str) -> None:
         with self._lock:
@@ -332,9 +335,15 @@ class WorkerNode:
         snapshot = {}
         for key, (lsn, applied, read) in pinned.items():
             rows = read()
-            add_sum(export.sums, key[0], self.engine.checksum_rows(rows))
             export.counted[key] = lsn
             snapshot[key] = (lsn, applied, rows)
+
+            def hash_snapshot(table: str = key[0], rows: pa.Table = rows) -> None:
+                found = self.engine.checksum_rows(rows)
+                with self._lock:
+                    add_sum(export.sums, table, found)
+
+            export.hashing.append(self._hasher.submit(hash_snapshot))
         return snapshot
 
     def export_changes(
@@ -347,7 +356,9 @@ class WorkerNode:
         for key, found in changes.items():
             for change in found:
                 if change.lsn > export.counted.get(key, 0):
-                    add_sum(export.sums, key[0], self.engine.checksum_rows(change.rows))
+                    rows_and_hash = self.engine.checksum_rows(change.rows)
+                    with self._lock:
+                        add_sum(export.sums, key[0], rows_and_hash)
                     export.counted[key] = change.lsn
         return changes
 
@@ -355,6 +366,8 @@ class WorkerNode:
         """Per table: [rows, hash sum] handed out, and the rows the shards hold now (under
         the fence, equal to the rows handed out unless a change escaped the tap)."""
         export = self.exports[move_id]
+        for pending in export.hashing:
+            pending.result()
         held: Counter[str] = Counter()
         for (table, _), shard in export.shards.items():
             held[table] += shard.rows
@@ -384,6 +397,7 @@ class WorkerNode:
                 if self.shards.get(key) is shard:
                     del self.shards[key]
             self.retired[move_id] = dict(export.shards)
+            self._retired_plans[move_id] = export.plan.kind
             for table in {key[0] for key in export.shards}:
                 self._refresh_view(table)
 
@@ -395,19 +409,22 @@ class WorkerNode:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
+        shares_files = self._retired_plans.pop(move_id, "") == "move"
         for shard in self.retired.pop(move_id, {}).values():
             self._release(shard)
-            shard.store.destroy()
+            if not shares_files:  # a moved unit keeps its files: the new owner writes them
+                shard.store.destroy()
         return True
 
     # -- moves: target side ---------------------------------------------------------------
     def import_begin(self, plan: MovePlan) -> None:
         mine = [(t.unit_id, t.lo, t.hi) for t in plan.targets if t.node == self.node_id]
         shards: dict[ShardKey, Shard] = {}
+        writes = plan.kind != "move"
         for table in self.catalog.group_tables(plan.group):
             spec = self.catalog.table(table)
             for unit_id, _, _ in mine:
-                shards[(table, unit_id)] = self._new_shard(spec, str(unit_id), writer=True)
+                shards[(table, unit_id)] = self._new_shard(spec, str(unit_id), writer=writes)
         with self._lock:
             self.imports[plan.move_id] = Import(plan, mine, shards)
 
@@ -417,7 +434,7 @@ class WorkerNode:
         table, _ = source
         staged = 0
         for unit_id, part, _ in self._route(move, source, rows, None):
-            move.shards[(table, unit_id)].stage(owned(part))
+            move.shards[(table, unit_id)].stage(part)
             staged += part.num_rows
         return staged
 
@@ -429,6 +446,8 @@ class WorkerNode:
         for (table, _), shard in move.shards.items():
             if table == source[0]:
                 shard.adopt(applied)
+                if move.shares_files:
+                    shard.lsn = lsn  # it continues the source's log
 
     def import_commit(self, move_id: str) -> int:
         """Write the staged snapshot as the new shards' durable base; returns the rows."""
@@ -437,7 +456,14 @@ class WorkerNode:
         for (table, _), shard in move.shards.items():
             rows += shard.commit_load()
             assert isinstance(shard.data, NativeRows)
-            add_sum(move.sums, table, shard.data.checksum())  # what was really stored
+            data = shard.data
+
+            def hash_stored(table: str = table, data: NativeRows = data) -> None:
+                found = data.checksum()  # what was really stored, hashed while catching up
+                with self._lock:
+                    add_sum(move.sums, table, found)
+
+            move.hashing.append(self._hasher.submit(hash_stored))
         return rows
 
     def import_changes(self, move_id: str, changes: Mapping[ShardKey, list[Change]]) -> int:
@@ -452,12 +478,12 @@ class WorkerNode:
                     continue
                 routed = self._route(move, source, change.rows, change.buckets)
                 for unit_id, part, buckets in routed:
-                    result = move.shards[(table, unit_id)].append(
-                        owned(part), change.batch_id, buckets
-                    )
+                    result = move.shards[(table, unit_id)].append(part, change.batch_id, buckets)
                     applied += result.rows
                     if result.appended is not None:
-                        add_sum(move.sums, table, self.engine.checksum_rows(result.appended))
+                        rows_and_hash = self.engine.checksum_rows(result.appended)
+                        with self._lock:
+                            add_sum(move.sums, table, rows_and_hash)
                 move.applied[source] = change.lsn
         return applied
 
@@ -465,13 +491,17 @@ class WorkerNode:
         return dict(self.imports[move_id].applied)
 
     def import_sums(self, move_id: str) -> Sums:
-        return self.imports[move_id].sums
+        move = self.imports[move_id]
+        for pending in move.hashing:
+            pending.result()
+        return move.sums
 
     def promote(self, move_id: str) -> None:
         """Serve the new shards (the routing switch follows)."""
         move = self.imports[move_id]
         with self._lock:
             for key, shard in move.shards.items():
+                shard.writer = True  # from the switch on, this copy logs the inserts
                 self.shards[key] = shard
             move.promoted = True
             for table in {key[0] for key in move.shards}:
@@ -485,7 +515,8 @@ class WorkerNode:
             return
         for shard in move.shards.values():
             self._release(shard)
-            shard.store.destroy()
+            if not move.shares_files:  # the source's files are the shard's files
+                shard.store.destroy()
 
     def _route(
         self, move: Import, source: ShardKey, rows: pa.Table, buckets: np.ndarray | None

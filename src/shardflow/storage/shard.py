@@ -185,12 +185,17 @@ class Shard:
 
     # -- writes --------------------------------------------------------------------------
     def append(
-        self, table: pa.Table, batch_id: str, buckets: np.ndarray | None = None
+        self,
+        table: pa.Table,
+        batch_id: str,
+        buckets: np.ndarray | None = None,
+        lsn: int | None = None,
     ) -> AppendResult:
         """Append rows durably. Rows of a batch id whose bucket this shard already holds are
         dropped, so a retried insert is applied once even if the shard was split or merged
         in between. ``buckets`` gives each row's bucket; without it the batch is all or
-        nothing (replicated tables)."""
+        nothing (replicated tables). ``lsn`` replays an insert another copy of this shard
+        logged under that number (a live move that keeps the shard's files)."""
         table = table.cast(self.schema)
         with self._lock:
             if not self._lock.wait_for(lambda: not self.fenced or self.retired, FENCE_WAIT_S):
@@ -206,7 +211,7 @@ class Shard:
                     return AppendResult(self.lsn, 0, duplicate=True)
                 table, buckets = table.filter(pa.array(fresh)), buckets[fresh]
             present = sorted({int(b) for b in np.unique(buckets)}) if buckets is not None else None
-            lsn = self.lsn + 1
+            lsn = self.lsn + 1 if lsn is None else lsn
             if self.writer:
                 self._wal_bytes += self.store.append_wal(table, lsn, batch_id, present)
                 self._wal_entries += 1

@@ -1,0 +1,225 @@
+"""Zero-downtime scaling, measured in one run on TPC-H: query latency at rest and while
+shards migrate continuously; migration throughput beside a plain Arrow IPC copy of the same
+data over loopback; the write-fence pause; drain time; failover time. The last line is the
+p99 latency ratio (migrating / steady).
+
+    python bench/elasticity.py --sf 1 --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+
+import shardflow
+from shardflow import tpch
+from shardflow.catalog.buckets import bucket_of
+from shardflow.catalog.types import storage_schema
+
+MIX = (1, 3, 6, 12, 14, 19)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+class Readers:
+    """Threads that run the TPC-H mix back to back and record each latency."""
+
+    def __init__(self, db: shardflow.Database, count: int) -> None:
+        self.db = db
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(count)]
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set():
+            query = tpch.query(rng.choice(MIX))
+            started = time.perf_counter()
+            try:
+                self.db.sql(query)
+                self.latencies.append(time.perf_counter() - started)
+            except shardflow.Error as error:
+                self.failures.append(repr(error))
+
+    def run_for(self, seconds: float) -> list[float]:
+        for thread in self.threads:
+            thread.start()
+        time.sleep(seconds)
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        return self.latencies
+
+
+def _receive(port_queue: multiprocessing.Queue, done: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port_queue.put(server.getsockname()[1])
+        connection, _ = server.accept()
+        with connection, connection.makefile("rb") as stream:
+            table = pa.ipc.open_stream(stream).read_all()
+        done.put(table.nbytes)
+
+
+def ipc_copy_rate(table: pa.Table) -> float:
+    """Bytes per second of a plain Arrow IPC stream of ``table`` to another process."""
+    context = multiprocessing.get_context("spawn")
+    ports, done = context.Queue(), context.Queue()
+    child = context.Process(target=_receive, args=(ports, done))
+    child.start()
+    port = ports.get(timeout=60)
+    started = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        with connection.makefile("wb") as stream, pa.ipc.new_stream(stream, table.schema) as w:
+            w.write_table(table)
+    received = done.get(timeout=120)
+    elapsed = time.perf_counter() - started
+    child.join()
+    return received / elapsed
+
+
+def unit_rows(data: Path, lo: int, hi: int, n_buckets: int) -> pa.Table:
+    """The lineitem rows of one bucket range: the data a migration of that unit copies."""
+    lineitem = pq.read_table(data / "lineitem.parquet")
+    lineitem = lineitem.cast(storage_schema(lineitem.schema))
+    buckets = bucket_of(lineitem.column("l_orderkey"), n_buckets)
+    return lineitem.filter(pa.array((buckets >= lo) & (buckets < hi)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per measured phase")
+    parser.add_argument(
+        "--bandwidth", type=float, default=0.0, help="migration bandwidth cap in MB/s (0: none)"
+    )
+    parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    args = parser.parse_args()
+
+    data = tpch.generate(args.sf, args.home / "tpch")
+    db_dir = args.home / f"elastic-sf{args.sf:g}"
+    shutil.rmtree(db_dir, ignore_errors=True)
+    with shardflow.connect(
+        workers=args.workers,
+        data_dir=db_dir,
+        auto_balance=False,
+        migration_bandwidth_mb_s=args.bandwidth,
+    ) as db:
+        tpch.load(db, data)
+        db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")
+        for number in MIX:
+            db.sql(tpch.query(number))  # plans cached, everything warm
+
+        steady = Readers(db, args.readers).run_for(args.seconds)
+
+        moves: list[shardflow.MigrationRecord] = []
+        insert_waits: list[float] = []
+        stop = threading.Event()
+
+        def mover() -> None:
+            rng = random.Random(7)
+            while not stop.is_set():
+                shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+                shard = rng.choice(shards)
+                nodes = [n.node_id for n in db.cluster.nodes() if n.node_id != shard["node"]]
+                moves.append(db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes)))
+
+        def inserter() -> None:
+            next_id = 0
+            while not stop.is_set():
+                batch = pa.table({"id": pa.array(range(next_id, next_id + 100), pa.int64())})
+                started = time.perf_counter()
+                db.insert("events", batch)
+                insert_waits.append(time.perf_counter() - started)
+                next_id += 100
+                time.sleep(0.005)
+
+        helpers = [threading.Thread(target=mover), threading.Thread(target=inserter)]
+        for helper in helpers:
+            helper.start()
+        migrating_readers = Readers(db, args.readers)
+        migrating = migrating_readers.run_for(args.seconds)
+        stop.set()
+        for helper in helpers:
+            helper.join()
+
+        copy_rates = [
+            m.bytes / m.phase_seconds["copy"] for m in moves if m.phase_seconds.get("copy")
+        ]
+        fences = [m.fence_seconds for m in moves]
+        sample = max(moves, key=lambda m: m.bytes)
+        lo_hi = next(s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem")
+        same_data = unit_rows(data, int(lo_hi["bucket_lo"]), int(lo_hi["bucket_hi"]), 256)
+        ipc_rate = ipc_copy_rate(same_data)
+
+        new = db.cluster.add_node()
+        db.cluster.rebalance(dry_run=False)
+        started = time.perf_counter()
+        drained = db.cluster.drain(new, deadline=600)
+        drain_seconds = time.perf_counter() - started
+
+        victim = db._handle.worker("node-0")
+        pid = ray.get(victim.pid.remote())
+        killed = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        db.sql("SELECT count(*) FROM lineitem")  # returns once every shard is served again
+        failover_seconds = time.perf_counter() - killed
+        detected = db.cluster.failovers()
+
+    p50s, p99s = percentile(steady, 50), percentile(steady, 99)
+    p50m, p99m = percentile(migrating, 50), percentile(migrating, 99)
+    print(f"TPC-H SF {args.sf:g}, {args.workers} workers, {args.readers} readers, mix {MIX}")
+    print(f"steady:    {len(steady)} queries, p50 {p50s * 1000:.0f} ms, p99 {p99s * 1000:.0f} ms")
+    print(
+        f"migrating: {len(migrating)} queries, p50 {p50m * 1000:.0f} ms, p99 "
+        f"{p99m * 1000:.0f} ms, {len(moves)} migrations "
+        f"({sum(m.phase == 'done' for m in moves)} done), failed queries "
+        f"{len(migrating_readers.failures)}"
+    )
+    print(f"p50 ratio {p50m / p50s:.2f}, p99 ratio {p99m / p99s:.2f}")
+    if copy_rates:
+        rate = statistics.median(copy_rates)
+        print(
+            f"migration copy throughput (median) {rate / 1e6:.0f} MB/s; largest move "
+            f"{sample.bytes / 1e6:.0f} MB in {sample.seconds:.2f} s; plain Arrow IPC over "
+            f"loopback of one unit's lineitem rows {ipc_rate / 1e6:.0f} MB/s; ratio "
+            f"{rate / ipc_rate:.2f}"
+        )
+    print(
+        f"write fence pause p50 {percentile(fences, 50) * 1000:.0f} ms, p99 "
+        f"{percentile(fences, 99) * 1000:.0f} ms, max {max(fences, default=0) * 1000:.0f} ms;"
+        f" insert latency p99 {percentile(insert_waits, 99) * 1000:.0f} ms, max "
+        f"{max(insert_waits, default=0) * 1000:.0f} ms over {len(insert_waits)} inserts"
+    )
+    print(f"drain of a node holding {len(drained)} unit(s): {drain_seconds:.2f} s")
+    print(
+        f"failover: kill to every shard served {failover_seconds:.2f} s "
+        f"(coordinator: detected and reassigned in {detected[0]['seconds']:.2f} s)"
+        if detected
+        else f"failover: {failover_seconds:.2f} s"
+    )
+    print(f"p99 latency ratio migrating/steady: {p99m / p99s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -46,7 +46,7 @@ def test_happy_path_visits_every_phase_in_order() -> None:
     assert actions[4][0] == m.CatchUp(fenced=True)
     assert state.phase == m.Phase.DONE and state.outcome == "done"
     assert state.copied_rows == 106
-    assert state.fence_seconds == pytest.approx(3.0)  # fenced at t=4, switched at t=7
+    assert state.fence_seconds == pytest.approx(4.0)  # fence asked at t=3, switched at t=7
     assert set(state.phase_seconds) >= {
         "precheck",
         "copy",

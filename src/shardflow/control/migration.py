@@ -297,9 +297,10 @@ def _transition_catch_up_fence(
             copied_rows=state.copied_rows + event.rows,
         )
         return again, [CatchUp()]
-    fenced = state._enter(
+    fenced = state._enter(  # writers are held from here: the fence pause counts from now
         Phase.FENCE,
         now,
+        fenced_at=now,
         catch_up_rounds=rounds,
         delta_rows=event.rows,
         copied_rows=state.copied_rows + event.rows,
@@ -310,7 +311,7 @@ def _transition_catch_up_fence(
 def _transition_fence_catch_up(
     state: MigrationState, event: Fenced, now: float, policy: MigrationPolicy
 ) -> tuple[MigrationState, list[Action]]:
-    return dataclasses.replace(state, fenced_at=now), [CatchUp(fenced=True)]
+    return state, [CatchUp(fenced=True)]
 
 
 def _transition_fence_verify(

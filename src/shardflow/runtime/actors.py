@@ -200,8 +200,8 @@ class WorkerActor:
     ) -> dict[ShardKey, list[Change]]:
         return self.node.export_changes(move_id, since)
 
-    def fence(self, move_id: str) -> None:
-        self.node.fence(move_id)
+    def fence(self, move_id: str) -> tuple[dict[ShardKey, list[Change]], dict[str, list[int]]]:
+        return self.node.fence(move_id)
 
     def abort_export(self, move_id: str) -> None:
         self.node.abort_export(move_id)
@@ -255,6 +255,14 @@ class WorkerActor:
             [source.export_changes.remote(move_id, since) for source in sources.values()]
         )
         return sum(self.node.import_changes(move_id, found) for found in changes)
+
+    def apply_final(
+        self, move_id: str, changes: list[dict[ShardKey, list[Change]]]
+    ) -> tuple[int, dict[str, list[int]]]:
+        """The last changes, handed out by the fenced sources; returns the rows applied and
+        the new shards' checksums."""
+        rows = sum(self.node.import_changes(move_id, found) for found in changes)
+        return rows, self.node.import_sums(move_id)
 
     def promote(self, move_id: str) -> None:
         if move_id in self.node.imports:

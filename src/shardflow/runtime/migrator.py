@@ -73,6 +73,9 @@ class Migrator:
         state.data_dir.fs.create_dir(self.folder, recursive=True)
         self.history: list[MigrationState] = self._load()
         self.stats = MoveStats(Counter(), [], [])
+        self._fenced: dict[str, list[tuple[str, Any, dict[str, list[int]]]]] = {}
+        """Per move under the fence: each source's last changes and final checksums."""
+        self._target_sums: dict[str, dict[str, list[int]]] = {}
 
     # -- persistence -----------------------------------------------------------------------
     def _load(self) -> list[MigrationState]:
@@ -195,20 +198,18 @@ class Migrator:
         return PrecheckDone(True)
 
     def _verify(self, plan: MovePlan) -> Event:
-        """Rows and checksums handed out by the sources (snapshot and every change since)
-        against what the target stored. Both sides keep running totals while they copy, so
-        under the fence only the last delta is hashed."""
+        """Rows and checksums the fenced sources handed out (snapshot and every change
+        since) against what the target stored. Both sides kept running totals while they
+        copied; nothing is hashed or asked for here."""
         source: dict[str, list[int]] = {}
-        for node in self._source_nodes(plan):
-            for table, (rows, digest, held) in ray.get(
-                self.worker(node).export_sums.remote(plan.move_id)
-            ).items():
+        for node, _, sums in self._fenced.pop(plan.move_id, []):
+            for table, (rows, digest, held) in sums.items():
                 if rows != held:
                     return Verified(False, f"{table}: {node} holds {held} rows, sent {rows}")
                 total = source.setdefault(table, [0, 0])
                 total[0] += rows
                 total[1] += digest
-        target = ray.get(self._target(plan).import_sums.remote(plan.move_id))
+        target = self._target_sums.pop(plan.move_id, {})
         for table in sorted(set(source) | set(target)):
             have, want = target.get(table, [0, 0]), source.get(table, [0, 0])
             if have != want:
@@ -233,6 +234,8 @@ class Migrator:
         return Switched()
 
     def _roll_back(self, plan: MovePlan) -> None:
+        self._fenced.pop(plan.move_id, None)
+        self._target_sums.pop(plan.move_id, None)
         calls = [self._target(plan).abort_import.remote(plan.move_id)]
         calls += [
             self.worker(n).abort_export.remote(plan.move_id) for n in self._source_nodes(plan)

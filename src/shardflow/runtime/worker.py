@@ -350,6 +350,8 @@ class WorkerNode:
         self, move_id: str, since: Mapping[ShardKey, int]
     ) -> dict[ShardKey, list[Change]]:
         export = self.exports[move_id]
+        for pending in export.hashing:  # finished before any fence, so never waited on there
+            pending.result()
         changes = {
             key: shard.changes_since(since.get(key, 0)) for key, shard in export.shards.items()
         }
@@ -373,9 +375,15 @@ class WorkerNode:
             held[table] += shard.rows
         return {t: [*sums, held[t]] for t, sums in export.sums.items()}
 
-    def fence(self, move_id: str) -> None:
-        for shard in self.exports[move_id].shards.values():
+    def fence(self, move_id: str) -> tuple[dict[ShardKey, list[Change]], dict[str, list[int]]]:
+        """Hold new writes to the exported shards and hand out, at once, what is left: the
+        changes not yet handed out and the final checksums. One call, so that the fence
+        holds writers as briefly as possible."""
+        export = self.exports[move_id]
+        for shard in export.shards.values():
             shard.fence()
+        last = dict(export.counted)
+        return self.export_changes(move_id, last), self.export_sums(move_id)
 
     def abort_export(self, move_id: str) -> None:
         export = self.exports.pop(move_id, None)
@@ -488,7 +496,10 @@ class WorkerNode:
         return applied
 
     def import_since(self, move_id: str) -> dict[ShardKey, int]:
-        return dict(self.imports[move_id].applied)
+        move = self.imports[move_id]
+        for pending in move.hashing:  # finished before any fence, so never waited on there
+            pending.result()
+        return dict(move.applied)
 
     def import_sums(self, move_id: str) -> Sums:
         move = self.imports[move_id]

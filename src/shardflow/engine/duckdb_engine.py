@@ -6,7 +6,7 @@ view with the table's name, so fragments run as written."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import duckdb
 import pyarrow as pa
@@ -132,22 +132,13 @@ class NativeRows:
         table = self.engine.run(f"SELECT * FROM {quote(self.physical)}")
         return table.cast(self.schema) if not table.schema.equals(self.schema) else table
 
-    def pin(self) -> Callable[[], pa.Table]:
-        """A transaction begun now sees exactly the rows committed so far, whatever is
-        appended while the (possibly slow) read runs."""
+    def stream(self, batch_rows: int) -> RowStream:
+        """Exactly the rows there are now, read a batch at a time however many appends
+        follow (a transaction begun now keeps seeing them)."""
         cursor = self.engine._database.cursor()
         cursor.execute("BEGIN TRANSACTION")
         cursor.execute(f"SELECT count(*) FROM {quote(self.physical)}").fetchall()
-
-        def read() -> pa.Table:
-            try:
-                table = cursor.sql(f"SELECT * FROM {quote(self.physical)}").to_arrow_table()
-                cursor.execute("COMMIT")
-            finally:
-                cursor.close()
-            return table.cast(self.schema) if not table.schema.equals(self.schema) else table
-
-        return read
+        return RowStream(cursor, f"SELECT * FROM {quote(self.physical)}", batch_rows, self.schema)
 
     def checksum(self) -> tuple[int, int]:
         """(rows, order-independent sum of row hashes): equal on both sides of a move."""
@@ -164,3 +155,46 @@ class NativeRows:
 
     def drop(self) -> None:
         self.engine.drop_physical(self.physical)
+
+
+class RowStream:
+    """A pinned snapshot read in batches; safe to pull from several threads (each batch is
+    handed out once, in whatever order)."""
+
+    def __init__(
+        self, cursor: duckdb.DuckDBPyConnection, select: str, batch_rows: int, schema: pa.Schema
+    ) -> None:
+        self._cursor = cursor
+        self._select = select
+        self._batch_rows = batch_rows
+        self._schema = schema
+        self._reader: pa.RecordBatchReader | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def next(self) -> pa.Table | None:
+        """The next batch, or None when every row was handed out (the stream then closes)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._reader is None:
+                self._reader = self._cursor.sql(self._select).to_arrow_reader(self._batch_rows)
+            try:
+                batch = self._reader.read_next_batch()
+            except StopIteration:
+                self._close_locked()
+                return None
+        table = pa.Table.from_batches([batch])
+        return table.cast(self._schema) if not table.schema.equals(self._schema) else table
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._cursor.execute("COMMIT")
+            finally:
+                self._cursor.close()

@@ -20,10 +20,6 @@ from shardflow.storage.shard import Change
 
 WORKER_CONCURRENCY = 16
 COORDINATOR_CONCURRENCY = 16
-Exported = tuple[ShardKey, int, dict[str, list[int] | None], list[Any]]
-"""A shard of a move's snapshot: key, LSN, insert batches held, references of its chunks."""
-CHUNK_ROWS = 256 * 1024
-"""Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
 
 
 def plan_from_json(data: Mapping[str, Any]) -> MovePlan:
@@ -185,15 +181,11 @@ class WorkerActor:
         return result, (seconds, result.num_rows)
 
     # -- live moves: source side ----------------------------------------------------------
-    def export_begin(
-        self, plan: Mapping[str, Any]
-    ) -> list[tuple[ShardKey, int, list[str], list[Any]]]:
-        """Pin the snapshot; its rows go into the object store in chunks the target pulls."""
-        exported = self.node.export_begin(plan_from_json(plan))
-        return [
-            (key, lsn, applied, [ray.put(chunk) for chunk in _chunks(rows)])
-            for key, (lsn, applied, rows) in exported.items()
-        ]
+    def export_begin(self, plan: Mapping[str, Any]) -> dict[ShardKey, tuple[int, Any]]:
+        return self.node.export_begin(plan_from_json(plan))
+
+    def export_chunk(self, move_id: str, key: ShardKey) -> pa.Table | None:
+        return self.node.export_chunk(move_id, key)
 
     def export_changes(
         self, move_id: str, since: Mapping[ShardKey, int]
@@ -228,16 +220,21 @@ class WorkerActor:
     def pull_snapshot(
         self, plan: Mapping[str, Any], sources: Mapping[str, Any], bandwidth_bytes_s: float
     ) -> tuple[int, int]:
-        """Copy the sources' snapshots into new shards here, at most ``bandwidth_bytes_s``
-        (0: no cap); returns rows and bytes copied."""
+        """Copy the sources' snapshots into new shards here, chunk by chunk (the next chunk
+        is on its way while this one is loaded), at most ``bandwidth_bytes_s`` (0: no cap);
+        returns rows and bytes copied."""
         move = plan_from_json(plan)
         self.node.import_begin(move)
         rows = size = 0
         started = time.monotonic()
         for source in sources.values():
-            for key, lsn, applied, chunks in ray.get(source.export_begin.remote(plan)):
-                for ref in chunks:
-                    chunk = ray.get(ref)
+            for key, (lsn, applied) in ray.get(source.export_begin.remote(plan)).items():
+                pending = source.export_chunk.remote(move.move_id, key)
+                while True:
+                    chunk = ray.get(pending)
+                    if chunk is None:
+                        break
+                    pending = source.export_chunk.remote(move.move_id, key)
                     rows += self.node.import_rows(move.move_id, key, chunk)
                     size += chunk.nbytes
                     if bandwidth_bytes_s > 0:
@@ -270,12 +267,6 @@ class WorkerActor:
 
     def abort_import(self, move_id: str) -> None:
         self.node.abort_import(move_id)
-
-
-def _chunks(rows: pa.Table) -> list[pa.Table]:
-    if rows.num_rows <= CHUNK_ROWS:
-        return [rows]
-    return [rows.slice(start, CHUNK_ROWS) for start in range(0, rows.num_rows, CHUNK_ROWS)]
 
 
 def concat_tables(parts: list[pa.Table]) -> pa.Table:

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +36,8 @@ from shardflow.telemetry.devices import probe
 log = logging.getLogger(__name__)
 
 REPLICA = "replica"
+CHUNK_ROWS = 128 * 1024
+"""Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
 ShardKey = tuple[str, int]
 
 
@@ -59,8 +60,8 @@ class Export:
     shards: dict[ShardKey, Shard]
     sums: Sums = field(default_factory=dict)
     counted: dict[ShardKey, int] = field(default_factory=dict)
-    hashing: list[Future[None]] = field(default_factory=list)
-    """Checksums of the snapshot, computed while the target copies it."""
+    streams: dict[ShardKey, Any] = field(default_factory=dict)
+    """The pinned snapshot of each shard, handed out a batch at a time."""
 
 
 @dataclass
@@ -75,7 +76,6 @@ class Import:
     """Per source shard, the LSN applied so far."""
     sums: Sums = field(default_factory=dict)
     """Checksum of what the new shards hold: the stored snapshot plus every change applied."""
-    hashing: list[Future[None]] = field(default_factory=list)
     promoted: bool = False
 
     @property
@@ -111,7 +111,6 @@ class WorkerNode:
         self.retired: dict[str, dict[ShardKey, Shard]] = {}
         self._retired_plans: dict[str, str] = {}
         self._readers: Counter[ShardKey] = Counter()
-        self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checksum")
         self._unit_seconds: Counter[int] = Counter()
         self.catalog = Catalog()
         self._lock = threading.RLock()
@@ -238,6 +237,7 @@ class WorkerNode:
         with self._lock:
             shards = self.loading.pop(table, {})
         for shard in shards.values():
+            shard.abandon_load()
             self._release(shard)
             if shard.writer:
                 shard.store.destroy()
@@ -321,9 +321,10 @@ class WorkerNode:
         return result, elapsed
 
     # -- moves: source side ---------------------------------------------------------------
-    def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, Applied, pa.Table]]:
+    def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, Applied]]:
         """Pin a snapshot of every shard of the source units on this node; returns, per
-        shard, its LSN, the insert batches it holds and its rows."""
+        shard, its LSN and the insert batches it holds. Its rows follow through
+        :meth:`export_chunk`."""
         units = {s.unit_id for s in plan.sources if s.node == self.node_id}
         with self._lock:
             shards = {k: v for k, v in self.shards.items() if k[1] in units}
@@ -331,27 +332,29 @@ class WorkerNode:
             if missing:
                 raise Moved(f"units {sorted(missing)}", self.catalog.epoch)
             export = self.exports[plan.move_id] = Export(plan, shards)
-        pinned = {key: shard.begin_export() for key, shard in shards.items()}
-        snapshot = {}
-        for key, (lsn, applied, read) in pinned.items():
-            rows = read()
+        pinned = {}
+        for key, shard in shards.items():
+            lsn, applied, stream = shard.begin_streaming_export(CHUNK_ROWS)
+            export.streams[key] = stream
             export.counted[key] = lsn
-            snapshot[key] = (lsn, applied, rows)
+            pinned[key] = (lsn, applied)
+        return pinned
 
-            def hash_snapshot(table: str = key[0], rows: pa.Table = rows) -> None:
-                found = self.engine.checksum_rows(rows)
-                with self._lock:
-                    add_sum(export.sums, table, found)
-
-            export.hashing.append(self._hasher.submit(hash_snapshot))
-        return snapshot
+    def export_chunk(self, move_id: str, key: ShardKey) -> pa.Table | None:
+        """The next batch of a shard's pinned snapshot (None once all were handed out),
+        added to the running checksum as it leaves."""
+        export = self.exports[move_id]
+        chunk = export.streams[key].next()
+        if chunk is not None:
+            rows_and_hash = self.engine.checksum_rows(chunk)
+            with self._lock:
+                add_sum(export.sums, key[0], rows_and_hash)
+        return chunk
 
     def export_changes(
         self, move_id: str, since: Mapping[ShardKey, int]
     ) -> dict[ShardKey, list[Change]]:
         export = self.exports[move_id]
-        for pending in export.hashing:  # finished before any fence, so never waited on there
-            pending.result()
         changes = {
             key: shard.changes_since(since.get(key, 0)) for key, shard in export.shards.items()
         }
@@ -368,8 +371,6 @@ class WorkerNode:
         """Per table: [rows, hash sum] handed out, and the rows the shards hold now (under
         the fence, equal to the rows handed out unless a change escaped the tap)."""
         export = self.exports[move_id]
-        for pending in export.hashing:
-            pending.result()
         held: Counter[str] = Counter()
         for (table, _), shard in export.shards.items():
             held[table] += shard.rows
@@ -389,6 +390,8 @@ class WorkerNode:
         export = self.exports.pop(move_id, None)
         if export is None:
             return
+        for stream in export.streams.values():
+            stream.close()
         for shard in export.shards.values():
             shard.end_export()
             shard.unfence()
@@ -443,6 +446,9 @@ class WorkerNode:
         staged = 0
         for unit_id, part, _ in self._route(move, source, rows, None):
             move.shards[(table, unit_id)].stage(part)
+            rows_and_hash = self.engine.checksum_rows(part)
+            with self._lock:
+                add_sum(move.sums, table, rows_and_hash)
             staged += part.num_rows
         return staged
 
@@ -460,19 +466,7 @@ class WorkerNode:
     def import_commit(self, move_id: str) -> int:
         """Write the staged snapshot as the new shards' durable base; returns the rows."""
         move = self.imports[move_id]
-        rows = 0
-        for (table, _), shard in move.shards.items():
-            rows += shard.commit_load()
-            assert isinstance(shard.data, NativeRows)
-            data = shard.data
-
-            def hash_stored(table: str = table, data: NativeRows = data) -> None:
-                found = data.checksum()  # what was really stored, hashed while catching up
-                with self._lock:
-                    add_sum(move.sums, table, found)
-
-            move.hashing.append(self._hasher.submit(hash_stored))
-        return rows
+        return sum(shard.commit_load() for shard in move.shards.values())
 
     def import_changes(self, move_id: str, changes: Mapping[ShardKey, list[Change]]) -> int:
         """Apply the inserts made at the source since what was applied (durably, with their
@@ -496,16 +490,10 @@ class WorkerNode:
         return applied
 
     def import_since(self, move_id: str) -> dict[ShardKey, int]:
-        move = self.imports[move_id]
-        for pending in move.hashing:  # finished before any fence, so never waited on there
-            pending.result()
-        return dict(move.applied)
+        return dict(self.imports[move_id].applied)
 
     def import_sums(self, move_id: str) -> Sums:
-        move = self.imports[move_id]
-        for pending in move.hashing:
-            pending.result()
-        return move.sums
+        return self.imports[move_id].sums
 
     def promote(self, move_id: str) -> None:
         """Serve the new shards (the routing switch follows)."""
@@ -525,6 +513,7 @@ class WorkerNode:
         if move is None:
             return
         for shard in move.shards.values():
+            shard.abandon_load()
             self._release(shard)
             if not move.shares_files:  # the source's files are the shard's files
                 shard.store.destroy()

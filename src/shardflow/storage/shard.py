@@ -11,15 +11,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from shardflow.errors import Moved, Retryable
-from shardflow.storage.shard_store import RECENT_BATCH_IDS, Applied, ShardStore, merge_buckets
+from shardflow.storage.shard_store import (
+    RECENT_BATCH_IDS,
+    Applied,
+    BaseWriter,
+    ShardStore,
+    merge_buckets,
+)
 
 FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
@@ -67,10 +72,6 @@ class RowStore(Protocol):
 
     def read(self) -> pa.Table: ...
 
-    def pin(self) -> Callable[[], pa.Table]:
-        """A reader of exactly the rows there are now, however many appends follow."""
-        ...
-
     @property
     def rows(self) -> int: ...
 
@@ -110,10 +111,6 @@ class ArrowRows:
                 self._snapshot = pa.Table.from_batches(self._batches, self.schema)
             return self._snapshot
 
-    def pin(self) -> Callable[[], pa.Table]:
-        table = self.read()
-        return lambda: table
-
     @property
     def rows(self) -> int:
         return self.read().num_rows
@@ -121,6 +118,20 @@ class ArrowRows:
     @property
     def nbytes(self) -> int:
         return self.read().nbytes
+
+
+class _OneBatch:
+    """A stream of one table (for row stores that hold Arrow already)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table: pa.Table | None = table
+
+    def next(self) -> pa.Table | None:
+        table, self._table = self._table, None
+        return table
+
+    def close(self) -> None:
+        self._table = None
 
 
 class Shard:
@@ -141,7 +152,8 @@ class Shard:
         self.policy = policy or CheckpointPolicy()
         self.lsn = 0
         self.data: RowStore = rows if rows is not None else ArrowRows(schema)
-        self._staged: list[pa.Table] = []
+        self._base_writer: BaseWriter | None = None
+        self._staged_rows = 0
         self._applied: OrderedDict[str, list[int] | None] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
@@ -169,19 +181,33 @@ class Shard:
             self._wal_bytes = recovered.wal_bytes
 
     def stage(self, table: pa.Table) -> None:
-        """Add rows of an initial load (not durable nor visible: see :meth:`commit_load`)."""
+        """Load rows into a new shard, streaming them into memory and into the base being
+        written. Nobody reads the shard before it is served; it is durable at
+        :meth:`commit_load`."""
+        table = table.cast(self.schema)
         with self._lock:
-            self._staged.append(table.cast(self.schema))
+            if self.writer and self._base_writer is None:
+                self._base_writer = self.store.base_writer(self.lsn, self.schema)
+            self.data.append(table)
+            if self._base_writer is not None:
+                self._base_writer.write(table)
+            self._staged_rows += table.num_rows
 
     def commit_load(self) -> int:
-        """Write the staged rows as the durable base and serve them; returns the row count."""
+        """Make the staged rows the durable base; returns their count."""
         with self._lock:
-            table = pa.concat_tables(self._staged) if self._staged else self.schema.empty_table()
-            self._staged = []
             if self.writer:
-                self.store.write_base(table, self.lsn, self._applied)
-            self.data.reset([table])
-            return table.num_rows
+                writer = self._base_writer or self.store.base_writer(self.lsn, self.schema)
+                writer.finish(self._applied)
+            self._base_writer = None
+            rows, self._staged_rows = self._staged_rows, 0
+            return rows
+
+    def abandon_load(self) -> None:
+        with self._lock:
+            if self._base_writer is not None:
+                self._base_writer.abandon()
+                self._base_writer = None
 
     # -- writes --------------------------------------------------------------------------
     def append(
@@ -246,12 +272,16 @@ class Shard:
                 self._remember(batch_id, buckets)
 
     # -- moving ---------------------------------------------------------------------------
-    def begin_export(self) -> tuple[int, Applied, Callable[[], pa.Table]]:
-        """Pin a snapshot: its LSN, the batches it holds, and a reader of exactly its rows.
-        Appends from now on are also kept (see :meth:`changes_since`)."""
+    def begin_streaming_export(self, batch_rows: int) -> tuple[int, Applied, Any]:
+        """Pin a snapshot: its LSN, the batches it holds, and a stream of exactly its rows
+        (a batch at a time where the row store can, as DuckDB's). Appends from now on are
+        also kept (see :meth:`changes_since`)."""
         with self._lock:
             self._tap = []
-            return self.lsn, dict(self._applied), self.data.pin()
+            stream = getattr(self.data, "stream", None)
+            if stream is not None:
+                return self.lsn, dict(self._applied), stream(batch_rows)
+            return self.lsn, dict(self._applied), _OneBatch(self.data.read())
 
     def changes_since(self, lsn: int) -> list[Change]:
         with self._lock:

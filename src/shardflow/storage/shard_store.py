@@ -72,24 +72,20 @@ class ShardStore:
         self, table: pa.Table, lsn: int, applied: Mapping[str, list[int] | None]
     ) -> None:
         """Make ``table`` the shard's content at ``lsn``, then drop what it supersedes."""
-        recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
-        metadata = {b"shardflow.applied": json.dumps(recent).encode()}
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-        path = self._path(f"base-{lsn:012d}.parquet")
-        if self._dir.local:
-            tmp = f"{path}.tmp-{os.getpid()}"
-            pq.write_table(table, tmp, compression="lz4")
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-            fsync_dir(self.folder)
-        else:
-            pq.write_table(table, path, filesystem=self._dir.fs, compression="lz4")
+        writer = self.base_writer(lsn, table.schema)
+        writer.write(table)
+        writer.finish(applied)
+
+    def base_writer(self, lsn: int, schema: pa.Schema) -> BaseWriter:
+        """A base written piece by piece (a load or a copy streams through it); it becomes
+        the shard's content at ``lsn`` when finished, not before."""
+        return BaseWriter(self, lsn, schema)
+
+    def _supersede(self, lsn: int, keep: str) -> None:
         for name in self._dir.list(self.folder):
-            if _lsn_of(name) is not None and name != os.path.basename(path):
-                covered = _lsn_of(name)
-                if covered is not None and covered <= lsn:
-                    self._dir.delete(self._path(name))
+            covered = _lsn_of(name)
+            if covered is not None and name != keep and covered <= lsn:
+                self._dir.delete(self._path(name))
 
     def recover(self, schema: pa.Schema) -> Recovered:
         names = self._dir.list(self.folder)
@@ -101,8 +97,10 @@ class ShardStore:
             base = bases[-1]
             lsn = _lsn_of(base) or 0
             with self._dir.fs.open_input_file(self._path(base)) as handle:
-                table = pq.read_table(handle)
-            applied = json.loads((table.schema.metadata or {}).get(b"shardflow.applied", b"{}"))
+                parquet = pq.ParquetFile(handle)
+                table = parquet.read()
+                found = parquet.metadata.metadata or {}
+            applied = json.loads(found.get(b"shardflow.applied", b"{}"))
             tables.append(table.replace_schema_metadata(None).cast(schema))
         wal_entries = 0
         wal_bytes = 0
@@ -128,6 +126,44 @@ class ShardStore:
 
     def _path(self, name: str) -> str:
         return f"{self.folder}/{name}"
+
+
+class BaseWriter:
+    """Streams rows into a shard's next Parquet base; atomic and durable on ``finish``."""
+
+    def __init__(self, store: ShardStore, lsn: int, schema: pa.Schema) -> None:
+        self.store = store
+        self.lsn = lsn
+        self.name = f"base-{lsn:012d}.parquet"
+        self.path = store._path(self.name)
+        data_dir = store._dir
+        if data_dir.local:
+            self.target = f"{self.path}.tmp-{os.getpid()}-{id(self)}"
+            self.writer = pq.ParquetWriter(self.target, schema, compression="lz4")
+        else:  # an object store makes the object appear whole at close
+            self.target = self.path
+            self.writer = pq.ParquetWriter(
+                self.path, schema, compression="lz4", filesystem=data_dir.fs
+            )
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.writer.write_table(table)
+
+    def finish(self, applied: Mapping[str, list[int] | None]) -> None:
+        recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
+        self.writer.add_key_value_metadata({"shardflow.applied": json.dumps(recent)})
+        self.writer.close()
+        if self.target != self.path:
+            with open(self.target, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(self.target, self.path)
+            fsync_dir(self.store.folder)
+        self.store._supersede(self.lsn, self.name)
+
+    def abandon(self) -> None:
+        self.writer.close()
+        self.store._dir.delete(self.target)
 
 
 def merge_buckets(held: list[int] | None, more: list[int] | None) -> list[int] | None:

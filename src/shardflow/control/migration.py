@@ -382,9 +382,8 @@ def to_json(state: MigrationState) -> dict[str, Any]:
     return data
 
 
-def from_json(data: Mapping[str, Any]) -> MigrationState:
-    plan = data["plan"]
-    restored = MovePlan(
+def plan_from_json(plan: Mapping[str, Any]) -> MovePlan:
+    return MovePlan(
         move_id=plan["move_id"],
         kind=plan["kind"],
         group=plan["group"],
@@ -392,5 +391,8 @@ def from_json(data: Mapping[str, Any]) -> MigrationState:
         targets=tuple(UnitSpan(**t) for t in plan["targets"]),
         reason=plan.get("reason", ""),
     )
+
+
+def from_json(data: Mapping[str, Any]) -> MigrationState:
     fields = {k: v for k, v in data.items() if k not in ("plan", "phase")}
-    return MigrationState(plan=restored, phase=Phase(data["phase"]), **fields)
+    return MigrationState(plan=plan_from_json(data["plan"]), phase=Phase(data["phase"]), **fields)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import ray
 
 from shardflow.config import Settings
-from shardflow.control.migration import MovePlan, UnitSpan
+from shardflow.control.migration import plan_from_json
 from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.worker import ShardKey, WorkerNode
@@ -20,17 +20,6 @@ from shardflow.storage.shard import Change
 
 WORKER_CONCURRENCY = 16
 COORDINATOR_CONCURRENCY = 16
-
-
-def plan_from_json(data: Mapping[str, Any]) -> MovePlan:
-    return MovePlan(
-        move_id=data["move_id"],
-        kind=data["kind"],
-        group=data["group"],
-        sources=tuple(UnitSpan(**s) for s in data["sources"]),
-        targets=tuple(UnitSpan(**t) for t in data["targets"]),
-        reason=data.get("reason", ""),
-    )
 
 
 @ray.remote

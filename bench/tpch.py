@@ -43,7 +43,8 @@ def main() -> None:
 
     oracle = tpch.duckdb_oracle(data)
     oracle.execute(f"SET threads = {os.cpu_count() or 1}")
-    with shardflow.connect(workers=args.workers, data_dir=db_dir) as db:
+    # the balancer stays off: this measures queries, not moves (bench/elasticity.py does)
+    with shardflow.connect(workers=args.workers, data_dir=db_dir, auto_balance=False) as db:
         started = time.perf_counter()
         tpch.load(db, data)
         print(

@@ -39,6 +39,13 @@ class NodeInfo:
     queries_running: int
     busy_fraction: float
     """Share of the worker's uptime spent executing fragments (summed over threads)."""
+    memory_used_bytes: int
+    memory_free_bytes: int
+    device_utilization: float | None
+    """GPU utilisation (0..1) from NVML / AMD SMI; None on a CPU node."""
+    engine_note: str
+    calibration: dict[str, float]
+    """Rows per second per operator measured when the worker joined."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,13 @@ class Cluster:
         session = self._db._session_or_raise()
         return [MigrationRecord.from_dict(r) for r in session.coordinator_call("migrations")]
 
-    def add_node(self) -> str:
-        """Start a new worker; it joins the cluster and the balancer moves load to it."""
-        return self._db._session_or_raise().add_node()
+    def add_node(self, *, simulate_slowdown: float = 1.0) -> str:
+        """Start a new worker; it joins the cluster and the balancer moves load to it.
+        ``simulate_slowdown`` above 1 makes it a simulated slower device (tests, demos),
+        labelled as simulated in its profile."""
+        if not isinstance(simulate_slowdown, int | float) or simulate_slowdown < 1:
+            raise ConfigError("simulate_slowdown must be a number >= 1")
+        return self._db._session_or_raise().add_node(simulate_slowdown)
 
     def drain(self, node: str, deadline: float = 300.0) -> list[MigrationRecord]:
         """Move every shard off ``node`` live, then stop it. If that cannot be done within
@@ -131,6 +142,10 @@ class Cluster:
         merges and moves with their reasons, what was balanced (load, or bytes while the
         cluster is idle), the current spread of load/capacity and the projected one."""
         return dict(self._db._session_or_raise().coordinator_call("rebalance", dry_run))
+
+    def metrics_url(self) -> str:
+        """Where the coordinator serves Prometheus metrics (always on 127.0.0.1)."""
+        return str(self._db._session_or_raise().coordinator_call("metrics_url"))
 
     def failovers(self) -> list[dict[str, Any]]:
         """Workers declared dead, with how long until their shards were served again."""
@@ -159,6 +174,11 @@ class Cluster:
                     bytes=sum(s["bytes"] for s in shards + info.get("replicas", [])),
                     queries_running=info.get("queries_running", 0),
                     busy_fraction=info.get("busy_seconds", 0.0) / uptime,
+                    memory_used_bytes=info.get("memory_used_bytes", 0),
+                    memory_free_bytes=info.get("memory_free_bytes", 0),
+                    device_utilization=info.get("device_utilization"),
+                    engine_note=profile.get("engine_note", ""),
+                    calibration=dict(profile.get("calibration", {})),
                 )
             )
         return nodes
@@ -334,6 +354,7 @@ def connect(
     workers: int | None = None,
     data_dir: str | os.PathLike[str] = "./.shardflow",
     settings: Settings | None = None,
+    simulate: dict[str, float] | None = None,
     **options: Any,
 ) -> Database:
     """Start or join a shardflow cluster.
@@ -343,7 +364,8 @@ def connect(
     address, shardflow joins that Ray cluster: one worker per GPU where GPUs exist, else
     ``workers`` (default 4). ``data_dir`` (a local path or any pyarrow filesystem URI) holds
     the catalog and every table's durable files; reconnecting to it recovers them.
-    ``options`` override single fields of :class:`Settings`.
+    ``options`` override single fields of :class:`Settings`. ``simulate`` makes some nodes
+    simulated slower devices for tests and demos (``{"node-2": 2.0}``: twice as slow).
     """
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ConfigError(f"address must be None, 'auto' or a Ray address, not {address!r}")
@@ -362,7 +384,12 @@ def connect(
         path = os.path.abspath(path)
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"data_dir {path!r} exists and is not a directory")
-    handle = launch(address, workers, path, settings)
+    if simulate is not None and (
+        not isinstance(simulate, dict)
+        or not all(isinstance(v, int | float) and v >= 1 for v in simulate.values())
+    ):
+        raise ConfigError("simulate maps node ids to slowdown factors >= 1, e.g. {'node-2': 2}")
+    handle = launch(address, workers, path, settings, simulate)
     try:
         session = Session(handle)
     except BaseException:

@@ -24,3 +24,16 @@ def test_existing_load_is_balanced_first() -> None:
 def test_no_nodes_is_an_error() -> None:
     with pytest.raises(ValueError):
         place_units(1, {})
+
+
+def test_capacities_are_relative_and_ignore_noise() -> None:
+    from shardflow.control.placement import relative_capacities
+
+    assert relative_capacities({"a": 0.9, "b": 0.95, "c": 1.02}) == {"a": 1.0, "b": 1.0, "c": 1.0}
+    halved = relative_capacities({"a": 1.0, "b": 1.0, "slow": 0.5})
+    assert halved == {"a": 1.0, "b": 1.0, "slow": 0.5}
+    # a node of a known model that calibrated while the cluster was busy is not slower
+    models = {"a": "cpu/x", "b": "cpu/x", "late": "cpu/x", "gpu": "nvidia/h200"}
+    shared = relative_capacities({"a": 1.0, "b": 1.0, "late": 0.6, "gpu": 4.0}, models)
+    assert shared == {"a": 1.0, "b": 1.0, "late": 1.0, "gpu": 4.0}
+    assert relative_capacities({}) == {}

@@ -4,6 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+CAPACITY_NOISE = 0.10
+"""Calibrated capacities within this fraction of the median node count as equal: workers
+measured on the same hardware differ by noise, and placement should not chase it."""
+
+
+def relative_capacities(
+    raw: Mapping[str, float], models: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """Capacities relative to the median node, snapped to 1.0 within the noise. Nodes of
+    one device model share the median of their measurements (a node that joined and
+    calibrated while the others were busy is not taken for a slower one)."""
+    if not raw:
+        return {}
+    if models:
+        by_model: dict[str, list[float]] = {}
+        for node, value in raw.items():
+            by_model.setdefault(models.get(node, node), []).append(value)
+        shared = {m: sorted(v)[len(v) // 2] for m, v in by_model.items()}
+        raw = {node: shared[models.get(node, node)] for node in raw}
+    median = sorted(raw.values())[len(raw) // 2] or 1.0
+    relative = {node: value / median for node, value in raw.items()}
+    return {n: 1.0 if abs(c - 1.0) <= CAPACITY_NOISE else round(c, 3) for n, c in relative.items()}
+
 
 def place_units(
     count: int,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
 import ray
+from prometheus_client import start_http_server
 
 from shardflow.config import Settings
 from shardflow.control.migration import plan_from_json
@@ -17,7 +19,9 @@ from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.worker import ShardKey, WorkerNode
 from shardflow.storage.shard import Change
+from shardflow.telemetry.metrics import registry_for
 
+LOOPBACK = "127.0.0.1"
 WORKER_CONCURRENCY = 16
 COORDINATOR_CONCURRENCY = 16
 
@@ -27,7 +31,21 @@ class CoordinatorActor:
     def __init__(self, data_dir: str, settings: Settings, prefix: str) -> None:
         self.state = CoordinatorState(data_dir, settings)
         self.controller = Controller(self.state, prefix, settings)
+        registry, self.controller.recorder = registry_for(self.controller.gauges)
+        server, _ = start_http_server(settings.metrics_port, addr=LOOPBACK, registry=registry)
+        self.metrics_port = int(server.server_port)
         self.controller.start()  # watch workers; finish or roll back moves a crash cut short
+
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+
+    def record_query(self, seconds: float, ok: bool) -> None:
+        if self.controller.recorder is not None:
+            self.controller.recorder.query(seconds, ok)
+
+    def record_insert(self, rows: int) -> None:
+        if self.controller.recorder is not None:
+            self.controller.recorder.insert(rows)
 
     def ping(self) -> bool:
         return True
@@ -99,14 +117,34 @@ class CoordinatorActor:
 @ray.remote
 class WorkerActor:
     def __init__(
-        self, node_id: str, data_dir: str, settings: Settings, coordinator: str, namespace: str
+        self,
+        node_id: str,
+        data_dir: str,
+        settings: Settings,
+        coordinator: str,
+        namespace: str,
+        slowdown: float = 1.0,
     ) -> None:
-        # On a restart after a crash this runs again: the worker asks the coordinator what it
-        # owns and rebuilds those shards from durable storage before serving.
-        handle = ray.get_actor(coordinator, namespace=namespace)
-        catalog = ray.get(handle.catalog.remote())
-        self.node = WorkerNode(node_id, data_dir, settings, catalog)
-        handle.report_profile.remote(node_id, self.node.info()["profile"])
+        # The worker asks the coordinator what it owns and rebuilds those shards from
+        # durable storage before serving.
+        self.coordinator = ray.get_actor(coordinator, namespace=namespace)
+        catalog = ray.get(self.coordinator.catalog.remote())
+        gpus = ray.get_gpu_ids()
+        self.node = WorkerNode(
+            node_id,
+            data_dir,
+            settings,
+            catalog,
+            slowdown=slowdown,
+            gpu_index=int(gpus[0]) if gpus else None,
+        )
+
+    def calibrate(self) -> dict[str, Any]:
+        """Measure the device and tell the coordinator (called once the cluster is up, one
+        worker at a time, so that workers do not slow each other down while measuring)."""
+        profile = asdict(self.node.calibrate())
+        ray.get(self.coordinator.report_profile.remote(self.node.node_id, profile))
+        return profile
 
     def info(self) -> dict[str, Any]:
         return self.node.info()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,12 +115,16 @@ def gpu_count() -> int:
 
 
 def launch(
-    address: str | None, workers: int | None, data_dir: str, settings: Settings
+    address: str | None,
+    workers: int | None,
+    data_dir: str,
+    settings: Settings,
+    simulate: Mapping[str, float] | None = None,
 ) -> ClusterHandle:
     """Start (or attach to) the coordinator and the workers."""
     started = start_ray(address, settings)
     try:
-        return _launch_actors(address, workers, data_dir, settings, started)
+        return _launch_actors(address, workers, data_dir, settings, started, simulate or {})
     except BaseException:
         if started:
             _release_ray()
@@ -135,7 +140,12 @@ def _release_ray() -> None:
 
 
 def _launch_actors(
-    address: str | None, workers: int | None, data_dir: str, settings: Settings, started: bool
+    address: str | None,
+    workers: int | None,
+    data_dir: str,
+    settings: Settings,
+    started: bool,
+    simulate: Mapping[str, float],
 ) -> ClusterHandle:
     if address is None:
         prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
@@ -167,13 +177,16 @@ def _launch_actors(
         handle.worker_resources = {"num_cpus": 0, "num_gpus": 1}  # one worker per GPU
     handle.worker_settings = settings
     for node in nodes:
-        start_worker(handle, node)
+        start_worker(handle, node, simulate.get(node, 1.0))
     ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
+    for worker in handle.workers.values():  # one at a time: they would slow each other down
+        ray.get(worker.calibrate.remote())
     return handle
 
 
-def start_worker(handle: ClusterHandle, node: str) -> Any:
-    """Create the worker actor of ``node``; it loads what the catalog assigns it."""
+def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any:
+    """Create the worker actor of ``node``; it loads what the catalog assigns it. A
+    ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
     worker = WorkerActor.options(  # type: ignore[attr-defined]
         name=handle.worker_name(node),
         namespace=NAMESPACE,
@@ -186,6 +199,7 @@ def start_worker(handle: ClusterHandle, node: str) -> Any:
         handle.worker_settings or handle.settings,
         handle.coordinator_name,
         NAMESPACE,
+        slowdown,
     )
     handle.workers[node] = worker
     return worker

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import ray
@@ -18,9 +18,12 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from shardflow.config import Settings
 from shardflow.control import balancer
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
+from shardflow.control.placement import relative_capacities
 from shardflow.errors import MoveRefusedError, UnknownShardError
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.migrator import Migrator
+from shardflow.telemetry.calibration import capacity as calibration_capacity
+from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
 log = logging.getLogger(__name__)
 NAMESPACE = "shardflow"
@@ -55,6 +58,10 @@ class Controller:
         self._last_reports: dict[str, dict[str, Any]] = {}
         self._previous_load: float | None = None
         self._unbalanced_polls = 0
+        self.utilization: dict[str, float] = {}
+        self.mix: dict[str, float] = {}
+        """The cluster's load by calibrated operator over the last window (shares)."""
+        self.recorder: Recorder | None = None
 
     # -- workers ------------------------------------------------------------------------
     def worker(self, node: str) -> Any:
@@ -141,7 +148,10 @@ class Controller:
     # -- moves --------------------------------------------------------------------------
     def run_move(self, plan: MovePlan) -> dict[str, Any]:
         state = self.migrator.run(plan)
-        return record(state, self.state.catalog.group_tables(plan.group))
+        result = record(state, self.state.catalog.group_tables(plan.group))
+        if self.recorder is not None:
+            self.recorder.move(result)
+        return result
 
     def history(self) -> list[dict[str, Any]]:
         catalog = self.state.catalog
@@ -191,6 +201,41 @@ class Controller:
             self.broadcast(catalog)
         return {"drained": True, "node": node, "moved": moved, "remaining": 0, "reason": ""}
 
+    # -- metrics ------------------------------------------------------------------------
+    def gauges(self) -> ClusterGauges:
+        """The cluster as the metrics endpoint shows it, read from the workers now."""
+        catalog = self.state.catalog
+        calls = {}
+        for node in catalog.nodes:
+            try:
+                calls[node] = self.worker(node).info.remote()
+            except UnknownShardError:
+                continue
+        capacities = self.capacities(list(calls), self.mix)
+        nodes = []
+        for node, call in calls.items():
+            try:
+                info = ray.get(call, timeout=5)
+            except (RayActorError, GetTimeoutError):
+                continue
+            nodes.append(
+                NodeGauges(
+                    node=node,
+                    utilization=self.utilization.get(node, 0.0),
+                    device_utilization=info.get("device_utilization"),
+                    memory_used_bytes=info.get("memory_used_bytes", 0),
+                    memory_free_bytes=info.get("memory_free_bytes", 0),
+                    queries_running=info.get("queries_running", 0),
+                    shards=len(info.get("shards", [])),
+                    bytes=sum(s["bytes"] for s in info.get("shards", [])),
+                    capacity=capacities.get(node, 1.0),
+                )
+            )
+        acted = Counter(
+            "true" if not d["dry_run"] and d["actions"] else "false" for d in self.decisions
+        )
+        return ClusterGauges(nodes, len(self.failovers), dict(acted))
+
     # -- balancing ----------------------------------------------------------------------
     def balancer_settings(self) -> balancer.BalancerSettings:
         s = self.settings
@@ -227,8 +272,11 @@ class Controller:
                 return max(0.0, now - then) / w if w > 0 else 0.0
 
             busy = rate(report["busy_seconds"], before["busy_seconds"]) if before else 0.0
-            capacity = float(self.state.profiles.get(node, {}).get("capacity", 1.0))
-            nodes.append(balancer.NodeState(node, capacity, utilization=busy))
+            device = report.get("device_utilization")
+            self.utilization[node] = busy
+            # the device's own utilisation where telemetry has it, else the busy fraction
+            utilization = max(busy, device) if device is not None else busy
+            nodes.append(balancer.NodeState(node, 1.0, utilization=utilization))
             for group in catalog.groups.values():
                 for unit in group.units:
                     if unit.node != node:
@@ -246,8 +294,27 @@ class Controller:
                             rate(seconds, then),
                         )
                     )
+        self.mix = operator_shares(reports, self._last_reports)
+        capacities = self.capacities([n.node for n in nodes], self.mix)
+        nodes = [replace(n, capacity=capacities[n.node]) for n in nodes]
         self._last_reports = reports
         return nodes, units
+
+    def capacities(self, nodes: list[str], mix: dict[str, float] | None = None) -> dict[str, float]:
+        """Each node's capacity for the cluster's current operator mix, relative to the
+        median node; within 10 % of it counts as equal (calibration noise)."""
+        raw = {}
+        models = {}
+        for node in nodes:
+            profile = self.state.profiles.get(node, {})
+            models[node] = f"{profile.get('vendor')}/{profile.get('model')}/{profile.get('engine')}"
+            calibration = profile.get("calibration") or {}
+            raw[node] = (
+                calibration_capacity(calibration, mix or None)
+                if calibration
+                else float(profile.get("capacity", 1.0))
+            )
+        return relative_capacities(raw, models)
 
     def decide(self) -> balancer.Decision:
         nodes, units = self.observe()
@@ -306,7 +373,7 @@ class Controller:
 
     def _least_loaded(self, nodes: list[str]) -> str:
         held = Counter(u.node for g in self.state.catalog.groups.values() for u in g.units)
-        capacity = {n: float(self.state.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
+        capacity = self.capacities(nodes)
         return min(nodes, key=lambda n: (held[n] / max(capacity[n], 1e-9), n))
 
 
@@ -332,6 +399,19 @@ def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:
         "fence_seconds": state.fence_seconds,
         "plan": asdict(plan),
     }
+
+
+def operator_shares(
+    reports: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
+) -> dict[str, float]:
+    """Each calibrated operator's share of the execution time since the last reports."""
+    seconds: Counter[str] = Counter()
+    for node, report in reports.items():
+        earlier = before.get(node, {}).get("op_seconds", {})
+        for operator, total in report.get("op_seconds", {}).items():
+            seconds[operator] += max(0.0, total - earlier.get(operator, 0.0))
+    total = sum(seconds.values())
+    return {op: s / total for op, s in seconds.items()} if total > 0 else {}
 
 
 def describe(decision: balancer.Decision) -> dict[str, Any]:

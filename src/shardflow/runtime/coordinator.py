@@ -19,7 +19,7 @@ from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
-from shardflow.control.placement import place_units
+from shardflow.control.placement import place_units, relative_capacities
 from shardflow.errors import (
     MoveRefusedError,
     TableError,
@@ -204,7 +204,13 @@ class CoordinatorState:
             self.profiles[node_id] = profile
 
     def _capacities(self, nodes: list[str]) -> dict[str, float]:
-        return {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
+        """Calibrated capacities relative to the median node."""
+        raw = {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
+        models = {
+            n: "/".join(str(self.profiles.get(n, {}).get(k)) for k in ("vendor", "model", "engine"))
+            for n in nodes
+        }
+        return relative_capacities(raw, models)
 
     # -- tables -------------------------------------------------------------------------
     def begin_create(

@@ -177,6 +177,16 @@ class Session:
             raise QueryError(str(error).strip()) from None
 
     def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+        started = time.perf_counter()
+        try:
+            answer = self._query(sql)
+        except Error:
+            self.handle.coordinator.record_query.remote(time.perf_counter() - started, False)
+            raise
+        self.handle.coordinator.record_query.remote(time.perf_counter() - started, True)
+        return answer
+
+    def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
         planning_started = time.perf_counter()
         planned = self.plan(sql)
         planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
@@ -206,6 +216,7 @@ class Session:
             self._insert_replicated(spec, table, batch_id)
         else:
             self._insert_distributed(spec, table, batch_id)
+        self.handle.coordinator.record_insert.remote(table.num_rows)
         return table.num_rows
 
     def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
@@ -410,10 +421,11 @@ class Session:
         self.refresh()
         return result
 
-    def add_node(self) -> str:
+    def add_node(self, slowdown: float = 1.0) -> str:
         node = self.coordinator_call("reserve_node")
-        worker = start_worker(self.handle, node)
+        worker = start_worker(self.handle, node, slowdown)
         ray.get(worker.info.remote())  # started, replicated tables loaded
+        ray.get(worker.calibrate.remote())
         self.coordinator_call("node_joined", node)
         return node
 

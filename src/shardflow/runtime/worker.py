@@ -9,13 +9,15 @@ A worker that starts rebuilds every shard the catalog assigns to it from durable
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import numpy as np
@@ -26,12 +28,22 @@ from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
 from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows, quote
+from shardflow.engine.simulated import SlowedEngine
 from shardflow.errors import Moved, QueryError
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.storage.partition import buckets_for
 from shardflow.storage.shard import Change
 from shardflow.storage.shard_store import Applied
-from shardflow.telemetry.devices import probe
+from shardflow.telemetry.calibration import calibrate, capacity, operator_mix
+from shardflow.telemetry.devices import (
+    DeviceInfo,
+    NodeProfile,
+    choose_engine,
+    device_utilization,
+    discover,
+    installed,
+    memory_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +97,54 @@ class Import:
         return self.plan.kind == "move"
 
 
+class Executor(Protocol):
+    name: str
+
+    def run(
+        self,
+        sql: str,
+        tables: Mapping[str, pa.Table] | None = None,
+        views: Mapping[str, str] | None = None,
+    ) -> pa.Table: ...
+
+
+def make_executor(engine: DuckDBEngine, device: DeviceInfo, slowdown: float) -> Executor:
+    """The engine that runs this node's fragments (see ``choose_engine``)."""
+    if slowdown > 1:
+        return SlowedEngine(engine, slowdown)
+    return engine
+
+
+def node_profile(
+    node_id: str,
+    device: DeviceInfo,
+    executor: Executor,
+    throughput: Mapping[str, float],
+    slowdown: float,
+) -> NodeProfile:
+    _, note = choose_engine(
+        device, {"polars": installed("polars"), "cudf_polars": installed("cudf_polars")}
+    )
+    model = device.model if slowdown <= 1 else f"simulated x{slowdown:g} slower {device.model}"
+    return NodeProfile(
+        node_id=node_id,
+        vendor=device.vendor,
+        model=model,
+        memory_bytes=device.memory_bytes,
+        cores=os.cpu_count() or 1,
+        engine=executor.name,
+        capacity=round(capacity(throughput), 3) if throughput else 1.0,
+        simulated=slowdown > 1,
+        engine_note=note,
+        calibration=dict(throughput),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _operators(sql: str) -> tuple[str, ...]:
+    return operator_mix(sql)
+
+
 class WorkerNode:
     """A worker's logic, independent of Ray (the actor class below wraps it)."""
 
@@ -94,12 +154,20 @@ class WorkerNode:
         data_dir: str,
         settings: Settings,
         catalog: Mapping[str, Any] | None = None,
+        *,
+        slowdown: float = 1.0,
+        gpu_index: int | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_dir = DataDir.resolve(data_dir)
         self.settings = settings
-        self.profile = probe(node_id)
+        self.device = discover(gpu_index)
         self.engine = DuckDBEngine(threads=settings.engine_threads or None)
+        """Holds the shards (native tables) and runs fragments on the CPU."""
+        self.executor = make_executor(self.engine, self.device, slowdown)
+        """Runs fragments: the CPU engine, the GPU engine, or a simulated slower device."""
+        self.slowdown = slowdown
+        self.profile = node_profile(node_id, self.device, self.executor, {}, slowdown)
         self.policy = CheckpointPolicy(
             settings.wal_checkpoint_entries or 1 << 62, settings.wal_checkpoint_bytes or 1 << 62
         )
@@ -112,6 +180,8 @@ class WorkerNode:
         self._retired_plans: dict[str, str] = {}
         self._readers: Counter[ShardKey] = Counter()
         self._unit_seconds: Counter[int] = Counter()
+        self._op_seconds: Counter[str] = Counter()
+        """Execution seconds by calibrated operator (the load's operator mix)."""
         self.catalog = Catalog()
         self._lock = threading.RLock()
         self._running = 0
@@ -119,6 +189,15 @@ class WorkerNode:
         self._started = time.monotonic()
         if catalog is not None:
             self.sync(catalog)
+
+    def calibrate(self) -> NodeProfile:
+        """Measure this node's device with its own engine (a second or so); the capacity
+        weighs how much work placement and the balancer give it."""
+        throughput = calibrate(self.executor.run)
+        self.profile = node_profile(
+            self.node_id, self.device, self.executor, throughput, self.slowdown
+        )
+        return self.profile
 
     # -- catalog ------------------------------------------------------------------------
     def sync(self, catalog_json: Mapping[str, Any]) -> int:
@@ -306,7 +385,7 @@ class WorkerNode:
             self._readers.update(reading)
             self._running += 1
         try:
-            result = self.engine.run(sql, inputs, views)
+            result = self.executor.run(sql, inputs, views)
         except duckdb.Error as error:
             raise QueryError(str(error).strip()) from None
         finally:
@@ -318,6 +397,9 @@ class WorkerNode:
                 units = {u for _, u in reading}
                 for unit in units:  # the load of a fragment is shared by the units it read
                     self._unit_seconds[unit] += elapsed / len(units)
+                operators = _operators(sql)
+                for operator in operators:
+                    self._op_seconds[operator] += elapsed / len(operators)
         return result, elapsed
 
     # -- moves: source side ---------------------------------------------------------------
@@ -566,6 +648,8 @@ class WorkerNode:
                 "busy_seconds": self._busy_seconds,
                 "unit_seconds": dict(self._unit_seconds),
                 "unit_bytes": dict(unit_bytes),
+                "op_seconds": dict(self._op_seconds),
+                "device_utilization": device_utilization(self.device),
                 "at": time.monotonic(),
             }
 
@@ -588,4 +672,6 @@ class WorkerNode:
                 "busy_seconds": self._busy_seconds,
                 "uptime_seconds": uptime,
                 "catalog_version": self.catalog.version,
+                "device_utilization": device_utilization(self.device),
+                **memory_state(),
             }

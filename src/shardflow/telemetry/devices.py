@@ -1,15 +1,36 @@
-"""What a node runs on: a device profile probed when a worker starts."""
+"""What a node runs on: the device a worker finds (NVIDIA through NVML, AMD through AMD SMI,
+else the CPU), which engine that device gets, and the profile the worker reports.
+
+The GPU libraries are optional (``pip install shardflow[gpu]``) and imported only inside the
+probes, so a CPU-only install imports cleanly and finds no GPU without error.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CPU_ENGINE = "duckdb"
+GPU_ENGINE = "polars-gpu"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    vendor: str
+    """"nvidia", "amd" or "cpu"."""
+    model: str
+    memory_bytes: int
+    index: int | None = None
+    """The GPU's index on its machine (None for a CPU)."""
 
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """A worker's device. ``capacity`` weighs placement (1.0 = a reference CPU node)."""
+    """A worker's device, engine and measured capacity (1.0 = the reference CPU node)."""
 
     node_id: str
     vendor: str
@@ -19,6 +40,11 @@ class NodeProfile:
     engine: str
     capacity: float = 1.0
     simulated: bool = False
+    """A simulated device: a CPU worker slowed down on purpose (tests and demos)."""
+    engine_note: str = ""
+    """Why the engine is what it is (e.g. a GPU without its dataframe engine installed)."""
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    """Rows per second per operator, from the worker's start-up micro-benchmark."""
 
 
 def _cpu_model() -> str:
@@ -39,13 +65,99 @@ def _memory_bytes() -> int:
         return 0
 
 
-def probe(node_id: str) -> NodeProfile:
-    """This process's device (CPU here; GPU probes plug in with the GPU engine)."""
-    return NodeProfile(
-        node_id=node_id,
-        vendor="cpu",
-        model=_cpu_model(),
-        memory_bytes=_memory_bytes(),
-        cores=os.cpu_count() or 1,
-        engine="duckdb",
-    )
+def _nvidia(index: int | None) -> DeviceInfo | None:
+    try:
+        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return None
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index or 0)
+        model = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+    except Exception:  # no driver, no device: a CPU node after all
+        return None
+    model = model.decode() if isinstance(model, bytes) else str(model)
+    return DeviceInfo("nvidia", model, int(memory), index or 0)
+
+
+def _amd(index: int | None) -> DeviceInfo | None:
+    try:
+        import amdsmi  # type: ignore[import-not-found]  # optional: AMD SMI
+    except ImportError:
+        return None
+    try:
+        amdsmi.amdsmi_init()
+        handles = amdsmi.amdsmi_get_processor_handles()
+        if not handles:
+            return None
+        handle = handles[index or 0]
+        model = amdsmi.amdsmi_get_gpu_asic_info(handle).get("market_name", "AMD GPU")
+        memory = amdsmi.amdsmi_get_gpu_memory_total(handle, amdsmi.AmdSmiMemoryType.VRAM)
+    except Exception:  # no driver, no device: a CPU node after all
+        return None
+    return DeviceInfo("amd", str(model), int(memory), index or 0)
+
+
+def discover(gpu_index: int | None = None) -> DeviceInfo:
+    """The device of this process: the GPU Ray gave it, if any, else the CPU."""
+    if gpu_index is not None or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        for probe in (_nvidia, _amd):
+            found = probe(gpu_index)
+            if found is not None:
+                return found
+    return DeviceInfo("cpu", _cpu_model(), _memory_bytes())
+
+
+def device_utilization(device: DeviceInfo) -> float | None:
+    """The GPU's utilisation (0..1) now, where telemetry has it; None for a CPU."""
+    try:
+        if device.vendor == "nvidia":
+            import pynvml
+
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+        if device.vendor == "amd":
+            import amdsmi
+
+            handle = amdsmi.amdsmi_get_processor_handles()[device.index or 0]
+            return float(amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"]) / 100.0
+    except Exception:  # telemetry must never break a worker
+        return None
+    return None
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def choose_engine(device: DeviceInfo, has: Mapping[str, bool]) -> tuple[str, str]:
+    """The engine for a device, and a note on why. NVIDIA GPUs run Polars with the
+    cudf-polars GPU engine when it is installed; AMD GPUs run the CPU engine, as no ROCm
+    dataframe engine is supported yet; everything else runs DuckDB."""
+    if device.vendor == "nvidia":
+        if has.get("cudf_polars") and has.get("polars"):
+            return GPU_ENGINE, ""
+        return CPU_ENGINE, "cudf-polars is not installed (pip install shardflow[gpu])"
+    if device.vendor == "amd":
+        return CPU_ENGINE, "no ROCm dataframe engine is supported: the CPU engine runs"
+    return CPU_ENGINE, ""
+
+
+def memory_state() -> dict[str, Any]:
+    """Memory the worker's process uses and the machine has free, in bytes."""
+    used = free = 0
+    try:
+        with open("/proc/self/status", encoding="utf-8") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    used = int(line.split()[1]) * 1024
+        with open("/proc/meminfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"memory_used_bytes": used, "memory_free_bytes": free}

@@ -1,0 +1,153 @@
+"""Prometheus metrics, read from live state at scrape time.
+
+The coordinator serves them. Counters and histograms of events (queries, inserts, moves) are
+kept in :class:`Recorder`; gauges of the cluster's state (nodes, shards, memory) come from a
+snapshot function called at every scrape, so they are never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+NAMESPACE = "shardflow"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+MOVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+def name(metric: str) -> str:
+    return f"{NAMESPACE}_{metric}"
+
+
+@dataclass
+class NodeGauges:
+    node: str
+    utilization: float
+    """Busy fraction of execution time over the last window."""
+    device_utilization: float | None
+    memory_used_bytes: int
+    memory_free_bytes: int
+    queries_running: int
+    shards: int
+    bytes: int
+    capacity: float
+
+
+@dataclass
+class ClusterGauges:
+    nodes: list[NodeGauges] = field(default_factory=list)
+    failovers: int = 0
+    decisions: Mapping[str, int] = field(default_factory=dict)
+    """Balancer decisions by whether they acted."""
+
+
+class Recorder:
+    """Event metrics: what happened, counted as it happens."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queries = Counter(name("queries"), "Queries run", registry=registry)
+        self.failed = Counter(name("queries_failed"), "Queries that failed", registry=registry)
+        self.latency = Histogram(
+            name("query_seconds"), "Query latency", buckets=LATENCY_BUCKETS, registry=registry
+        )
+        self.inserts = Counter(name("inserts"), "Insert calls", registry=registry)
+        self.insert_rows = Counter(name("insert_rows"), "Rows inserted", registry=registry)
+        self.moves = Counter(
+            name("migrations"),
+            "Live moves by kind and outcome",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.move_seconds = Histogram(
+            name("migration_seconds"),
+            "Duration of live moves",
+            buckets=MOVE_BUCKETS,
+            registry=registry,
+        )
+        self.phase_seconds = Histogram(
+            name("migration_phase_seconds"),
+            "Time spent per phase of live moves",
+            ["phase"],
+            buckets=MOVE_BUCKETS,
+            registry=registry,
+        )
+        self.fence = Histogram(
+            name("fence_seconds"),
+            "Write-fence pause of live moves",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._lock = threading.Lock()
+
+    def query(self, seconds: float, ok: bool) -> None:
+        self.queries.inc()
+        if not ok:
+            self.failed.inc()
+        self.latency.observe(seconds)
+
+    def insert(self, rows: int) -> None:
+        self.inserts.inc()
+        self.insert_rows.inc(rows)
+
+    def move(self, record: Mapping[str, Any]) -> None:
+        outcome = "done" if record["phase"] == "done" else "rolled_back"
+        self.moves.labels(record["kind"], outcome).inc()
+        self.move_seconds.observe(record["seconds"])
+        for phase, seconds in record["phase_seconds"].items():
+            self.phase_seconds.labels(phase).observe(seconds)
+        self.fence.observe(record["fence_seconds"])
+
+
+class ClusterCollector(Collector):
+    """Gauges of the cluster's state, taken from ``snapshot()`` at every scrape."""
+
+    def __init__(self, snapshot: Callable[[], ClusterGauges]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._snapshot()
+        per_node = {
+            "node_utilization": ("Busy fraction of execution time", "utilization"),
+            "node_device_utilization": (
+                "GPU utilisation from NVML / AMD SMI",
+                "device_utilization",
+            ),
+            "node_memory_used_bytes": ("Memory used by the worker", "memory_used_bytes"),
+            "node_memory_free_bytes": ("Memory free on the worker's machine", "memory_free_bytes"),
+            "node_queries_running": ("Fragments running now", "queries_running"),
+            "node_shards": ("Shards served", "shards"),
+            "node_bytes": ("Bytes of shard data served", "bytes"),
+            "node_capacity": ("Calibrated capacity (1.0 = reference node)", "capacity"),
+        }
+        for metric, (help_text, attribute) in per_node.items():
+            family = GaugeMetricFamily(name(metric), help_text, labels=["node"])
+            for node in state.nodes:
+                value = getattr(node, attribute)
+                if value is not None:
+                    family.add_metric([node.node], float(value))
+            yield family
+        nodes = GaugeMetricFamily(name("nodes"), "Live worker nodes")
+        nodes.add_metric([], float(len(state.nodes)))
+        yield nodes
+        failovers = CounterMetricFamily(name("failovers"), "Workers declared dead")
+        failovers.add_metric([], float(state.failovers))
+        yield failovers
+        decisions = CounterMetricFamily(
+            name("balancer_decisions"), "Balancer decisions", labels=["acted"]
+        )
+        for acted, count in state.decisions.items():
+            decisions.add_metric([acted], float(count))
+        yield decisions
+
+
+def registry_for(snapshot: Callable[[], ClusterGauges]) -> tuple[CollectorRegistry, Recorder]:
+    registry = CollectorRegistry()
+    recorder = Recorder(registry)
+    registry.register(ClusterCollector(snapshot))
+    return registry, recorder

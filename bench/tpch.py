@@ -27,6 +27,25 @@ def best(repeat: int, run: object) -> float:
     return min(times)
 
 
+def profiling_overhead(db: shardflow.Database, numbers: list[int], repeat: int) -> float:
+    """Geometric mean over queries of (time with profiling) / (time without) - 1; runs
+    alternate so that both see the same machine."""
+    session = db._session_or_raise()  # the switch the profile_queries setting sets
+    ratios = []
+    for number in numbers:
+        query = tpch.query(number)
+        on, off = [], []
+        for _ in range(max(repeat, 5)):
+            for enabled, times in ((True, on), (False, off)):
+                session.profiling = enabled
+                started = time.perf_counter()
+                db.sql(query)
+                times.append(time.perf_counter() - started)
+        ratios.append(statistics.median(on) / statistics.median(off))
+    session.profiling = True
+    return math.exp(statistics.fmean(math.log(r) for r in ratios)) - 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=1.0)
@@ -34,6 +53,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per query (best)")
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
     parser.add_argument("--queries", type=str, default="", help="e.g. 1,3,18 (default all)")
+    parser.add_argument(
+        "--profiling-overhead",
+        action="store_true",
+        help="also time every query with per-fragment profiling off and on",
+    )
     args = parser.parse_args()
 
     data = tpch.generate(args.sf, args.home / "tpch")
@@ -76,10 +100,13 @@ def main() -> None:
                 f" | {planning * 1000:6.1f} {on_workers * 1000:8.1f} {merging * 1000:6.1f}"
                 f" {other * 1000:6.1f}  {stages}"
             )
+        overhead = profiling_overhead(db, numbers, args.repeat) if args.profiling_overhead else None
     print(
         "plan*: planning on first run (cached after); workers: slowest fragment per stage;"
         " merge: client merges; other: scatter, transfer and Ray overhead (last timed run)"
     )
+    if overhead is not None:
+        print(f"profiling overhead (geometric mean of on/off per query): {overhead:+.2%}")
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     print(f"geometric-mean ratio shardflow/duckdb at SF {args.sf:g}: {geomean:.2f}")
 

@@ -25,6 +25,7 @@ from shardflow.errors import (
     UnknownTableError,
     UnsupportedError,
 )
+from shardflow.telemetry.profile import QueryProfile
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "MoveRefusedError",
     "NodeInfo",
     "QueryError",
+    "QueryProfile",
     "SchemaMismatchError",
     "Settings",
     "SqlSyntaxError",

@@ -15,7 +15,9 @@ from shardflow.config import Settings
 from shardflow.errors import ConfigError, DrainTimeoutError, Error, MigrationError
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
+from shardflow.runtime.profiling import build_profile
 from shardflow.runtime.session import Session
+from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
 
@@ -255,6 +257,20 @@ class Database:
     def explain(self, query: str) -> str:
         """Where each part of ``query`` would run, and why."""
         return self._session_or_raise().explain(query)
+
+    def profile(self, query: str) -> tuple[pa.Table, QueryProfile]:
+        """Run ``query`` and say where its time went: planning, and per fragment the
+        worker, device, engine, queue wait, execution, rows and bytes in and out, transfer;
+        and the merges. ``profile.text()`` is a tree, ``profile.html()`` a timeline page
+        with one lane per worker."""
+        session = self._session_or_raise()
+        collecting, session.profiling = session.profiling, True
+        try:
+            result, report = session.query(query)
+        finally:
+            session.profiling = collecting
+        self.last_report = report
+        return result, build_profile(query, report)
 
     # -- tables -------------------------------------------------------------------------
     def create_table(

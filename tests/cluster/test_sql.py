@@ -82,3 +82,22 @@ def test_nothing_listens_beyond_loopback(db: shardflow.Database, sockets_before:
     for address in new:
         host = address.rsplit(":", 1)[0]
         assert host in ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]"), address
+
+
+def test_profile_says_where_the_time_went(db: shardflow.Database) -> None:
+    result, profile = db.profile(tpch.query(13))
+    assert result.equals(db.sql(tpch.query(13)))
+    assert [s.strategy for s in profile.stages] == ["pushdown", "replicated"]
+    scan, finish = profile.stages
+    assert sorted(f.worker for f in scan.fragments) == [f"node-{i}" for i in range(4)]
+    for fragment in scan.fragments:
+        assert fragment.engine == "duckdb" and fragment.device.startswith("cpu")
+        assert fragment.rows_in > 0 and fragment.bytes_in > fragment.bytes_out > 0
+        assert fragment.submitted_at <= fragment.started_at + 0.01  # one machine, one clock
+        assert profile.started_at <= fragment.started_at <= fragment.finished_at
+    assert sum(f.rows_out for f in scan.fragments) == scan.rows
+    assert len(finish.fragments) == 1 and finish.rows == result.num_rows
+    assert profile.seconds >= sum(s.finished_at - s.started_at for s in profile.stages) * 0.99
+    assert profile.text().count("node-") == 5
+    page = profile.html()
+    assert page.count('class="lane"') == 5  # four workers and the client

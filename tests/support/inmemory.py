@@ -84,7 +84,17 @@ class InMemoryCluster:
         return self._run(self.nodes[0], sql, {**self.replicated, **given})
 
     def _run(self, node: str, sql: str, tables: dict[str, pa.Table]) -> FragmentResult:
+        started_at = time.time()
         started = time.perf_counter()
         table = self.engine.run(sql, tables)
         elapsed = time.perf_counter() - started
-        return FragmentResult(Materialized(table), node, elapsed, table.num_rows)
+        stats = {
+            "started_at": started_at,
+            "finished_at": started_at + elapsed,
+            "rows_in": sum(t.num_rows for t in tables.values()),
+            "bytes_in": sum(t.nbytes for t in tables.values()),
+            "bytes_out": table.nbytes,
+            "engine": "duckdb",
+            "device": "in-process",
+        }
+        return FragmentResult(Materialized(table), node, elapsed, table.num_rows, stats, started_at)

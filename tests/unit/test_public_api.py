@@ -19,6 +19,7 @@ def test_exported_members() -> None:
         "MoveRefusedError",
         "NodeInfo",
         "QueryError",
+        "QueryProfile",
         "SchemaMismatchError",
         "Settings",
         "SqlSyntaxError",

@@ -194,18 +194,18 @@ class WorkerActor:
         bindings: Mapping[str, list[int]],
         epoch: int,
         names: list[str],
+        profile: bool,
         *parts: pa.Table,
-    ) -> tuple[pa.Table, tuple[float, int]]:
+    ) -> tuple[pa.Table, dict[str, Any]]:
         """Called with ``num_returns=2``: the result stays in the object store for whoever
-        needs it (the client, or the workers of a later stage) while the caller learns the
-        execution time and row count. An input may come in several parts (the fragment
-        results of an earlier stage); they are concatenated here."""
+        needs it (the client, or the workers of a later stage) while the caller learns what
+        was measured. An input may come in several parts (the fragment results of an earlier
+        stage); they are concatenated here."""
         inputs: dict[str, list[pa.Table]] = {}
         for name, part in zip(names, parts, strict=True):
             inputs.setdefault(name, []).append(part)
         tables = {name: concat_tables(chunks) for name, chunks in inputs.items()}
-        result, seconds = self.node.execute(sql, bindings, epoch, tables)
-        return result, (seconds, result.num_rows)
+        return self.node.execute(sql, bindings, epoch, tables, profile)
 
     # -- live moves: source side ----------------------------------------------------------
     def export_begin(self, plan: Mapping[str, Any]) -> dict[ShardKey, tuple[int, Any]]:

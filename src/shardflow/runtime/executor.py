@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -54,6 +54,10 @@ class FragmentResult:
     seconds: float
     """Execution time of the fragment on the worker (queue wait and transfer excluded)."""
     rows: int
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    """What the worker measured: started_at/finished_at (wall clock), rows and bytes in and
+    out, engine and device."""
+    submitted_at: float = 0.0
 
 
 class Runner(Protocol):
@@ -73,6 +77,10 @@ class StageReport:
     fragments: list[FragmentResult] = field(default_factory=list)
     merge_seconds: float = 0.0
     wall_seconds: float = 0.0
+    started_at: float = 0.0
+    merge_started_at: float | None = None
+    merge_on: str | None = None
+    rows: int = 0
 
     @property
     def shard_seconds(self) -> float:
@@ -86,6 +94,9 @@ class ExecutionReport:
     plan_seconds: float = 0.0
     stages: list[StageReport] = field(default_factory=list)
     wall_seconds: float = 0.0
+    started_at: float = 0.0
+    """Wall clock (time.time) when execution began; planning came just before."""
+    rows: int = 0
 
     @property
     def worker_share(self) -> float:
@@ -106,13 +117,13 @@ def concat(tables: list[pa.Table]) -> pa.Table:
 def execute(
     plan: DistributedPlan, runner: Runner, engine: DuckDBEngine
 ) -> tuple[pa.Table, ExecutionReport]:
-    report = ExecutionReport(pushdown=plan.pushdown)
+    report = ExecutionReport(pushdown=plan.pushdown, started_at=time.time())
     results: dict[str, Output] = {}
     started = time.perf_counter()
     for stage in plan.stages:
         stage_started = time.perf_counter()
         inputs = {name: results[name] for name in stage.inputs}
-        stage_report = StageReport(stage.strategy, stage.placement)
+        stage_report = StageReport(stage.strategy, stage.placement, started_at=time.time())
         output: Output
         if stage.placement == "shards":
             fragments = runner.scatter(stage, inputs)
@@ -120,6 +131,8 @@ def execute(
             output = Concatenated([f.output for f in fragments])
             if stage.merge_sql is not None:
                 merge_started = time.perf_counter()
+                stage_report.merge_started_at = time.time()
+                stage_report.merge_on = stage.merge_on
                 if stage.merge_on == "client":
                     tables = {PARTIALS: output.table()}
                     tables.update({name: value.table() for name, value in inputs.items()})
@@ -134,12 +147,21 @@ def execute(
             output = fragment.output
         else:
             merge_started = time.perf_counter()
+            stage_report.merge_started_at = time.time()
+            stage_report.merge_on = "client"
             tables = {name: value.table() for name, value in inputs.items()}
             output = Materialized(engine.run(stage.sql, tables))
             stage_report.merge_seconds = time.perf_counter() - merge_started
         stage_report.wall_seconds = time.perf_counter() - stage_started
+        if isinstance(output, Materialized):
+            stage_report.rows = output.rows.num_rows
+        elif stage.placement == "shards":
+            stage_report.rows = sum(f.rows for f in stage_report.fragments)
+        else:
+            stage_report.rows = stage_report.fragments[0].rows if stage_report.fragments else 0
         report.stages.append(stage_report)
         results[stage.output] = output
     answer = results[plan.result.output].table()
     report.wall_seconds = time.perf_counter() - started
+    report.rows = answer.num_rows
     return answer, report

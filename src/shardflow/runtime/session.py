@@ -103,6 +103,8 @@ class Session:
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
         self._validator: tuple[int, dict[str, pa.Table]] | None = None
+        self.profiling = self.settings.profile_queries
+        """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
         self.catalog = Catalog()
         self.refresh()
 
@@ -459,10 +461,13 @@ class _RayOutput:
 
     ref: Any
     _table: pa.Table | None = None
+    transfer_seconds: float = 0.0
 
     def table(self) -> pa.Table:
         if self._table is None:
+            started = time.perf_counter()
             self._table = _unwrap(lambda: ray.get(self.ref))
+            self.transfer_seconds = time.perf_counter() - started
         return self._table
 
 
@@ -499,12 +504,13 @@ class _RayRunner:
         epoch: int,
         names: list[str],
         refs: list[Any],
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, float]:
         worker = self.session.handle.worker(node)
+        submitted = time.time()
         table_ref, stats_ref = worker.execute.options(num_returns=2).remote(
-            sql, bindings, epoch, names, *refs
+            sql, bindings, epoch, names, self.session.profiling, *refs
         )
-        return table_ref, stats_ref
+        return table_ref, stats_ref, submitted
 
     def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
@@ -535,14 +541,23 @@ class _RayRunner:
                 )
                 for node, units in by_node.items()
             }
-            for node, (table_ref, stats_ref) in calls.items():
+            for node, (table_ref, stats_ref, submitted) in calls.items():
                 try:
-                    seconds, rows = _unwrap(lambda ref=stats_ref: ray.get(ref))
+                    stats = _unwrap(lambda ref=stats_ref: ray.get(ref))
                 except _Transient as error:
                     log.info("fragment retried after %s failed: %s", node, error)
                     _discard(table_ref)
                     continue
-                results.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
+                results.append(
+                    FragmentResult(
+                        _RayOutput(table_ref),
+                        node,
+                        stats["seconds"],
+                        stats["rows_out"],
+                        stats,
+                        submitted,
+                    )
+                )
                 pending -= set(by_node[node])
             return not pending
 
@@ -557,13 +572,22 @@ class _RayRunner:
         def attempt() -> bool:
             nodes = session.catalog.nodes
             node = nodes[next(session._round_robin) % len(nodes)]
-            table_ref, stats_ref = self._call(node, sql, {}, 0, names, refs)
+            table_ref, stats_ref, submitted = self._call(node, sql, {}, 0, names, refs)
             try:
-                seconds, rows = _unwrap(lambda: ray.get(stats_ref))
+                stats = _unwrap(lambda: ray.get(stats_ref))
             except _Transient:
                 _discard(table_ref)
                 return False
-            found.append(FragmentResult(_RayOutput(table_ref), node, seconds, rows))
+            found.append(
+                FragmentResult(
+                    _RayOutput(table_ref),
+                    node,
+                    stats["seconds"],
+                    stats["rows_out"],
+                    stats,
+                    submitted,
+                )
+            )
             return True
 
         session._retrying("query", attempt)

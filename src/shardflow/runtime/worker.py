@@ -376,14 +376,25 @@ class WorkerNode:
         bindings: Mapping[str, list[int]],
         epoch: int,
         inputs: Mapping[str, pa.Table],
-    ) -> tuple[pa.Table, float]:
-        """Run a fragment over this node's shards; returns the result and execution seconds."""
+        profile: bool = True,
+    ) -> tuple[pa.Table, dict[str, Any]]:
+        """Run a fragment over this node's shards; returns the result and what was measured
+        (with ``profile``: wall-clock start and end, rows and bytes in and out, engine and
+        device as well as the time)."""
+        started_at = time.time()
         started = time.perf_counter()
+        rows_in = bytes_in = 0
         with self._lock:
             views = self.views_for(bindings, epoch)
             reading = [(t, u) for t, units in bindings.items() for u in units]
             self._readers.update(reading)
             self._running += 1
+            if profile:
+                rows_in = sum(self.shards[key].rows for key in reading)
+                bytes_in = sum(self.shards[key].nbytes for key in reading)
+        if profile:
+            rows_in += sum(t.num_rows for t in inputs.values())
+            bytes_in += sum(t.nbytes for t in inputs.values())
         try:
             result = self.executor.run(sql, inputs, views)
         except duckdb.Error as error:
@@ -400,7 +411,19 @@ class WorkerNode:
                 operators = _operators(sql)
                 for operator in operators:
                     self._op_seconds[operator] += elapsed / len(operators)
-        return result, elapsed
+        if not profile:
+            return result, {"seconds": elapsed, "rows_out": result.num_rows}
+        return result, {
+            "seconds": elapsed,
+            "started_at": started_at,
+            "finished_at": started_at + elapsed,
+            "rows_in": rows_in,
+            "bytes_in": bytes_in,
+            "rows_out": result.num_rows,
+            "bytes_out": result.nbytes,
+            "engine": self.profile.engine,
+            "device": f"{self.profile.vendor} {self.profile.model}",
+        }
 
     # -- moves: source side ---------------------------------------------------------------
     def export_begin(self, plan: MovePlan) -> dict[ShardKey, tuple[int, Applied]]:

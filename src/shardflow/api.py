@@ -179,16 +179,24 @@ class Cluster:
                     memory_used_bytes=info.get("memory_used_bytes", 0),
                     memory_free_bytes=info.get("memory_free_bytes", 0),
                     device_utilization=info.get("device_utilization"),
-                    engine_note=profile.get("engine_note", ""),
+                    engine_note="; ".join(
+                        n
+                        for n in (profile.get("engine_note", ""), info.get("last_fallback", ""))
+                        if n
+                    ),
                     calibration=dict(profile.get("calibration", {})),
                 )
             )
         return nodes
 
     def shards(self) -> pa.Table:
-        """One row per shard (and per replica of a replicated table)."""
+        """One row per shard (and per replica of a replicated table). ``load`` is the
+        shard's execution seconds per second over the balancer's last observed window
+        (``balance_interval_s``), as the balancer sees it; null until a window has passed,
+        and for replicas."""
         session = self._db._session_or_raise()
         infos = session.worker_infos()
+        loads = {(t, u): load for t, u, load in session.coordinator_call("shard_loads")}
         catalog = session.catalog
         rows: dict[str, list[Any]] = defaultdict(list)
         for node_id, info in sorted(infos.items()):
@@ -206,6 +214,7 @@ class Cluster:
                 rows["rows"].append(shard["rows"])
                 rows["bytes"].append(shard["bytes"])
                 rows["lsn"].append(shard["lsn"])
+                rows["load"].append(loads.get((shard["table"], shard["unit"])))
             for replica in info.get("replicas", []):
                 rows["table"].append(replica["table"])
                 rows["shard"].append(f"{replica['table']}@{node_id}")
@@ -216,6 +225,7 @@ class Cluster:
                 rows["rows"].append(replica["rows"])
                 rows["bytes"].append(replica["bytes"])
                 rows["lsn"].append(replica["lsn"])
+                rows["load"].append(None)
         schema = pa.schema(
             [
                 ("table", pa.string()),
@@ -227,6 +237,7 @@ class Cluster:
                 ("rows", pa.int64()),
                 ("bytes", pa.int64()),
                 ("lsn", pa.int64()),
+                ("load", pa.float64()),
             ]
         )
         return pa.table({f.name: rows[f.name] for f in schema}, schema=schema)

@@ -8,6 +8,8 @@ from typing import Any
 
 from shardflow.errors import ConfigError
 
+ENGINES = ("auto", "duckdb", "polars")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -51,6 +53,9 @@ class Settings:
             free port (``db.cluster.metrics_url()`` says which).
         profile_queries: keep the per-fragment timings that ``db.profile()`` and
             ``db.last_report`` show (on by default: it costs under 2 %).
+        engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
+            Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
+            (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
     """
 
     buckets: int = 256
@@ -75,6 +80,7 @@ class Settings:
     min_shard_bytes: int = 256 << 20
     metrics_port: int = 0
     profile_queries: bool = True
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -82,6 +88,8 @@ class Settings:
             if field.type in ("bool", bool):
                 if not isinstance(value, bool):
                     raise ConfigError(f"setting {field.name} must be True or False")
+                continue
+            if field.type in ("str", str):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"setting {field.name} must be a number, not {value!r}")
@@ -114,6 +122,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"setting engine must be one of {', '.join(ENGINES)}")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("setting metrics_port must be a port number (0: any free port)")
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:

@@ -152,3 +152,53 @@ def test_profiles_calibration_and_simulated_slow_nodes(tmp_path: Path) -> None:
         assert sum(held.values()) == 30
         assert 4 <= held["node-2"] <= 8  # about a fifth
         assert abs(held["node-0"] - held["node-1"]) <= 2
+
+
+def test_workers_can_run_the_polars_engine(tpch_tiny: Path, tmp_path: Path) -> None:
+    """engine="polars" (what NVIDIA nodes run, here on the CPU) gives DuckDB's answers."""
+    from shardflow import tpch
+    from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
+
+    oracle = tpch.duckdb_oracle(tpch_tiny)
+    with shardflow.connect(
+        workers=2, data_dir=tmp_path / "data", engine="polars", auto_balance=False
+    ) as db:
+        tpch.load(db, tpch_tiny)
+        assert {n.engine for n in db.cluster.nodes()} == {"polars"}
+        for number in (1, 3, 13, 18, 21):
+            sql = tpch.query(number)
+            expected = oracle.sql(sql).to_arrow_table()
+            result, profile = db.profile(sql)
+            assert_same_result(
+                result,
+                expected,
+                ordered=query_is_ordered(sql),
+                sort_keys=sort_key_indexes(sql, expected.column_names),
+            )
+            assert result.schema.equals(expected.schema)  # DuckDB's names and types
+            engines = {f.engine for stage in profile.stages for f in stage.fragments}
+            assert engines == {"polars"}, engines
+
+
+def test_shards_report_their_load(tmp_path: Path) -> None:
+    """The load the balancer sees per shard: queried shards carry it, idle ones do not."""
+    with shardflow.connect(
+        workers=2, data_dir=tmp_path / "data", auto_balance=False, balance_interval_s=0.5
+    ) as db:
+        db.create_table("busy", pa.table({"id": list(range(20_000))}), distributed_by="id")
+        db.create_table("idle", pa.table({"id": list(range(20_000))}), distributed_by="id")
+        assert db.cluster.shards().column("load").null_count > 0  # no window observed yet
+        deadline = time.monotonic() + 30
+        loads: dict[str, list[float]] = {}
+        while time.monotonic() < deadline:
+            for _ in range(20):
+                db.sql("SELECT id % 7 AS k, count(*) FROM busy GROUP BY k")
+            shards = db.cluster.shards().to_pylist()
+            loads = {
+                table: [s["load"] for s in shards if s["table"] == table and s["load"] is not None]
+                for table in ("busy", "idle")
+            }
+            if loads["busy"] and min(loads["busy"]) > 0:
+                break
+        assert loads["busy"] and min(loads["busy"]) > 0, loads
+        assert loads["idle"] and max(loads["idle"]) == 0, loads

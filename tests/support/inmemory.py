@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -23,13 +24,14 @@ from shardflow.storage.partition import split_by_unit
 
 
 class InMemoryCluster:
-    def __init__(self, nodes: int = 3, units_per_node: int = 2) -> None:
+    def __init__(self, nodes: int = 3, units_per_node: int = 2, engine: Any = None) -> None:
         self.nodes = [f"node-{i}" for i in range(nodes)]
         self.catalog = Catalog(nodes=tuple(self.nodes))
         self.units_per_node = units_per_node
         self.shards: dict[tuple[str, int], pa.Table] = {}
         self.replicated: dict[str, pa.Table] = {}
-        self.engine = DuckDBEngine(threads=1)
+        self.engine = engine or DuckDBEngine(threads=1)
+        """Runs the fragments (DuckDB, or another engine under test)."""
 
     def create_table(
         self,

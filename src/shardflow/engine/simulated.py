@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-from shardflow.engine.duckdb_engine import DuckDBEngine
+from shardflow.engine.base import Engine
 
 
 class SlowedEngine:
@@ -15,7 +15,7 @@ class SlowedEngine:
     node with ``slowdown=2`` does half the work per second, in calibration as in queries.
     Profiles label such a node as simulated wherever it shows."""
 
-    def __init__(self, engine: DuckDBEngine, slowdown: float) -> None:
+    def __init__(self, engine: Engine, slowdown: float) -> None:
         self.engine = engine
         self.slowdown = slowdown
         self.name = f"{engine.name} (simulated x{slowdown:g} slower)"

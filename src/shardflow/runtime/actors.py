@@ -78,6 +78,9 @@ class CoordinatorActor:
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         return self.controller.rebalance(dry_run)
 
+    def shard_loads(self) -> list[tuple[str, int, float]]:
+        return [(t, u, load) for (t, u), load in self.controller.shard_load.items()]
+
     def failovers(self) -> list[dict[str, Any]]:
         return [vars(f) for f in self.controller.failovers]
 

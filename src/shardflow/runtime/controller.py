@@ -59,6 +59,8 @@ class Controller:
         self._previous_load: float | None = None
         self._unbalanced_polls = 0
         self.utilization: dict[str, float] = {}
+        self.shard_load: dict[tuple[str, int], float] = {}
+        """Each shard's execution seconds per second over the last observed window."""
         self.mix: dict[str, float] = {}
         """The cluster's load by calibrated operator over the last window (shares)."""
         self.recorder: Recorder | None = None
@@ -294,6 +296,7 @@ class Controller:
                             rate(seconds, then),
                         )
                     )
+        self.shard_load = shard_rates(reports, self._last_reports)
         self.mix = operator_shares(reports, self._last_reports)
         capacities = self.capacities([n.node for n in nodes], self.mix)
         nodes = [replace(n, capacity=capacities[n.node]) for n in nodes]
@@ -399,6 +402,22 @@ def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:
         "fence_seconds": state.fence_seconds,
         "plan": asdict(plan),
     }
+
+
+def shard_rates(
+    reports: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
+) -> dict[tuple[str, int], float]:
+    """Execution seconds per second of each shard between two load reports of its node."""
+    rates: dict[tuple[str, int], float] = {}
+    for node, report in reports.items():
+        then = before.get(node)
+        window = report["at"] - then["at"] if then else 0.0
+        if window <= 0:
+            continue
+        earlier = {(t, u): v for t, u, v in then.get("shard_seconds", [])}  # type: ignore[union-attr]
+        for table, unit, seconds in report.get("shard_seconds", []):
+            rates[(table, unit)] = max(0.0, seconds - earlier.get((table, unit), 0.0)) / window
+    return rates
 
 
 def operator_shares(

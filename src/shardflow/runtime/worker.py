@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -26,8 +26,9 @@ import pyarrow as pa
 from shardflow.catalog import Catalog, DataDir, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
-from shardflow.engine import DuckDBEngine
+from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
+from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
 from shardflow.errors import Moved, QueryError
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
@@ -36,6 +37,7 @@ from shardflow.storage.shard import Change
 from shardflow.storage.shard_store import Applied
 from shardflow.telemetry.calibration import calibrate, capacity, operator_mix
 from shardflow.telemetry.devices import (
+    GPU_ENGINE,
     DeviceInfo,
     NodeProfile,
     choose_engine,
@@ -97,28 +99,26 @@ class Import:
         return self.plan.kind == "move"
 
 
-class Executor(Protocol):
-    name: str
-
-    def run(
-        self,
-        sql: str,
-        tables: Mapping[str, pa.Table] | None = None,
-        views: Mapping[str, str] | None = None,
-    ) -> pa.Table: ...
-
-
-def make_executor(engine: DuckDBEngine, device: DeviceInfo, slowdown: float) -> Executor:
-    """The engine that runs this node's fragments (see ``choose_engine``)."""
+def make_executor(
+    engine: DuckDBEngine, device: DeviceInfo, slowdown: float, choice: str = "auto"
+) -> Engine:
+    """The engine that runs this node's fragments: ``choice`` ("auto" follows the device,
+    see ``choose_engine``), slowed down for a simulated device."""
+    has = {"polars": installed("polars"), "cudf_polars": installed("cudf_polars")}
+    picked, _ = choose_engine(device, has)
+    executor: Engine = engine
+    if choice == "polars" or (choice == "auto" and picked == GPU_ENGINE):
+        gpu = device.vendor == "nvidia" and has["cudf_polars"]
+        executor = PolarsEngine(engine, gpu=gpu, device=device.index or 0)
     if slowdown > 1:
-        return SlowedEngine(engine, slowdown)
-    return engine
+        return SlowedEngine(executor, slowdown)
+    return executor
 
 
 def node_profile(
     node_id: str,
     device: DeviceInfo,
-    executor: Executor,
+    executor: Engine,
     throughput: Mapping[str, float],
     slowdown: float,
 ) -> NodeProfile:
@@ -164,7 +164,7 @@ class WorkerNode:
         self.device = discover(gpu_index)
         self.engine = DuckDBEngine(threads=settings.engine_threads or None)
         """Holds the shards (native tables) and runs fragments on the CPU."""
-        self.executor = make_executor(self.engine, self.device, slowdown)
+        self.executor = make_executor(self.engine, self.device, slowdown, settings.engine)
         """Runs fragments: the CPU engine, the GPU engine, or a simulated slower device."""
         self.slowdown = slowdown
         self.profile = node_profile(node_id, self.device, self.executor, {}, slowdown)
@@ -180,6 +180,7 @@ class WorkerNode:
         self._retired_plans: dict[str, str] = {}
         self._readers: Counter[ShardKey] = Counter()
         self._unit_seconds: Counter[int] = Counter()
+        self._shard_seconds: Counter[ShardKey] = Counter()
         self._op_seconds: Counter[str] = Counter()
         """Execution seconds by calibrated operator (the load's operator mix)."""
         self.catalog = Catalog()
@@ -408,11 +409,19 @@ class WorkerNode:
                 units = {u for _, u in reading}
                 for unit in units:  # the load of a fragment is shared by the units it read
                     self._unit_seconds[unit] += elapsed / len(units)
+                for key in reading:
+                    self._shard_seconds[key] += elapsed / len(reading)
                 operators = _operators(sql)
                 for operator in operators:
                     self._op_seconds[operator] += elapsed / len(operators)
         if not profile:
             return result, {"seconds": elapsed, "rows_out": result.num_rows}
+        fell_back = getattr(self.executor, "fell_back", "")
+        engine = (
+            f"{self.profile.engine} (fell back to {fell_back})"
+            if fell_back
+            else (self.profile.engine)
+        )
         return result, {
             "seconds": elapsed,
             "started_at": started_at,
@@ -421,7 +430,7 @@ class WorkerNode:
             "bytes_in": bytes_in,
             "rows_out": result.num_rows,
             "bytes_out": result.nbytes,
-            "engine": self.profile.engine,
+            "engine": engine,
             "device": f"{self.profile.vendor} {self.profile.model}",
         }
 
@@ -670,6 +679,7 @@ class WorkerNode:
             return {
                 "busy_seconds": self._busy_seconds,
                 "unit_seconds": dict(self._unit_seconds),
+                "shard_seconds": [[t, u, self._shard_seconds[(t, u)]] for t, u in self.shards],
                 "unit_bytes": dict(unit_bytes),
                 "op_seconds": dict(self._op_seconds),
                 "device_utilization": device_utilization(self.device),
@@ -696,5 +706,7 @@ class WorkerNode:
                 "uptime_seconds": uptime,
                 "catalog_version": self.catalog.version,
                 "device_utilization": device_utilization(self.device),
+                "engine_fallbacks": dict(getattr(self.executor, "fallbacks", {})),
+                "last_fallback": getattr(self.executor, "last_fallback", ""),
                 **memory_state(),
             }

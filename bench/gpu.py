@@ -1,0 +1,125 @@
+"""TPC-H per query on the GPU engine (Polars collected by cudf-polars) beside DuckDB on the
+CPU, over the same Arrow tables in memory, in one run. Prints per-query times, where the GPU
+engine fell back, and, last, the geometric-mean ratio GPU engine/DuckDB.
+
+    python bench/gpu.py --sf 1          # on a machine with an NVIDIA GPU and shardflow[gpu]
+    python bench/gpu.py --sf 1 --cpu    # the same path with Polars on the CPU
+
+Both sides run each query whole through the engine a shardflow worker uses (``PolarsEngine``
+and ``DuckDBEngine``), so the GPU side includes what a worker pays: SQL rewriting, Arrow to
+Polars and the transfer to and from the device. Answers are checked against DuckDB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardflow import tpch
+from shardflow.catalog.types import storage_schema
+from shardflow.engine import DuckDBEngine
+from shardflow.telemetry.devices import discover, installed
+
+
+def best(repeat: int, run: object) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()  # type: ignore[operator]
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def same_answer(ours: pa.Table, theirs: pa.Table) -> bool:
+    """Same rows in any order; numbers equal to 1e-6 relative, whatever their types."""
+    if ours.shape != theirs.shape:
+        return False
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float, Decimal)) and not isinstance(v, bool)
+
+    def rows(table: pa.Table) -> list[tuple[object, ...]]:
+        out = [tuple(r.values()) for r in table.to_pylist()]
+        return sorted(out, key=lambda r: [f"{float(v):.6e}" if number(v) else repr(v) for v in r])
+
+    for a, b in zip(rows(ours), rows(theirs), strict=True):
+        for x, y in zip(a, b, strict=True):
+            if number(x) and number(y):
+                if not math.isclose(float(x), float(y), rel_tol=1e-6, abs_tol=1e-6):  # type: ignore[arg-type]
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per query (best)")
+    parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    parser.add_argument("--queries", type=str, default="", help="e.g. 1,3,18 (default all)")
+    parser.add_argument("--cpu", action="store_true", help="Polars on the CPU, not the GPU")
+    args = parser.parse_args()
+
+    if not installed("polars"):
+        sys.exit("bench/gpu.py needs Polars: pip install 'shardflow[gpu]' (or polars for --cpu)")
+    from shardflow.engine.polars_engine import PolarsEngine
+
+    device = discover(0)
+    gpu = not args.cpu
+    if gpu and (device.vendor != "nvidia" or not installed("cudf_polars")):
+        print(
+            f"note: no NVIDIA GPU with cudf-polars here ({device.vendor}: {device.model});"
+            " running Polars on the CPU instead"
+        )
+        gpu = False
+
+    data = tpch.generate(args.sf, args.home / "tpch")
+    tables = {}
+    for name, path in tpch.table_paths(data).items():
+        table = pq.read_table(path)
+        tables[name] = table.cast(storage_schema(table.schema))
+    numbers = [int(q) for q in args.queries.split(",") if q] or list(tpch.QUERY_NUMBERS)
+
+    duck = DuckDBEngine(threads=os.cpu_count() or 1)
+    polars_engine = PolarsEngine(DuckDBEngine(threads=os.cpu_count() or 1), gpu=gpu)
+    label = f"{polars_engine.name}" + (f" on {device.model}" if gpu else "")
+    print(f"TPC-H SF {args.sf:g}: {label} vs duckdb on {os.cpu_count()} CPU threads")
+    print(f"{'query':>5} {'polars ms':>10} {'duckdb ms':>10} {'ratio':>6}  check  fell back")
+    ratios = []
+    wrong = []
+    for number in numbers:
+        sql = tpch.query(number)
+        expected = duck.run(sql, tables)
+        result = polars_engine.run(sql, tables)  # warm-up: JIT, device memory pool
+        where = polars_engine.fell_back
+        reason = polars_engine.last_fallback if where else ""
+        ok = same_answer(result, expected)
+        if not ok:
+            wrong.append(number)
+        ours = best(args.repeat, lambda q=sql: polars_engine.run(q, tables))
+        theirs = best(args.repeat, lambda q=sql: duck.run(q, tables))
+        ratios.append(ours / theirs)
+        print(
+            f"Q{number:02d}  {ours * 1000:10.1f} {theirs * 1000:10.1f} {ours / theirs:6.2f}"
+            f"  {'ok' if ok else 'DIFF':5}  {reason[:90]}"
+        )
+    total = sum(polars_engine.fallbacks.values())
+    print(f"fallbacks: {dict(polars_engine.fallbacks) or 'none'} ({total} calls)")
+    if wrong:
+        print(f"answers differ from DuckDB on {', '.join(f'Q{n}' for n in wrong)}")
+    geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    print(f"geometric-mean ratio {polars_engine.name}/duckdb at SF {args.sf:g}: {geomean:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The Polars engine (the GPU path's engine, run here on the CPU) answers like DuckDB: every
+TPC-H fragment and random SELECTs run through it over partitioned data, and what it cannot
+run falls back to DuckDB, saying so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from shardflow import tpch
+from shardflow.catalog.types import storage_schema
+from shardflow.engine import DuckDBEngine
+from shardflow.engine.polars_engine import PolarsEngine
+from shardflow.runtime.executor import execute
+from shardflow.sql import plan
+from tests.support.inmemory import InMemoryCluster
+from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
+from tests.support.querygen import select_queries
+
+pytest.importorskip("polars")
+CLIENT = DuckDBEngine(threads=1)
+
+
+@pytest.fixture(scope="module")
+def polars_cluster(tpch_tiny: Path) -> tuple[InMemoryCluster, PolarsEngine]:
+    engine = PolarsEngine(DuckDBEngine(threads=1))
+    cluster = InMemoryCluster(nodes=3, units_per_node=2, engine=engine)
+    for layout in tpch.LAYOUT:
+        table = pq.read_table(tpch_tiny / f"{layout.name}.parquet")
+        table = table.cast(storage_schema(table.schema))
+        cluster.create_table(
+            layout.name, table, layout.distributed_by, layout.colocate_with, layout.replicated
+        )
+    return cluster, engine
+
+
+@pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
+def test_every_tpch_fragment_runs_on_polars(
+    number: int,
+    polars_cluster: tuple[InMemoryCluster, PolarsEngine],
+    tiny_oracle: duckdb.DuckDBPyConnection,
+) -> None:
+    cluster, engine = polars_cluster
+    before = sum(engine.fallbacks.values())
+    sql = tpch.query(number)
+    result, _ = execute(plan(sql, cluster.catalog), cluster, CLIENT)
+    expected = tiny_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        result,
+        expected,
+        ordered=query_is_ordered(sql),
+        check_names=False,
+        sort_keys=sort_key_indexes(sql, expected.column_names),
+        context=f"Q{number}",
+    )
+    assert sum(engine.fallbacks.values()) == before, engine.last_fallback  # Polars ran it all
+
+
+def test_what_polars_cannot_run_falls_back_to_duckdb_and_says_so() -> None:
+    engine = PolarsEngine(DuckDBEngine(threads=1))
+    result = engine.run("SELECT regexp_extract('abc123', '[0-9]+') AS digits, 42 AS n")
+    assert result.to_pylist() == [{"digits": "123", "n": 42}]
+    assert engine.fallbacks["duckdb"] == 1 and engine.fell_back == "duckdb"
+    assert engine.last_fallback.startswith("fell back to duckdb")
+    assert engine.run("SELECT 1 AS one").to_pylist() == [{"one": 1}]
+    assert engine.fell_back == ""  # per call: the last one ran on Polars
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=select_queries())
+def test_random_selects_on_polars_match_duckdb(
+    sql: str,
+    polars_cluster: tuple[InMemoryCluster, PolarsEngine],
+    tiny_oracle: duckdb.DuckDBPyConnection,
+) -> None:
+    cluster, _ = polars_cluster
+    result, _ = execute(plan(sql, cluster.catalog), cluster, CLIENT)
+    expected = tiny_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        result, expected, ordered=query_is_ordered(sql), check_names=False, context=sql
+    )
+
+
+def test_polars_gets_only_the_columns_and_tables_a_query_reads() -> None:
+    import pyarrow as pa
+
+    engine = PolarsEngine(DuckDBEngine(threads=1))
+    t = pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"], "c": [1.5, 2.5, 3.5]})
+    other = pa.table({"z": [1]})
+    tables = {"t": t, "other": other}
+    assert engine.run("SELECT count(*) AS n FROM t", tables).to_pylist() == [{"n": 3}]
+    assert engine.run("SELECT 1 AS one FROM t", tables).num_rows == 3  # rows, no columns
+    assert engine.run("SELECT * FROM t WHERE a > 2", tables).to_pylist() == [
+        {"a": 3, "b": "z", "c": 3.5}
+    ]
+    assert engine.run("SELECT sum(c) AS s FROM t WHERE b <> 'x'", tables).to_pylist() == [
+        {"s": 6.0}
+    ]
+    assert sum(engine.fallbacks.values()) == 0, engine.last_fallback

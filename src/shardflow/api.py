@@ -386,11 +386,12 @@ def connect(
 ) -> Database:
     """Start or join a shardflow cluster.
 
-    With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this machine
-    with ``workers`` worker actors (default 4). With ``address="auto"`` or a ``ray://``
-    address, shardflow joins that Ray cluster: one worker per GPU where GPUs exist, else
-    ``workers`` (default 4). ``data_dir`` (a local path or any pyarrow filesystem URI) holds
-    the catalog and every table's durable files; reconnecting to it recovers them.
+    With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this machine;
+    with ``address="auto"`` or a ``ray://`` address, shardflow joins that Ray cluster. Unless
+    ``workers`` says how many worker actors to start, there is one per GPU where the cluster
+    has GPUs (pinned to the GPU and its accelerator type), else 4. ``data_dir`` (a local
+    path or any pyarrow filesystem URI) holds the catalog and every table's durable files;
+    reconnecting to it recovers them.
     ``options`` override single fields of :class:`Settings`. ``simulate`` makes some nodes
     simulated slower devices for tests and demos (``{"node-2": 2.0}``: twice as slow).
     """

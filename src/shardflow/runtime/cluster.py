@@ -41,6 +41,8 @@ class ClusterHandle:
     started_ray: bool = False
     owns_actors: bool = True
     worker_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
+    node_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per node, actor options that replace ``worker_resources`` (a GPU worker's GPU)."""
     worker_settings: Settings | None = None
 
     @property
@@ -110,8 +112,26 @@ def _use_auth_token_if_present() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def gpu_count() -> int:
-    return int(ray.cluster_resources().get("GPU", 0))
+def gpu_slots(nodes: list[dict[str, Any]]) -> list[str | None]:
+    """One entry per GPU of the alive Ray nodes: the node's accelerator type (Ray's
+    ``accelerator_type:<type>`` resource, e.g. "H200" or "AMD-Instinct-MI300X"), or None
+    where Ray does not name it. ``nodes`` is what ``ray.nodes()`` returns."""
+    slots: list[str | None] = []
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        resources = node.get("Resources", {})
+        types = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
+        slots += [types[0] if types else None] * int(resources.get("GPU", 0))
+    return sorted(slots, key=lambda t: t or "")
+
+
+def gpu_resources(accelerator: str | None) -> dict[str, Any]:
+    """Actor options for a worker that owns one GPU of this accelerator type."""
+    options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 1}
+    if accelerator:  # the share Ray itself asks for with accelerator_type=...
+        options["resources"] = {f"accelerator_type:{accelerator}": 0.001}
+    return options
 
 
 def launch(
@@ -158,8 +178,8 @@ def _launch_actors(
         return handle
     except ValueError:
         pass
-    gpus = gpu_count() if address is not None else 0
-    count = workers if workers is not None else (gpus or 4)
+    gpus = gpu_slots(ray.nodes())
+    count = workers if workers is not None else (len(gpus) or 4)
     handle.coordinator = CoordinatorActor.options(  # type: ignore[attr-defined]
         name=handle.coordinator_name,
         namespace=NAMESPACE,
@@ -173,10 +193,10 @@ def _launch_actors(
         settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
     nodes = [f"node-{i}" for i in range(count)]
     ray.get(handle.coordinator.register_nodes.remote(nodes))
-    if gpus and workers is None:
-        handle.worker_resources = {"num_cpus": 0, "num_gpus": 1}  # one worker per GPU
     handle.worker_settings = settings
-    for node in nodes:
+    for i, node in enumerate(nodes):
+        if gpus and workers is None:  # one worker per GPU, pinned to its accelerator type
+            handle.node_resources[node] = gpu_resources(gpus[i])
         start_worker(handle, node, simulate.get(node, 1.0))
     ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
     for worker in handle.workers.values():  # one at a time: they would slow each other down
@@ -192,7 +212,7 @@ def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any
         namespace=NAMESPACE,
         max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
         max_concurrency=WORKER_CONCURRENCY,
-        **handle.worker_resources,
+        **handle.node_resources.get(node, handle.worker_resources),
     ).remote(
         node,
         handle.data_dir,

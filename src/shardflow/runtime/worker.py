@@ -41,6 +41,7 @@ from shardflow.telemetry.devices import (
     DeviceInfo,
     NodeProfile,
     choose_engine,
+    cuda_index,
     device_utilization,
     discover,
     installed,
@@ -109,7 +110,7 @@ def make_executor(
     executor: Engine = engine
     if choice == "polars" or (choice == "auto" and picked == GPU_ENGINE):
         gpu = device.vendor == "nvidia" and has["cudf_polars"]
-        executor = PolarsEngine(engine, gpu=gpu, device=device.index or 0)
+        executor = PolarsEngine(engine, gpu=gpu, device=cuda_index(device.index or 0))
     if slowdown > 1:
         return SlowedEngine(executor, slowdown)
     return executor

@@ -129,6 +129,14 @@ def device_utilization(device: DeviceInfo) -> float | None:
     return None
 
 
+def cuda_index(physical: int, visible: str | None = None) -> int:
+    """The CUDA device number of a GPU that NVML numbers ``physical``: Ray pins a GPU actor
+    with ``CUDA_VISIBLE_DEVICES``, which renumbers the visible GPUs from 0 (NVML does not)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    ids = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    return ids.index(str(physical)) if str(physical) in ids else physical
+
+
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 

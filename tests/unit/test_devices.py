@@ -1,0 +1,58 @@
+"""Device discovery and engine choice, on plain data: what a GPU cluster looks like to Ray,
+and which engine each kind of device gets."""
+
+from __future__ import annotations
+
+from shardflow.runtime.cluster import gpu_resources, gpu_slots
+from shardflow.telemetry.devices import (
+    CPU_ENGINE,
+    GPU_ENGINE,
+    DeviceInfo,
+    choose_engine,
+    cuda_index,
+    discover,
+)
+
+ALL = {"polars": True, "cudf_polars": True}
+
+
+def test_one_slot_per_gpu_named_by_accelerator_type() -> None:
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 64, "GPU": 2, "accelerator_type:H200": 1}},
+        {"Alive": True, "Resources": {"CPU": 64, "GPU": 1, "accelerator_type:MI300X": 1}},
+        {"Alive": True, "Resources": {"CPU": 16}},  # a CPU node has no slot
+        {"Alive": False, "Resources": {"GPU": 8, "accelerator_type:H200": 1}},  # dead
+        {"Alive": True, "Resources": {"GPU": 1}},  # Ray could not name the type
+    ]
+    assert gpu_slots(nodes) == [None, "H200", "H200", "MI300X"]
+    assert gpu_slots([{"Alive": True, "Resources": {"CPU": 2}}]) == []
+    assert gpu_resources("H200") == {
+        "num_cpus": 0,
+        "num_gpus": 1,
+        "resources": {"accelerator_type:H200": 0.001},
+    }
+    assert gpu_resources(None) == {"num_cpus": 0, "num_gpus": 1}
+
+
+def test_engine_per_device() -> None:
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", 141 << 30, 0)
+    mi300 = DeviceInfo("amd", "AMD Instinct MI300X", 192 << 30, 0)
+    cpu = DeviceInfo("cpu", "Xeon", 64 << 30)
+    assert choose_engine(h200, ALL) == (GPU_ENGINE, "")
+    engine, note = choose_engine(h200, {"polars": True, "cudf_polars": False})
+    assert engine == CPU_ENGINE and "shardflow[gpu]" in note
+    engine, note = choose_engine(mi300, ALL)  # documented: AMD runs the CPU engine
+    assert engine == CPU_ENGINE and "ROCm" in note
+    assert choose_engine(cpu, ALL) == (CPU_ENGINE, "")
+
+
+def test_cuda_numbers_follow_the_visible_devices() -> None:
+    assert cuda_index(3, visible="3") == 0  # Ray pinned GPU 3: CUDA calls it 0
+    assert cuda_index(5, visible="4,5") == 1
+    assert cuda_index(2, visible="") == 2
+
+
+def test_a_cpu_only_install_finds_the_cpu_without_error() -> None:
+    device = discover()
+    assert device.vendor in {"cpu", "nvidia", "amd"}
+    assert device.memory_bytes > 0 and device.model

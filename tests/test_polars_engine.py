@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from shardflow import tpch
 from shardflow.catalog.types import storage_schema
@@ -76,6 +76,10 @@ def test_what_polars_cannot_run_falls_back_to_duckdb_and_says_so() -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sql=select_queries())
+@example(  # found by this test: date - date is a duration in Polars, days in DuckDB
+    sql="SELECT DISTINCT l_shipdate - l_commitdate AS x0 FROM lineitem "
+    "WHERE l_orderkey BETWEEN 1 AND 301"
+)
 def test_random_selects_on_polars_match_duckdb(
     sql: str,
     polars_cluster: tuple[InMemoryCluster, PolarsEngine],

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot
 
 from shardflow.engine.duckdb_engine import DuckDBEngine
@@ -47,10 +48,15 @@ class PolarsEngine:
         self._engine: Any = "cpu"
         if gpu:
             self._engine = polars.GPUEngine(device=device, raise_on_fail=True)
+        # Polars' cost-based join reordering joined customer with supplier on nationkey
+        # first in TPC-H Q5 (60 M rows; 3.3 s against 0.09 s in FROM order at SF 1); the
+        # fragments arrive with joins in a sensible order, so the order is kept.
+        self._optimizations = polars.QueryOptFlags(join_order=False)
         self.fallbacks: Counter[str] = Counter()
         self.last_fallback = ""
         self._lock = threading.Lock()
         self._call = threading.local()
+        self._schemas: dict[tuple[str, tuple[tuple[str, str], ...]], pa.Schema] = {}
 
     @property
     def fell_back(self) -> str:
@@ -86,15 +92,33 @@ class PolarsEngine:
         except Exception as error:  # Polars' SQL front end refused it
             return self._fall_back("duckdb", f"Polars SQL: {_first(error)}", sql, frames)
         try:
-            return lazy.collect(engine=self._engine).to_arrow()
+            result = lazy.collect(engine=self._engine, optimizations=self._optimizations)
         except Exception as error:
             if not self.gpu:
                 return self._fall_back("duckdb", f"Polars: {_first(error)}", sql, frames)
             self._note("cpu", f"GPU engine: {_first(error)}")
             try:
-                return lazy.collect().to_arrow()
+                result = lazy.collect(optimizations=self._optimizations)
             except Exception as cpu_error:
                 return self._fall_back("duckdb", f"Polars: {_first(cpu_error)}", sql, frames)
+        try:
+            return conform(result.to_arrow(), self._duckdb_schema(sql, frames))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:
+            return self._fall_back("duckdb", f"result types: {_first(error)}", sql, frames)
+
+    def _duckdb_schema(self, sql: str, frames: Mapping[str, pa.Table]) -> pa.Schema:
+        """The names and types DuckDB gives ``sql`` over tables shaped like ``frames``
+        (bound over empty tables once per query text and input schemas)."""
+        key = (sql, tuple(sorted((n, str(t.schema)) for n, t in frames.items())))
+        schema = self._schemas.get(key)
+        if schema is None:
+            empty = {name: table.schema.empty_table() for name, table in frames.items()}
+            schema = self.storage.run(sql, empty).schema
+            with self._lock:
+                if len(self._schemas) > 4096:
+                    self._schemas.clear()
+                self._schemas[key] = schema
+        return schema
 
     def _fall_back(
         self, where: str, reason: str, sql: str, frames: Mapping[str, pa.Table]
@@ -107,6 +131,38 @@ class PolarsEngine:
         with self._lock:
             self.fallbacks[where] += 1
             self.last_fallback = f"fell back to {where}: {reason}"
+
+
+def conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``result`` with DuckDB's names and types. Where Polars' type differs, values are cast;
+    a date difference (a duration in Polars, whole days in DuckDB) becomes days."""
+    if result.num_columns != len(schema):
+        raise ValueError(f"Polars gave {result.num_columns} columns, DuckDB {len(schema)}")
+    columns = []
+    for column, field in zip(result.columns, schema, strict=True):
+        if column.type != field.type:
+            column = _days(column) if _is_time_span(column.type) else column
+            column = column.cast(field.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _is_time_span(kind: pa.DataType) -> bool:
+    return pa.types.is_duration(kind) or pa.types.is_interval(kind)
+
+
+def _days(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Whole days of a duration or month-day-nano column (date minus date in DuckDB)."""
+    if pa.types.is_duration(column.type):
+        per_day = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000}.get(
+            column.type.unit, 86_400_000_000_000
+        )
+        return pc.divide(column.cast(pa.int64()), per_day)
+    days = [
+        None if v is None else v.months * 30 + v.days + v.nanoseconds // 86_400_000_000_000
+        for v in column.to_pylist()
+    ]
+    return pa.chunked_array([pa.array(days, pa.int64())])
 
 
 def _first(error: BaseException) -> str:

@@ -107,7 +107,10 @@ def _split(query: exp.Select) -> Finish:
     def rewrite(node: exp.Expr) -> exp.Expr:
         def visit(current: exp.Expr) -> exp.Expr:
             text = current.sql()
-            if not isinstance(current, exp.Literal) and text in group_columns:
+            # an ORDER BY key prints like its expression in the default dialect, which
+            # leaves out NULLS FIRST: the key itself is kept, its expression is replaced
+            grouped = not isinstance(current, exp.Literal | exp.Ordered)
+            if grouped and text in group_columns:
                 return exp.column(group_columns[text])
             if isinstance(current, exp.Filter) and a.is_aggregate(current.this):
                 return final(current)

@@ -119,7 +119,7 @@ class Cluster:
     def migrations(self) -> list[MigrationRecord]:
         """Every move so far, oldest first, with the time spent in each phase."""
         session = self._db._session_or_raise()
-        return [MigrationRecord.from_dict(r) for r in session.coordinator_call("migrations")]
+        return [MigrationRecord.from_dict(r) for r in session.coordinator_read("migrations")]
 
     def add_node(self, *, simulate_slowdown: float = 1.0) -> str:
         """Start a new worker; it joins the cluster and the balancer moves load to it.
@@ -143,15 +143,18 @@ class Cluster:
         """What the balancer would do now (``dry_run``), or do it. The plan lists splits,
         merges and moves with their reasons, what was balanced (load, or bytes while the
         cluster is idle), the current spread of load/capacity and the projected one."""
-        return dict(self._db._session_or_raise().coordinator_call("rebalance", dry_run))
+        session = self._db._session_or_raise()
+        if dry_run:  # only looks: retried while the coordinator restarts
+            return dict(session.coordinator_read("rebalance", True))
+        return dict(session.coordinator_call("rebalance", False))
 
     def metrics_url(self) -> str:
         """Where the coordinator serves Prometheus metrics (always on 127.0.0.1)."""
-        return str(self._db._session_or_raise().coordinator_call("metrics_url"))
+        return str(self._db._session_or_raise().coordinator_read("metrics_url"))
 
     def failovers(self) -> list[dict[str, Any]]:
         """Workers declared dead, with how long until their shards were served again."""
-        return list(self._db._session_or_raise().coordinator_call("failovers"))
+        return list(self._db._session_or_raise().coordinator_read("failovers"))
 
     def nodes(self) -> list[NodeInfo]:
         infos = self._db._session_or_raise().worker_infos()
@@ -196,7 +199,7 @@ class Cluster:
         and for replicas."""
         session = self._db._session_or_raise()
         infos = session.worker_infos()
-        loads = {(t, u): load for t, u, load in session.coordinator_call("shard_loads")}
+        loads = {(t, u): load for t, u, load in session.coordinator_read("shard_loads")}
         catalog = session.catalog
         rows: dict[str, list[Any]] = defaultdict(list)
         for node_id, info in sorted(infos.items()):

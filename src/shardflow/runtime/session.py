@@ -110,7 +110,7 @@ class Session:
 
     # -- routing ------------------------------------------------------------------------
     def refresh(self) -> Catalog:
-        catalog = Catalog.from_json(ray.get(self.handle.coordinator.catalog.remote()))
+        catalog = Catalog.from_json(self.coordinator_read("catalog"))
         with self._lock:
             if catalog.version >= self.catalog.version:
                 self.catalog = catalog
@@ -411,7 +411,27 @@ class Session:
             f"{shard!r} is not a shard id: use a name like 'lineitem#3' from db.cluster.shards()"
         )
 
+    def coordinator_read(self, method: str, *args: Any) -> Any:
+        """A call that only reads the coordinator's state, retried while the coordinator
+        restarts (up to ``retry_deadline_s``): a restart must not fail a query or a look."""
+        deadline = time.monotonic() + self.settings.retry_deadline_s
+        delay = 0.05
+        while True:
+            call = getattr(self.handle.coordinator, method).remote(*args)
+            try:
+                return _unwrap(lambda: ray.get(call))
+            except _Transient as error:
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"the coordinator did not answer {method} within "
+                        f"{self.settings.retry_deadline_s:g}s (retry_deadline_s): {error}"
+                    ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
     def coordinator_call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """A call that changes the coordinator's state: not retried, as a restart finishes
+        or rolls back what it was doing (the error says where to look)."""
         call = getattr(self.handle.coordinator, method).remote(*args)
         try:
             result = _unwrap(lambda: ray.get(call, timeout=timeout))

@@ -194,9 +194,9 @@ class Cluster:
 
     def shards(self) -> pa.Table:
         """One row per shard (and per replica of a replicated table). ``load`` is the
-        shard's execution seconds per second over the balancer's last observed window
-        (``balance_interval_s``), as the balancer sees it; null until a window has passed,
-        and for replicas."""
+        shard's execution seconds per second on its node over the balancer's last observed
+        window (``balance_interval_s``); the balancer weighs them by the node's speed
+        (``control/cost.py``). Null until a window has passed, and for replicas."""
         session = self._db._session_or_raise()
         infos = session.worker_infos()
         loads = {(t, u): load for t, u, load in session.coordinator_read("shard_loads")}

@@ -2,9 +2,11 @@
 moves that bring every node's load per unit of capacity within the tolerance of the mean,
 moving as few bytes as it can. Pure: plain data in, a decision out.
 
-Load is what the workers measured (seconds of execution per second, per unit). While the
-cluster is (nearly) idle, size stands in for load, so that a node that joins an idle cluster
-still receives its share of the data.
+Load is what the workers measured (seconds of execution per second, per unit), in the
+median node's seconds (``control/cost.py``); where a unit's operator mix is known, it costs
+each node according to that node's speed for the mix. While the cluster is (nearly) idle,
+size stands in for load, so that a node that joins an idle cluster still receives its share
+of the data.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from shardflow.control.cost import capacity_for
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class NodeState:
     """Relative speed (1.0 = reference node); a node of capacity 0.5 gets half the work."""
     utilization: float = 0.0
     """Busy fraction over the last window (device utilisation where telemetry has it)."""
+    speeds: Mapping[str, float] = field(default_factory=dict)
+    """Throughput per calibrated operator relative to the median node (empty: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,10 @@ class UnitState:
     hi: int
     bytes: int
     load: float = 0.0
-    """Execution seconds per second spent on this unit's shards."""
+    """Execution seconds per second spent on this unit's shards, in the median node's
+    seconds."""
+    mix: Mapping[str, float] = field(default_factory=dict)
+    """Shares of that load by calibrated operator (empty: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,8 @@ OVERSHOOT = 2.0
 """A unit carrying more than this times what its node must shed is split, not moved whole:
 moving the excess (half of it next round) costs fewer bytes."""
 """How many of the least loaded nodes a move considers before it gives up on a unit."""
-Weight = Callable[[UnitState], float]
+Weight = Callable[[UnitState, str], float]
+"""What a unit weighs on a node, in that node's units of load/capacity accounting."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +130,13 @@ def plan(
     total_load = sum(u.load for u in units)
     measure = "load" if total_load >= settings.idle_load else "bytes"
 
-    def weight(unit: UnitState) -> float:
-        return unit.load if measure == "load" else float(unit.bytes)
-
     capacity = {n.node: max(n.capacity, 1e-9) for n in nodes}
+    weight = _weight(measure, capacity, {n.node: n.speeds for n in nodes if n.speeds})
+
     held: dict[str, float] = defaultdict(float)
     for unit in units:
         if unit.node in capacity:
-            held[unit.node] += weight(unit)
+            held[unit.node] += weight(unit, unit.node)
     total = sum(held.values())
     total_capacity = sum(capacity.values())
     share = {n: total * capacity[n] / total_capacity for n in capacity}
@@ -186,6 +195,28 @@ def plan(
             reasons.append(f"{len(moves)} move(s): {why}")
     reason = "; ".join(reasons) if reasons else "balanced"
     return Decision(tuple(actions), reason, measure, spread, total_load, projected)
+
+
+def _weight(
+    measure: str, capacity: dict[str, float], speeds: dict[str, Mapping[str, float]]
+) -> Weight:
+    """What a unit weighs on a node: its bytes, or its load scaled by how much slower (or
+    faster) the node is for the unit's operator mix than its capacity says."""
+
+    def size(unit: UnitState, node: str) -> float:
+        return float(unit.bytes)
+
+    def load(unit: UnitState, node: str) -> float:
+        return unit.load
+
+    def load_for_mix(unit: UnitState, node: str) -> float:
+        if not unit.mix or node not in speeds:
+            return unit.load
+        return unit.load * capacity[node] / max(capacity_for(speeds[node], unit.mix), 1e-9)
+
+    if measure == "bytes":
+        return size
+    return load_for_mix if speeds else load
 
 
 def _splits(
@@ -256,8 +287,9 @@ def _moves(
     on_node: dict[str, list[UnitState]] = defaultdict(list)
     for unit in units:
         on_node[unit.node].append(unit)
-    for node_units in on_node.values():
-        node_units.sort(key=lambda u: -(weight(u) / max(u.bytes, 1)))
+    for node, node_units in on_node.items():  # densest first: most load per byte moved
+        ranked = sorted((-weight(u, node) / max(u.bytes, 1), i) for i, u in enumerate(node_units))
+        on_node[node] = [node_units[i] for _, i in ranked]
     nodes = [n for n in capacity if share[n] > 0]
     actions: list[Action] = []
 
@@ -266,8 +298,8 @@ def _moves(
 
     def move(unit: UnitState, src: str, dst: str) -> None:
         on_node[src].remove(unit)
-        load[src] -= weight(unit)
-        load[dst] += weight(unit)
+        load[src] -= weight(unit, src)
+        load[dst] += weight(unit, dst)
         actions.append(Move(unit.unit_id, dst, unit.bytes, f"{src} out of balance"))
 
     def splittable(unit: UnitState) -> bool:
@@ -276,8 +308,8 @@ def _moves(
     sinks = [(ratio(n), n) for n in nodes]
     heapq.heapify(sinks)
 
-    def sink_for(amount: float, exclude: str) -> str | None:
-        """The least loaded node (by load/capacity) with room for ``amount``; a node of
+    def sink_for(unit: UnitState, exclude: str) -> str | None:
+        """The least loaded node (by load/capacity) with room for ``unit``; a node of
         small capacity may have too little room even when it is the least loaded."""
         skipped: list[tuple[float, str]] = []
         found = None
@@ -287,7 +319,7 @@ def _moves(
                 heapq.heappush(sinks, (ratio(node), node))  # stale entry: refresh it
                 continue
             skipped.append((current, node))
-            if node != exclude and share[node] * top - load[node] >= amount:
+            if node != exclude and share[node] * top - load[node] >= weight(unit, node):
                 found = node
                 break
         for entry in skipped:
@@ -305,12 +337,13 @@ def _moves(
             if load[src] <= goal or len(actions) >= budget:
                 break
             excess = load[src] - goal
+            here = weight(unit, src)
             # a hot node needs relief now, whatever it costs in bytes
-            overshoot = src not in hot and weight(unit) > OVERSHOOT * excess
-            if overshoot and weight(unit) > 8 * excess:
+            overshoot = src not in hot and here > OVERSHOOT * excess
+            if overshoot and here > 8 * excess:
                 continue  # far too big for the little left to shed: a lighter unit will do
-            fits = weight(unit) <= load[src] - floor and not (overshoot and splittable(unit))
-            dst = sink_for(weight(unit), src) if fits else None
+            fits = here <= load[src] - floor and not (overshoot and splittable(unit))
+            dst = sink_for(unit, src) if fits else None
             if dst is not None:
                 move(unit, src, dst)
             elif splittable(unit):
@@ -337,7 +370,8 @@ def _moves(
                 spare = load[src] - share[src] * (1 - aim)
                 if load[dst] >= goal or len(actions) >= budget or spare <= 0:
                     break
-                if weight(unit) <= min(share[dst] * top - load[dst], spare):
+                room = share[dst] * top - load[dst]
+                if weight(unit, dst) <= room and weight(unit, src) <= spare:
                     move(unit, src, dst)
     projected = {n: ratio(n) for n in nodes}
     return actions, projected

@@ -16,7 +16,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from shardflow.config import Settings
-from shardflow.control import balancer
+from shardflow.control import balancer, cost
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
 from shardflow.control.placement import relative_capacities
 from shardflow.errors import MoveRefusedError, UnknownShardError
@@ -265,6 +265,7 @@ class Controller:
                 reports[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
             except (RayActorError, GetTimeoutError):
                 continue
+        speeds = self.speeds(list(reports))
         nodes, units = [], []
         for node, report in reports.items():
             before = self._last_reports.get(node)
@@ -278,13 +279,19 @@ class Controller:
             self.utilization[node] = busy
             # the device's own utilisation where telemetry has it, else the busy fraction
             utilization = max(busy, device) if device is not None else busy
-            nodes.append(balancer.NodeState(node, 1.0, utilization=utilization))
+            nodes.append(
+                balancer.NodeState(node, 1.0, utilization=utilization, speeds=speeds[node])
+            )
             for group in catalog.groups.values():
                 for unit in group.units:
                     if unit.node != node:
                         continue
-                    seconds = report["unit_seconds"].get(unit.unit_id, 0.0)
-                    then = before["unit_seconds"].get(unit.unit_id, 0.0) if before else seconds
+                    now = report["unit_seconds"].get(unit.unit_id, {})
+                    then = before["unit_seconds"].get(unit.unit_id, {}) if before else now
+                    # execution seconds per second by operator, measured on this node; the
+                    # balancer counts them in the median node's seconds
+                    spent = {op: rate(s, then.get(op, 0.0)) for op, s in now.items()}
+                    mix = {op: s for op, s in spent.items() if s > 0}
                     units.append(
                         balancer.UnitState(
                             unit.unit_id,
@@ -293,7 +300,8 @@ class Controller:
                             unit.lo,
                             unit.hi,
                             int(report["unit_bytes"].get(unit.unit_id, 0)),
-                            rate(seconds, then),
+                            cost.reference_load(mix, speeds[node]),
+                            mix,
                         )
                     )
         self.shard_load = shard_rates(reports, self._last_reports)
@@ -303,21 +311,32 @@ class Controller:
         self._last_reports = reports
         return nodes, units
 
-    def capacities(self, nodes: list[str], mix: dict[str, float] | None = None) -> dict[str, float]:
-        """Each node's capacity for the cluster's current operator mix, relative to the
-        median node; within 10 % of it counts as equal (calibration noise)."""
-        raw = {}
+    def speeds(self, nodes: list[str]) -> dict[str, dict[str, float]]:
+        """Each node's calibrated throughput per operator relative to the median node's."""
+        calibrations = {n: self.state.profiles.get(n, {}).get("calibration") or {} for n in nodes}
+        return cost.relative_speeds(calibrations, self._models(nodes))
+
+    def _models(self, nodes: list[str]) -> dict[str, str]:
+        """What counts as one device model: nodes of a model share their calibration."""
         models = {}
         for node in nodes:
             profile = self.state.profiles.get(node, {})
             models[node] = f"{profile.get('vendor')}/{profile.get('model')}/{profile.get('engine')}"
+        return models
+
+    def capacities(self, nodes: list[str], mix: dict[str, float] | None = None) -> dict[str, float]:
+        """Each node's capacity for the cluster's current operator mix, relative to the
+        median node; within 10 % of it counts as equal (calibration noise)."""
+        raw = {}
+        for node in nodes:
+            profile = self.state.profiles.get(node, {})
             calibration = profile.get("calibration") or {}
             raw[node] = (
                 calibration_capacity(calibration, mix or None)
                 if calibration
                 else float(profile.get("capacity", 1.0))
             )
-        return relative_capacities(raw, models)
+        return relative_capacities(raw, self._models(nodes))
 
     def decide(self) -> balancer.Decision:
         nodes, units = self.observe()

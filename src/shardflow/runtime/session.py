@@ -419,7 +419,7 @@ class Session:
         while True:
             call = getattr(self.handle.coordinator, method).remote(*args)
             try:
-                return _unwrap(lambda: ray.get(call))
+                return _unwrap(lambda call=call: ray.get(call))
             except _Transient as error:
                 if time.monotonic() > deadline:
                     raise ClusterError(

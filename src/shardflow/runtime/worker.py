@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -180,7 +180,8 @@ class WorkerNode:
         self.retired: dict[str, dict[ShardKey, Shard]] = {}
         self._retired_plans: dict[str, str] = {}
         self._readers: Counter[ShardKey] = Counter()
-        self._unit_seconds: Counter[int] = Counter()
+        self._unit_seconds: dict[int, Counter[str]] = defaultdict(Counter)
+        """Execution seconds per unit, by calibrated operator (the unit's operator mix)."""
         self._shard_seconds: Counter[ShardKey] = Counter()
         self._op_seconds: Counter[str] = Counter()
         """Execution seconds by calibrated operator (the load's operator mix)."""
@@ -408,13 +409,13 @@ class WorkerNode:
                 self._running -= 1
                 self._busy_seconds += elapsed
                 units = {u for _, u in reading}
-                for unit in units:  # the load of a fragment is shared by the units it read
-                    self._unit_seconds[unit] += elapsed / len(units)
-                for key in reading:
-                    self._shard_seconds[key] += elapsed / len(reading)
                 operators = _operators(sql)
                 for operator in operators:
                     self._op_seconds[operator] += elapsed / len(operators)
+                    for unit in units:  # a fragment's load is shared by the units it read
+                        self._unit_seconds[unit][operator] += elapsed / len(units) / len(operators)
+                for key in reading:
+                    self._shard_seconds[key] += elapsed / len(reading)
         if not profile:
             return result, {"seconds": elapsed, "rows_out": result.num_rows}
         fell_back = getattr(self.executor, "fell_back", "")
@@ -671,7 +672,7 @@ class WorkerNode:
 
     # -- reporting ----------------------------------------------------------------------
     def load_report(self) -> dict[str, Any]:
-        """Cumulative execution seconds (in all and per unit) and the bytes of every unit:
+        """Cumulative execution seconds (in all, per unit and operator) and every unit's bytes:
         the balancer turns two reports into rates."""
         with self._lock:
             unit_bytes: Counter[int] = Counter()
@@ -679,7 +680,7 @@ class WorkerNode:
                 unit_bytes[unit] += shard.nbytes
             return {
                 "busy_seconds": self._busy_seconds,
-                "unit_seconds": dict(self._unit_seconds),
+                "unit_seconds": {u: dict(ops) for u, ops in self._unit_seconds.items()},
                 "shard_seconds": [[t, u, self._shard_seconds[(t, u)]] for t, u in self.shards],
                 "unit_bytes": dict(unit_bytes),
                 "op_seconds": dict(self._op_seconds),

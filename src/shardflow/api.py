@@ -45,6 +45,9 @@ class NodeInfo:
     memory_free_bytes: int
     device_utilization: float | None
     """GPU utilisation (0..1) from NVML / AMD SMI; None on a CPU node."""
+    device_memory_used_bytes: int | None
+    device_memory_free_bytes: int | None
+    """GPU memory from NVML / AMD SMI; None on a CPU node."""
     engine_note: str
     calibration: dict[str, float]
     """Rows per second per operator measured when the worker joined."""
@@ -182,6 +185,8 @@ class Cluster:
                     memory_used_bytes=info.get("memory_used_bytes", 0),
                     memory_free_bytes=info.get("memory_free_bytes", 0),
                     device_utilization=info.get("device_utilization"),
+                    device_memory_used_bytes=info.get("device_memory_used_bytes"),
+                    device_memory_free_bytes=info.get("device_memory_free_bytes"),
                     engine_note="; ".join(
                         n
                         for n in (profile.get("engine_note", ""), info.get("last_fallback", ""))

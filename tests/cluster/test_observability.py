@@ -147,6 +147,7 @@ def test_profiles_calibration_and_simulated_slow_nodes(tmp_path: Path) -> None:
             assert set(node.calibration) == {"scan_filter", "hash_aggregate", "hash_join", "sort"}
             assert node.memory_used_bytes > 0 and node.memory_free_bytes > 0
             assert node.device_utilization is None  # a CPU node has no device telemetry
+            assert node.device_memory_used_bytes is node.device_memory_free_bytes is None
         ratio = nodes["node-2"].capacity / nodes["node-0"].capacity
         assert 0.3 < ratio < 0.7  # measured (noisily, on a shared machine): it really is slower
         db.create_table("t", pa.table({"id": list(range(30_000))}), distributed_by="id")

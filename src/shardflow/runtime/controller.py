@@ -225,6 +225,8 @@ class Controller:
                     node=node,
                     utilization=self.utilization.get(node, 0.0),
                     device_utilization=info.get("device_utilization"),
+                    device_memory_used_bytes=info.get("device_memory_used_bytes"),
+                    device_memory_free_bytes=info.get("device_memory_free_bytes"),
                     memory_used_bytes=info.get("memory_used_bytes", 0),
                     memory_free_bytes=info.get("memory_free_bytes", 0),
                     queries_running=info.get("queries_running", 0),

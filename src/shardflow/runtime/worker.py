@@ -42,7 +42,7 @@ from shardflow.telemetry.devices import (
     NodeProfile,
     choose_engine,
     cuda_index,
-    device_utilization,
+    device_state,
     discover,
     installed,
     memory_state,
@@ -684,7 +684,7 @@ class WorkerNode:
                 "shard_seconds": [[t, u, self._shard_seconds[(t, u)]] for t, u in self.shards],
                 "unit_bytes": dict(unit_bytes),
                 "op_seconds": dict(self._op_seconds),
-                "device_utilization": device_utilization(self.device),
+                "device_utilization": device_state(self.device)["device_utilization"],
                 "at": time.monotonic(),
             }
 
@@ -707,7 +707,7 @@ class WorkerNode:
                 "busy_seconds": self._busy_seconds,
                 "uptime_seconds": uptime,
                 "catalog_version": self.catalog.version,
-                "device_utilization": device_utilization(self.device),
+                **device_state(self.device),
                 "engine_fallbacks": dict(getattr(self.executor, "fallbacks", {})),
                 "last_fallback": getattr(self.executor, "last_fallback", ""),
                 **memory_state(),

@@ -111,22 +111,42 @@ def discover(gpu_index: int | None = None) -> DeviceInfo:
     return DeviceInfo("cpu", _cpu_model(), _memory_bytes())
 
 
-def device_utilization(device: DeviceInfo) -> float | None:
-    """The GPU's utilisation (0..1) now, where telemetry has it; None for a CPU."""
+NO_DEVICE_STATE: Mapping[str, Any] = {
+    "device_utilization": None,
+    "device_memory_used_bytes": None,
+    "device_memory_free_bytes": None,
+}
+
+
+def device_state(device: DeviceInfo) -> dict[str, Any]:
+    """The GPU's utilisation (0..1) and memory used and free now, where telemetry has them;
+    None for a CPU (or when the driver does not answer)."""
     try:
         if device.vendor == "nvidia":
             import pynvml
 
             handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return {
+                "device_utilization": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+                "device_memory_used_bytes": int(memory.used),
+                "device_memory_free_bytes": int(memory.free),
+            }
         if device.vendor == "amd":
             import amdsmi
 
             handle = amdsmi.amdsmi_get_processor_handles()[device.index or 0]
-            return float(amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"]) / 100.0
+            vram = amdsmi.AmdSmiMemoryType.VRAM
+            used = int(amdsmi.amdsmi_get_gpu_memory_usage(handle, vram))
+            return {
+                "device_utilization": amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"]
+                / 100.0,
+                "device_memory_used_bytes": used,
+                "device_memory_free_bytes": device.memory_bytes - used,
+            }
     except Exception:  # telemetry must never break a worker
-        return None
-    return None
+        pass
+    return dict(NO_DEVICE_STATE)
 
 
 def cuda_index(physical: int, visible: str | None = None) -> int:

@@ -31,6 +31,8 @@ class NodeGauges:
     utilization: float
     """Busy fraction of execution time over the last window."""
     device_utilization: float | None
+    device_memory_used_bytes: int | None
+    device_memory_free_bytes: int | None
     memory_used_bytes: int
     memory_free_bytes: int
     queries_running: int
@@ -117,6 +119,14 @@ class ClusterCollector(Collector):
             "node_device_utilization": (
                 "GPU utilisation from NVML / AMD SMI",
                 "device_utilization",
+            ),
+            "node_device_memory_used_bytes": (
+                "GPU memory used, from NVML / AMD SMI",
+                "device_memory_used_bytes",
+            ),
+            "node_device_memory_free_bytes": (
+                "GPU memory free, from NVML / AMD SMI",
+                "device_memory_free_bytes",
             ),
             "node_memory_used_bytes": ("Memory used by the worker", "memory_used_bytes"),
             "node_memory_free_bytes": ("Memory free on the worker's machine", "memory_free_bytes"),

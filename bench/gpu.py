@@ -3,7 +3,7 @@ CPU, over the same Arrow tables in memory, in one run. Prints per-query times, w
 engine fell back, and, last, the geometric-mean ratio GPU engine/DuckDB.
 
     python bench/gpu.py --sf 1          # on a machine with an NVIDIA GPU and shardflow[gpu]
-    python bench/gpu.py --sf 1 --cpu    # the same path with Polars on the CPU
+    python bench/gpu.py --sf 1 --cpu    # the same path, Polars (1.44, as cudf-polars) on the CPU
 
 Both sides run each query whole through the engine a shardflow worker uses (``PolarsEngine``
 and ``DuckDBEngine``), so the GPU side includes what a worker pays: SQL rewriting, Arrow to

@@ -23,6 +23,10 @@ from tests.support.querygen import select_queries
 
 pytest.importorskip("polars")
 CLIENT = DuckDBEngine(threads=1)
+FALLS_BACK = {
+    2: "Polars 1 SQL does not resolve the outer query's columns in a correlated subquery",
+}
+"""TPC-H queries with a fragment Polars cannot run (it runs on DuckDB, counted and shown)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,8 @@ def test_every_tpch_fragment_runs_on_polars(
         sort_keys=sort_key_indexes(sql, expected.column_names),
         context=f"Q{number}",
     )
-    assert sum(engine.fallbacks.values()) == before, engine.last_fallback  # Polars ran it all
+    if number not in FALLS_BACK:
+        assert sum(engine.fallbacks.values()) == before, engine.last_fallback  # Polars ran it
 
 
 def test_what_polars_cannot_run_falls_back_to_duckdb_and_says_so() -> None:
@@ -109,3 +114,51 @@ def test_polars_gets_only_the_columns_and_tables_a_query_reads() -> None:
         {"s": 6.0}
     ]
     assert sum(engine.fallbacks.values()) == 0, engine.last_fallback
+
+
+def test_decimal_arithmetic_and_literals_answer_like_duckdb() -> None:
+    """Polars 1 rounds a decimal product to the larger operand's scale, divides decimals as
+    decimals and reads 0.05 as a float; the rewrite keeps DuckDB's answers and types."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+
+    money = pa.decimal128(15, 2)
+    t = pa.table(
+        {
+            "price": pa.array([Decimal("10.55"), Decimal("3.33"), Decimal("7.01")], money),
+            "discount": pa.array([Decimal("0.05"), Decimal("0.07"), Decimal("0.08")], money),
+            "n": pa.array([3, 4, 5], pa.int64()),
+            "day": pa.array([10_000, 10_500, 11_000], pa.int32()).cast(pa.date32()),
+        }
+    )
+    engine = PolarsEngine(DuckDBEngine(threads=1))
+    queries = [
+        "SELECT price * (1 - discount) AS x, price * (1 - discount) * (1 + discount) AS y FROM t",
+        "SELECT sum(price * discount) AS s, sum(price) / sum(discount) AS r FROM t",
+        "SELECT n / 2 AS half, price / n AS per, price * 0.5 AS p, -price * discount AS m FROM t",
+        "SELECT count(*) AS c FROM t WHERE discount BETWEEN 0.06 - 0.01 AND 0.06 + 0.01",
+        "SELECT 100.00 * sum(price * discount) / sum(price) AS pct FROM t",
+        "SELECT count(*) AS c FROM t WHERE day >= DATE '1997-06-01' AND day < DATE '2000-01-01'",
+    ]
+    for sql in queries:
+        expected = DuckDBEngine(threads=1).run(sql, {"t": t})
+        got = engine.run(sql, {"t": t})
+        assert engine.fell_back == "", (sql, engine.last_fallback)
+        assert got.schema.equals(expected.schema), (sql, got.schema, expected.schema)
+        assert got.to_pylist() == expected.to_pylist(), sql
+
+
+def test_a_rounded_decimal_is_refused_not_returned() -> None:
+    from decimal import Decimal
+
+    import pyarrow as pa
+
+    from shardflow.engine.polars_engine import conform
+
+    rounded = pa.table({"x": pa.array([Decimal("10.02")], pa.decimal128(38, 2))})
+    with pytest.raises(ValueError, match="rounded"):
+        conform(rounded, pa.schema([("x", pa.decimal128(38, 4))]))
+    narrower = conform(rounded, pa.schema([("y", pa.decimal128(12, 2))]))  # DuckDB's name
+    assert narrower.schema == pa.schema([("y", pa.decimal128(12, 2))])
+    assert narrower.to_pylist() == [{"y": Decimal("10.02")}]

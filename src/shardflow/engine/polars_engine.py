@@ -9,7 +9,6 @@ Polars and cudf-polars are optional (``pip install shardflow[gpu]``) and importe
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -20,18 +19,7 @@ import pyarrow.compute as pc
 import sqlglot
 
 from shardflow.engine.duckdb_engine import DuckDBEngine
-
-
-@functools.lru_cache(maxsize=2048)
-def polars_sql(sql: str) -> tuple[str, frozenset[str], frozenset[str] | None]:
-    """DuckDB SQL rewritten for Polars, the tables it reads (CTE names left out) and the
-    column names it mentions (None when it selects ``*``: then every column is needed)."""
-    tree = sqlglot.parse_one(sql, read="duckdb")
-    ctes = {cte.alias_or_name for cte in tree.find_all(sqlglot.exp.CTE)}
-    tables = frozenset(t.name for t in tree.find_all(sqlglot.exp.Table)) - ctes
-    star = any(not isinstance(s.parent, sqlglot.exp.Count) for s in tree.find_all(sqlglot.exp.Star))
-    columns = None if star else frozenset(c.name for c in tree.find_all(sqlglot.exp.Column))
-    return tree.sql(dialect="postgres"), tables, columns
+from shardflow.engine.polars_dialect import inputs, polars_sql, schema_key
 
 
 class PolarsEngine:
@@ -48,10 +36,14 @@ class PolarsEngine:
         self._engine: Any = "cpu"
         if gpu:
             self._engine = polars.GPUEngine(device=device, raise_on_fail=True)
-        # Polars' cost-based join reordering joined customer with supplier on nationkey
+        # Polars 2's cost-based join reordering joined customer with supplier on nationkey
         # first in TPC-H Q5 (60 M rows; 3.3 s against 0.09 s in FROM order at SF 1); the
-        # fragments arrive with joins in a sensible order, so the order is kept.
-        self._optimizations = polars.QueryOptFlags(join_order=False)
+        # fragments arrive with joins in a sensible order, so the order is kept. (Polars 1,
+        # which cudf-polars supports, keeps the order anyway and has no such flag.)
+        try:
+            self._optimizations = polars.QueryOptFlags(join_order=False)
+        except TypeError:
+            self._optimizations = polars.QueryOptFlags()
         self.fallbacks: Counter[str] = Counter()
         self.last_fallback = ""
         self._lock = threading.Lock()
@@ -74,18 +66,20 @@ class PolarsEngine:
         for name, select in (views or {}).items():  # the bound shards, read as Arrow
             frames[name] = self.storage.run(select)
         try:
-            query, read, columns = polars_sql(sql)
+            read, columns = inputs(sql)
+            for name in read - frames.keys():  # replicated tables: the node's standing views
+                frames[name] = self.storage.run(f'SELECT * FROM "{name}"')
+            used = {}
+            for name in read & frames.keys():  # only what the query reads goes to Polars
+                table = frames[name]
+                if columns is not None:  # unused columns (long strings above all) stay behind
+                    kept = [c for c in table.column_names if c in columns]
+                    table = table.select(kept or table.column_names[:1])  # keeps the rows
+                used[name] = table
+            query = polars_sql(sql, schema_key({n: t.schema for n, t in used.items()}))
         except sqlglot.errors.SqlglotError as error:
             return self._fall_back("duckdb", f"SQL not rewritable: {error}", sql, frames)
-        for name in read - frames.keys():  # replicated tables: the node's standing views
-            frames[name] = self.storage.run(f'SELECT * FROM "{name}"')
-        polars_frames = {}
-        for name in read & frames.keys():  # only what the query reads goes to Polars
-            table = frames[name]
-            if columns is not None:  # unused columns (long strings above all) stay behind
-                kept = [c for c in table.column_names if c in columns]
-                table = table.select(kept or table.column_names[:1])  # keeps the row count
-            polars_frames[name] = self._polars.from_arrow(table)
+        polars_frames = {name: self._polars.from_arrow(table) for name, table in used.items()}
         context = self._polars.SQLContext(frames=polars_frames, eager=False)
         try:
             lazy = context.execute(query)
@@ -135,16 +129,26 @@ class PolarsEngine:
 
 def conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
     """``result`` with DuckDB's names and types. Where Polars' type differs, values are cast;
-    a date difference (a duration in Polars, whole days in DuckDB) becomes days."""
+    a date difference (a duration in Polars, whole days in DuckDB) becomes days. A decimal
+    of a smaller scale than DuckDB's was rounded on the way: that is an error."""
     if result.num_columns != len(schema):
         raise ValueError(f"Polars gave {result.num_columns} columns, DuckDB {len(schema)}")
     columns = []
     for column, field in zip(result.columns, schema, strict=True):
+        if _is_decimal(column.type) and _is_decimal(field.type):
+            if column.type.scale < field.type.scale:  # Polars rounded what DuckDB keeps
+                raise ValueError(
+                    f"{field.name}: Polars gave {column.type}, DuckDB {field.type} (rounded)"
+                )
         if column.type != field.type:
             column = _days(column) if _is_time_span(column.type) else column
             column = column.cast(field.type)
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _is_decimal(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_decimal(kind))
 
 
 def _is_time_span(kind: pa.DataType) -> bool:

@@ -475,6 +475,15 @@ class Session:
         self.engine.close()
 
 
+def _fragment_result(
+    node: str, table_ref: Any, stats: dict[str, Any], submitted: float
+) -> FragmentResult:
+    """A fragment's answer, left in the object store, with what its worker measured."""
+    return FragmentResult(
+        _RayOutput(table_ref), node, stats["seconds"], stats["rows_out"], stats, submitted
+    )
+
+
 @dataclass
 class _RayOutput:
     """A fragment result left in Ray's object store until someone needs its rows."""
@@ -568,16 +577,7 @@ class _RayRunner:
                     log.info("fragment retried after %s failed: %s", node, error)
                     _discard(table_ref)
                     continue
-                results.append(
-                    FragmentResult(
-                        _RayOutput(table_ref),
-                        node,
-                        stats["seconds"],
-                        stats["rows_out"],
-                        stats,
-                        submitted,
-                    )
-                )
+                results.append(_fragment_result(node, table_ref, stats, submitted))
                 pending -= set(by_node[node])
             return not pending
 
@@ -598,16 +598,7 @@ class _RayRunner:
             except _Transient:
                 _discard(table_ref)
                 return False
-            found.append(
-                FragmentResult(
-                    _RayOutput(table_ref),
-                    node,
-                    stats["seconds"],
-                    stats["rows_out"],
-                    stats,
-                    submitted,
-                )
-            )
+            found.append(_fragment_result(node, table_ref, stats, submitted))
             return True
 
         session._retrying("query", attempt)

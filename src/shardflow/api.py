@@ -34,11 +34,16 @@ class NodeInfo:
     memory_bytes: int
     cores: int
     capacity: float
+    """Calibrated capacity for the cluster's operator mix relative to the median node, as
+    placement and the balancer use it (0.5: gets half a median node's work)."""
     simulated: bool
     shards: int
     rows: int
     bytes: int
     queries_running: int
+    utilization: float | None
+    """Busy fraction over the balancer's last window (``balance_interval_s``); None until
+    a window has passed."""
     busy_fraction: float
     """Share of the worker's uptime spent executing fragments (summed over threads)."""
     memory_used_bytes: int
@@ -160,7 +165,9 @@ class Cluster:
         return list(self._db._session_or_raise().coordinator_read("failovers"))
 
     def nodes(self) -> list[NodeInfo]:
-        infos = self._db._session_or_raise().worker_infos()
+        session = self._db._session_or_raise()
+        infos = session.worker_infos()
+        loads = session.coordinator_read("node_loads")
         nodes = []
         for node_id, info in infos.items():
             profile = info.get("profile", {})
@@ -175,12 +182,15 @@ class Cluster:
                     engine=profile.get("engine", "unknown"),
                     memory_bytes=profile.get("memory_bytes", 0),
                     cores=profile.get("cores", 0),
-                    capacity=profile.get("capacity", 0.0),
+                    capacity=(
+                        loads.get(node_id, {}).get("capacity") or profile.get("capacity", 0.0)
+                    ),
                     simulated=profile.get("simulated", False),
                     shards=len(shards),
                     rows=sum(s["rows"] for s in shards + info.get("replicas", [])),
                     bytes=sum(s["bytes"] for s in shards + info.get("replicas", [])),
                     queries_running=info.get("queries_running", 0),
+                    utilization=loads.get(node_id, {}).get("utilization"),
                     busy_fraction=info.get("busy_seconds", 0.0) / uptime,
                     memory_used_bytes=info.get("memory_used_bytes", 0),
                     memory_free_bytes=info.get("memory_free_bytes", 0),

@@ -148,6 +148,7 @@ def test_profiles_calibration_and_simulated_slow_nodes(tmp_path: Path) -> None:
             assert node.memory_used_bytes > 0 and node.memory_free_bytes > 0
             assert node.device_utilization is None  # a CPU node has no device telemetry
             assert node.device_memory_used_bytes is node.device_memory_free_bytes is None
+        assert nodes["node-0"].capacity == nodes["node-1"].capacity == 1.0  # the median node
         ratio = nodes["node-2"].capacity / nodes["node-0"].capacity
         assert 0.3 < ratio < 0.7  # measured (noisily, on a shared machine): it really is slower
         db.create_table("t", pa.table({"id": list(range(30_000))}), distributed_by="id")
@@ -244,3 +245,5 @@ def test_shards_report_their_load(tmp_path: Path) -> None:
                 break
         assert loads["busy"] and min(loads["busy"]) > 0, loads
         assert loads["idle"] and max(loads["idle"]) == 0, loads
+        # the nodes' busy fraction over the same window
+        assert all(n.utilization is not None and n.utilization > 0 for n in db.cluster.nodes())

@@ -78,6 +78,16 @@ class CoordinatorActor:
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         return self.controller.rebalance(dry_run)
 
+    def node_loads(self) -> dict[str, dict[str, float | None]]:
+        """Per node: the busy fraction over the last observed window and the capacity that
+        placement and the balancer use (relative to the median node)."""
+        nodes = list(self.state.catalog.nodes)
+        capacities = self.controller.capacities(nodes, self.controller.mix)
+        return {
+            n: {"utilization": self.controller.utilization.get(n), "capacity": capacities.get(n)}
+            for n in nodes
+        }
+
     def shard_loads(self) -> list[tuple[str, int, float]]:
         return [(t, u, load) for (t, u), load in self.controller.shard_load.items()]
 

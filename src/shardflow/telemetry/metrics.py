@@ -133,7 +133,7 @@ class ClusterCollector(Collector):
             "node_queries_running": ("Fragments running now", "queries_running"),
             "node_shards": ("Shards served", "shards"),
             "node_bytes": ("Bytes of shard data served", "bytes"),
-            "node_capacity": ("Calibrated capacity (1.0 = reference node)", "capacity"),
+            "node_capacity": ("Calibrated capacity relative to the median node", "capacity"),
         }
         for metric, (help_text, attribute) in per_node.items():
             family = GaugeMetricFamily(name(metric), help_text, labels=["node"])

@@ -21,6 +21,7 @@ def test_demo_then_sql_on_its_data_directory(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "answers equal: 22/22" in demo.stdout
     assert "Q22" in demo.stdout and "geometric mean ratio" in demo.stdout
+    assert "node-1" in demo.stdout and "duckdb" in demo.stdout  # the workers and engines
 
     data_dir = str(tmp_path / "db-sf0.01")
     sql = run("sql", "SELECT count(*) AS n FROM orders", "--data-dir", data_dir, "--workers", "1")

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardflow import tpch
-from shardflow.api import connect
+from shardflow.api import NodeInfo, connect
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ def run_demo(
         started = time.perf_counter()
         tpch.load(db, data, progress=True)
         console.print(f"loaded 8 tables in {time.perf_counter() - started:.1f}s")
+        console.print(render_nodes(db.cluster.nodes()))
         oracle = tpch.duckdb_oracle(data)
         for number, query in tpch.queries().items():
             answer = db.sql(query)  # warm: plan cached, answer checked against DuckDB
@@ -103,6 +104,26 @@ def run_demo(
             )
     console.print(render(timings, sf, workers))
     return timings
+
+
+def render_nodes(nodes: list[NodeInfo]) -> Table:
+    """The workers: their device, engine, calibrated capacity and what they hold."""
+    table = Table(title="workers")
+    for column in ("node", "device", "engine", "capacity", "shards", "rows", "MiB"):
+        table.add_column(
+            column, justify="left" if column in ("node", "device", "engine") else "right"
+        )
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        table.add_row(
+            node.node_id,
+            f"{node.vendor}: {node.model}",
+            node.engine,
+            f"{node.capacity:.2f}",
+            str(node.shards),
+            f"{node.rows:,}",
+            f"{node.bytes / (1 << 20):.1f}",
+        )
+    return table
 
 
 def geomean(values: list[float]) -> float:

@@ -246,6 +246,7 @@ def test_scale_out_rebalance_and_drain(tmp_path: Path) -> None:
             assert plan["actions"] and plan["spread"] > 0.4  # the new node holds nothing
             assert [n.shards for n in db.cluster.nodes() if n.node_id == new] == [0]
             for _ in range(10):  # 4 units on 3 nodes: splits, then moves of the halves
+                time.sleep(1.0)  # a window of load to decide on, not the moves' few seconds
                 if not db.cluster.rebalance(dry_run=False)["actions"]:
                     break
             held: dict[str, int] = {}

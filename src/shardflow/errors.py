@@ -89,6 +89,11 @@ class Retryable(ClusterError):
     """Internal: a transient condition; the caller refreshes its view and tries again."""
 
 
+class WorkerGone(Retryable):
+    """Internal: the worker of a node the routing named has stopped (drained, or dead and
+    not yet failed over); the caller refreshes routing and tries again."""
+
+
 class Moved(Retryable):
     """Internal: a worker no longer owns a shard at the routing epoch it was asked for."""
 

@@ -14,7 +14,7 @@ import ray
 from ray._private import ray_constants
 
 from shardflow.config import Settings
-from shardflow.errors import ClusterError, ConfigError
+from shardflow.errors import ConfigError, WorkerGone
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
     WORKER_CONCURRENCY,
@@ -58,7 +58,7 @@ class ClusterHandle:
             try:
                 handle = ray.get_actor(self.worker_name(node_id), namespace=NAMESPACE)
             except ValueError:
-                raise ClusterError(f"worker {node_id} is not running") from None
+                raise WorkerGone(f"worker {node_id} is not running") from None
             self.workers[node_id] = handle
         return handle
 

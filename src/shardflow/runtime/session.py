@@ -79,6 +79,8 @@ def _unwrap(call: Callable[[], T]) -> T:
         return call()
     except ObjectLostError:
         raise _InputLost() from None
+    except Retryable as error:  # raised here, not by the worker: e.g. its node was drained
+        raise _Transient(str(error)) from None
     except RayActorError as error:
         raise _Transient(str(error)) from None
     except RayTaskError as error:
@@ -237,12 +239,15 @@ class Session:
             for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
                 by_node[group.unit(unit_id).node][unit_id] = part
             calls = {
-                node: self.handle.worker(node).append.remote(
+                node: lambda node=node, parts=parts: self.handle.worker(node).append.remote(
                     spec.name, parts, batch_id, catalog.epoch
                 )
                 for node, parts in by_node.items()
             }
-            for node, ref in calls.items():
+            submitted = _submit_all(calls)
+            for node in calls.keys() - submitted.keys():  # its worker is gone: route again
+                pending.extend(by_node[node].values())
+            for node, ref in submitted.items():
                 try:
                     _unwrap(lambda ref=ref: ray.get(ref))
                 except _Transient as error:
@@ -259,18 +264,29 @@ class Session:
         # The primary logs the rows durably first; then every other replica applies them.
         self._deliver_replica(spec.name, ref, batch_id, [primary])
         others = [n for n in self.catalog.nodes if n != primary]
-        self._deliver_replica(spec.name, ref, batch_id, others)
+        self._deliver_replica(spec.name, ref, batch_id, others, leavers_skipped=True)
 
-    def _deliver_replica(self, table: str, ref: Any, batch_id: str, nodes: list[str]) -> None:
+    def _deliver_replica(
+        self, table: str, ref: Any, batch_id: str, nodes: list[str], leavers_skipped: bool = False
+    ) -> None:
+        """Apply an insert to replicas of ``table`` on ``nodes``, retrying those that fail.
+        With ``leavers_skipped``, a node that left the cluster meanwhile needs no copy (the
+        primary logged the rows; a node that joins loads them from there)."""
         remaining = list(nodes)
 
         def attempt() -> bool:
-            calls = [
-                (n, self.handle.worker(n).append_replica.remote(table, ref, batch_id))
-                for n in remaining
-            ]
+            if leavers_skipped:
+                remaining[:] = [n for n in remaining if n in self.catalog.nodes]
+            calls = _submit_all(
+                {
+                    n: lambda n=n: self.handle.worker(n).append_replica.remote(table, ref, batch_id)
+                    for n in remaining
+                }
+            )
+            missing = [n for n in remaining if n not in calls]  # worker gone: try again
             remaining.clear()
-            for node, call in calls:
+            remaining.extend(missing)
+            for node, call in calls.items():
                 try:
                     _unwrap(lambda call=call: ray.get(call))
                 except _Transient:
@@ -462,8 +478,10 @@ class Session:
     # -- reporting ----------------------------------------------------------------------
     def worker_infos(self) -> dict[str, dict[str, Any]]:
         catalog = self.refresh()
-        calls = {n: self.handle.worker(n).info.remote() for n in catalog.nodes}
-        infos = {}
+        calls = _submit_all(
+            {n: lambda n=n: self.handle.worker(n).info.remote() for n in catalog.nodes}
+        )
+        infos: dict[str, dict[str, Any]] = {n: {} for n in catalog.nodes}  # gone: no info
         for node, call in calls.items():
             try:
                 infos[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
@@ -473,6 +491,18 @@ class Session:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _submit_all(submissions: Mapping[str, Callable[[], T]]) -> dict[str, T]:
+    """Submit each node's call; a node whose worker is gone is left out (its part is still
+    pending, and the caller retries it with fresh routing)."""
+    submitted = {}
+    for node, submit in submissions.items():
+        try:
+            submitted[node] = _unwrap(submit)
+        except _Transient as error:
+            log.info("%s: %s; retried with fresh routing", node, error)
+    return submitted
 
 
 def _fragment_result(
@@ -564,12 +594,19 @@ class _RayRunner:
             for unit in group.units:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
-            calls = {
-                node: self._call(
-                    node, stage.sql, {t: units for t in stage.tables}, catalog.epoch, names, refs
-                )
-                for node, units in by_node.items()
-            }
+            calls = _submit_all(
+                {
+                    node: lambda node=node, units=units: self._call(
+                        node,
+                        stage.sql,
+                        {t: units for t in stage.tables},
+                        catalog.epoch,
+                        names,
+                        refs,
+                    )
+                    for node, units in by_node.items()
+                }
+            )
             for node, (table_ref, stats_ref, submitted) in calls.items():
                 try:
                     stats = _unwrap(lambda ref=stats_ref: ray.get(ref))
@@ -592,7 +629,12 @@ class _RayRunner:
         def attempt() -> bool:
             nodes = session.catalog.nodes
             node = nodes[next(session._round_robin) % len(nodes)]
-            table_ref, stats_ref, submitted = self._call(node, sql, {}, 0, names, refs)
+            try:
+                table_ref, stats_ref, submitted = _unwrap(
+                    lambda: self._call(node, sql, {}, 0, names, refs)
+                )
+            except _Transient:
+                return False
             try:
                 stats = _unwrap(lambda: ray.get(stats_ref))
             except _Transient:

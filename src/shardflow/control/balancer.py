@@ -84,12 +84,12 @@ class Move:
 
 Action = Split | Merge | Move
 SINK_SEARCH = 32
+"""How many of the least loaded nodes a move considers before it gives up on a unit."""
 OVERSHOOT = 2.0
 """A unit carrying more than this times what its node must shed is split, not moved whole:
 moving the excess (half of it next round) costs fewer bytes."""
-"""How many of the least loaded nodes a move considers before it gives up on a unit."""
 Weight = Callable[[UnitState, str], float]
-"""What a unit weighs on a node, in that node's units of load/capacity accounting."""
+"""What a unit weighs on a node (its load there, or its bytes), against the node's share."""
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,21 @@ def test_a_rounded_decimal_is_refused_not_returned() -> None:
     narrower = conform(rounded, pa.schema([("y", pa.decimal128(12, 2))]))  # DuckDB's name
     assert narrower.schema == pa.schema([("y", pa.decimal128(12, 2))])
     assert narrower.to_pylist() == [{"y": Decimal("10.02")}]
+
+
+def test_the_gpu_engine_without_its_gpu_runs_on_polars_cpu_and_says_so() -> None:
+    """What an NVIDIA node does when cudf-polars cannot run a fragment: the GPU collect
+    raises, the same plan runs on Polars' CPU engine, and the fallback is counted."""
+    from shardflow.telemetry.devices import installed
+
+    if installed("cudf_polars"):
+        pytest.skip("cudf-polars is installed: the GPU engine would run")
+    import pyarrow as pa
+
+    engine = PolarsEngine(DuckDBEngine(threads=1), gpu=True)
+    assert engine.name == "polars-gpu"
+    t = pa.table({"k": [1, 1, 2], "v": [1.0, 2.0, 3.0]})
+    result = engine.run("SELECT k, sum(v) AS s FROM t GROUP BY k ORDER BY k", {"t": t})
+    assert result.to_pylist() == [{"k": 1, "s": 3.0}, {"k": 2, "s": 3.0}]
+    assert engine.fell_back == "cpu" and engine.fallbacks == {"cpu": 1}
+    assert "GPU engine" in engine.last_fallback and "cudf" in engine.last_fallback

@@ -17,7 +17,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,17 +25,9 @@ import pyarrow.parquet as pq
 
 from shardflow import tpch
 from shardflow.catalog.types import storage_schema
+from shardflow.demo import best_of
 from shardflow.engine import DuckDBEngine
 from shardflow.telemetry.devices import discover, installed
-
-
-def best(repeat: int, run: object) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()  # type: ignore[operator]
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def same_answer(ours: pa.Table, theirs: pa.Table) -> bool:
@@ -106,8 +97,8 @@ def main() -> None:
         ok = same_answer(result, expected)
         if not ok:
             wrong.append(number)
-        ours = best(args.repeat, lambda q=sql: polars_engine.run(q, tables))
-        theirs = best(args.repeat, lambda q=sql: duck.run(q, tables))
+        ours = best_of(args.repeat, lambda q=sql: polars_engine.run(q, tables))
+        theirs = best_of(args.repeat, lambda q=sql: duck.run(q, tables))
         ratios.append(ours / theirs)
         print(
             f"Q{number:02d}  {ours * 1000:10.1f} {theirs * 1000:10.1f} {ours / theirs:6.2f}"

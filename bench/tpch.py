@@ -16,15 +16,7 @@ from pathlib import Path
 
 import shardflow
 from shardflow import tpch
-
-
-def best(repeat: int, run: object) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()  # type: ignore[operator]
-        times.append(time.perf_counter() - started)
-    return min(times)
+from shardflow.demo import best_of
 
 
 def profiling_overhead(db: shardflow.Database, numbers: list[int], repeat: int) -> float:
@@ -84,7 +76,7 @@ def main() -> None:
             db.sql(query)  # warm-up: the plan is cached from here on
             planning = db.last_report.plan_seconds if db.last_report else 0.0
             oracle.sql(query).fetchall()
-            ours = best(args.repeat, lambda q=query: db.sql(q))
+            ours = best_of(args.repeat, lambda q=query: db.sql(q))
             report = db.last_report
             assert report is not None
             on_workers = sum(
@@ -92,7 +84,7 @@ def main() -> None:
             )
             merging = sum(stage.merge_seconds for stage in report.stages)
             other = report.wall_seconds - on_workers - merging
-            theirs = best(args.repeat, lambda q=query: oracle.sql(q).to_arrow_table())
+            theirs = best_of(args.repeat, lambda q=query: oracle.sql(q).to_arrow_table())
             ratios.append(ours / theirs)
             stages = " + ".join(f"{s.strategy}@{s.placement}" for s in report.stages)
             print(

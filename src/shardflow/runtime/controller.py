@@ -23,6 +23,7 @@ from shardflow.errors import MoveRefusedError, UnknownShardError
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.migrator import Migrator
 from shardflow.telemetry.calibration import capacity as calibration_capacity
+from shardflow.telemetry.devices import device_model
 from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
 log = logging.getLogger(__name__)
@@ -319,12 +320,7 @@ class Controller:
         return cost.relative_speeds(calibrations, self._models(nodes))
 
     def _models(self, nodes: list[str]) -> dict[str, str]:
-        """What counts as one device model: nodes of a model share their calibration."""
-        models = {}
-        for node in nodes:
-            profile = self.state.profiles.get(node, {})
-            models[node] = f"{profile.get('vendor')}/{profile.get('model')}/{profile.get('engine')}"
-        return models
+        return {n: device_model(self.state.profiles.get(n, {})) for n in nodes}
 
     def capacities(self, nodes: list[str], mix: dict[str, float] | None = None) -> dict[str, float]:
         """Each node's capacity for the cluster's current operator mix, relative to the

@@ -27,6 +27,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
+from shardflow.telemetry.devices import device_model
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -206,10 +207,7 @@ class CoordinatorState:
     def _capacities(self, nodes: list[str]) -> dict[str, float]:
         """Calibrated capacities relative to the median node."""
         raw = {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
-        models = {
-            n: "/".join(str(self.profiles.get(n, {}).get(k)) for k in ("vendor", "model", "engine"))
-            for n in nodes
-        }
+        models = {n: device_model(self.profiles.get(n, {})) for n in nodes}
         return relative_capacities(raw, models)
 
     # -- tables -------------------------------------------------------------------------

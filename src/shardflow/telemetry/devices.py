@@ -174,6 +174,12 @@ def choose_engine(device: DeviceInfo, has: Mapping[str, bool]) -> tuple[str, str
     return CPU_ENGINE, ""
 
 
+def device_model(profile: Mapping[str, Any]) -> str:
+    """What counts as one device model in a reported profile: nodes of one model share
+    their calibration (a node measured while the machine was busy is not slower)."""
+    return "/".join(str(profile.get(k)) for k in ("vendor", "model", "engine"))
+
+
 def memory_state() -> dict[str, Any]:
     """Memory the worker's process uses and the machine has free, in bytes."""
     used = free = 0

@@ -53,6 +53,10 @@ class Settings:
             free port (``db.cluster.metrics_url()`` says which).
         profile_queries: keep the per-fragment timings that ``db.profile()`` and
             ``db.last_report`` show (on by default: it costs under 2 %).
+        lease_ttl_s: how long the data directory's owner lease lasts without renewal (the
+            coordinator renews it every quarter of that). Another cluster may take the data
+            directory over once it expired — at once if the owner ran on this machine and
+            exited — and this cluster's writes are refused from then on.
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
@@ -80,6 +84,7 @@ class Settings:
     min_shard_bytes: int = 256 << 20
     metrics_port: int = 0
     profile_queries: bool = True
+    lease_ttl_s: float = 10.0
     engine: str = "auto"
 
     def __post_init__(self) -> None:
@@ -107,7 +112,7 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative")
-        for name in ("retry_deadline_s", "health_interval_s"):
+        for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
         if self.migration_bandwidth_mb_s < 0:

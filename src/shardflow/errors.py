@@ -85,6 +85,16 @@ class ClusterError(Error):
     """The cluster could not serve the request (workers unreachable past the retry deadline)."""
 
 
+class DataDirInUseError(Error):
+    """``connect`` found the data directory served by another live shardflow cluster (a
+    data directory has one owner at a time); the message names it."""
+
+
+class OwnershipLostError(ClusterError):
+    """Another cluster took over the data directory (this one hung past its lease, or was
+    taken for dead): this cluster's writes are refused. Reconnect."""
+
+
 class Retryable(ClusterError):
     """Internal: a transient condition; the caller refreshes its view and tries again."""
 

@@ -9,7 +9,7 @@ from shardflow.catalog.model import (
     TableSpec,
     Unit,
 )
-from shardflow.catalog.store import CatalogStore, DataDir
+from shardflow.catalog.store import CatalogStore, DataDir, OwnerToken
 
 __all__ = [
     "ROUND_ROBIN",
@@ -17,6 +17,7 @@ __all__ = [
     "CatalogStore",
     "DataDir",
     "Group",
+    "OwnerToken",
     "ShardRef",
     "TableKind",
     "TableSpec",

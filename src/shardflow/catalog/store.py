@@ -8,6 +8,7 @@ the reader takes the highest complete version. Local writes are fsync'ed before 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -17,26 +18,47 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from shardflow.catalog.model import Catalog
+from shardflow.errors import OwnershipLostError
 
 KEEP_VERSIONS = 5
+LEASE_FILE = "owner.json"
+"""The data directory's owner record (see ``shardflow.catalog.lease``)."""
+
+
+@dataclass(frozen=True)
+class OwnerToken:
+    """The cluster that owns a data directory and its fencing epoch."""
+
+    owner: str
+    epoch: int
 
 
 @dataclass(frozen=True)
 class DataDir:
-    """A resolved data directory: a filesystem and the root path inside it."""
+    """A resolved data directory: a filesystem and the root path inside it.
+
+    With an ``owner`` token every durable change made through it (writes and deletions)
+    first checks that the token still owns the directory, and raises
+    :class:`~shardflow.errors.OwnershipLostError` instead of writing when it does not.
+    """
 
     fs: pafs.FileSystem
     root: str
     uri: str
+    owner: OwnerToken | None = None
 
     @classmethod
-    def resolve(cls, uri: str) -> DataDir:
+    def resolve(cls, uri: str, owner: OwnerToken | None = None) -> DataDir:
         if "://" in uri:
             fs, root = pafs.FileSystem.from_uri(uri)
         else:
             fs, root = pafs.LocalFileSystem(), os.path.abspath(uri)
         fs.create_dir(root, recursive=True)
-        return cls(fs, root, uri)
+        return cls(fs, root, uri, owner)
+
+    def fenced(self, owner: OwnerToken) -> DataDir:
+        """This directory, writing as ``owner``."""
+        return dataclasses.replace(self, owner=owner)
 
     @property
     def local(self) -> bool:
@@ -45,9 +67,38 @@ class DataDir:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
-    def write_atomic(self, path: str, data: bytes, *, sync: bool = True) -> None:
+    def check_owner(self) -> None:
+        """Refuse to change anything once our cluster no longer owns the directory: the
+        owner record must name our owner and epoch (a fencing token, checked before every
+        durable write)."""
+        if self.owner is None:
+            return
+        try:
+            record = json.loads(self.read(self.path(LEASE_FILE)))
+            current = OwnerToken(record["owner"], record["epoch"])
+            released = bool(record.get("released", False))
+        except FileNotFoundError:
+            raise OwnershipLostError(
+                f"data directory {self.uri!r} has no owner record; this cluster no longer "
+                "owns it and writes nothing there"
+            ) from None
+        except (ValueError, KeyError, TypeError):
+            current, released = None, False  # torn mid-write: not ours to trust
+        if current != self.owner or released:
+            raise OwnershipLostError(
+                f"data directory {self.uri!r} is now owned by another cluster "
+                f"(epoch {current.epoch if current else '?'}, ours {self.owner.epoch}); "
+                "this cluster's write was refused. Reconnect to use the data directory."
+            )
+
+    def write_atomic(
+        self, path: str, data: bytes, *, sync: bool = True, fenced: bool = True
+    ) -> None:
         """Write ``data`` so that ``path`` holds either nothing or all of it; durably (on
-        disk before returning) unless ``sync`` is False."""
+        disk before returning) unless ``sync`` is False. ``fenced`` (the default) checks
+        ownership first."""
+        if fenced:
+            self.check_owner()
         if self.local:
             write_local_durable(path, data, sync=sync)
             return
@@ -63,13 +114,18 @@ class DataDir:
         with self.fs.open_input_stream(path) as stream:
             return bytes(stream.read())
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, *, fenced: bool = True) -> None:
+        """Delete a file (checking ownership first unless ``fenced`` is False: our own
+        temporary files may always go)."""
+        if fenced:
+            self.check_owner()
         try:
             self.fs.delete_file(path)
         except FileNotFoundError:
             pass
 
     def delete_dir(self, path: str) -> None:
+        self.check_owner()
         try:
             self.fs.delete_dir(path)
         except FileNotFoundError:

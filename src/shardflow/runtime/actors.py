@@ -13,6 +13,7 @@ import pyarrow as pa
 import ray
 from prometheus_client import start_http_server
 
+from shardflow.catalog import OwnerToken
 from shardflow.config import Settings
 from shardflow.control.migration import plan_from_json
 from shardflow.runtime.controller import Controller
@@ -28,8 +29,10 @@ COORDINATOR_CONCURRENCY = 16
 
 @ray.remote
 class CoordinatorActor:
-    def __init__(self, data_dir: str, settings: Settings, prefix: str) -> None:
-        self.state = CoordinatorState(data_dir, settings)
+    def __init__(
+        self, data_dir: str, settings: Settings, prefix: str, owner: str, description: str
+    ) -> None:
+        self.state = CoordinatorState(data_dir, settings, owner, description)
         self.controller = Controller(self.state, prefix, settings)
         registry, self.controller.recorder = registry_for(self.controller.gauges)
         server, _ = start_http_server(settings.metrics_port, addr=LOOPBACK, registry=registry)
@@ -52,6 +55,15 @@ class CoordinatorActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def owner_token(self) -> OwnerToken:
+        """The token every durable write of this cluster carries."""
+        return self.state.owner
+
+    def release(self) -> None:
+        """Stop the control loops and give the data directory up (before the actors stop)."""
+        self.controller.stop()
+        self.state.release_lease()
 
     # -- cluster operations -------------------------------------------------------------
     def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
@@ -142,12 +154,14 @@ class WorkerActor:
         # durable storage before serving.
         self.coordinator = ray.get_actor(coordinator, namespace=namespace)
         catalog = ray.get(self.coordinator.catalog.remote())
+        owner = ray.get(self.coordinator.owner_token.remote())
         gpus = ray.get_gpu_ids()
         self.node = WorkerNode(
             node_id,
             data_dir,
             settings,
             catalog,
+            owner=owner,
             slowdown=slowdown,
             gpu_index=int(gpus[0]) if gpus else None,
         )

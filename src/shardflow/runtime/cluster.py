@@ -3,18 +3,24 @@ cluster; the coordinator and worker actors on it; and taking them down again."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import sys
+import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray._private import ray_constants
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from shardflow.catalog import DataDir, lease
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, WorkerGone
+from shardflow.errors import ConfigError, DataDirInUseError, WorkerGone
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
     WORKER_CONCURRENCY,
@@ -27,6 +33,12 @@ NAMESPACE = "shardflow"
 LOOPBACK = "127.0.0.1"
 _local_databases = 0
 """Open databases on the Ray instance this process started; it stops with the last one."""
+_embedded: dict[str, ClusterHandle] = {}
+"""The embedded cluster serving each data directory in this process (one owner per data
+directory: a second ``connect`` to it shares these actors)."""
+_embedded_users: Counter[str] = Counter()
+"""Open databases per embedded cluster (by prefix); its actors stop with the last one."""
+RELEASE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -168,6 +180,10 @@ def _launch_actors(
     simulate: Mapping[str, float],
 ) -> ClusterHandle:
     if address is None:
+        serving = _embedded.get(data_dir)
+        if serving is not None:  # this process serves the data directory already: share it
+            _embedded_users[serving.prefix] += 1
+            return dataclasses.replace(serving, started_ray=started, owns_actors=False)
         prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
     else:  # sessions on one Ray cluster and one data directory share the actors
         prefix = f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
@@ -178,15 +194,22 @@ def _launch_actors(
         return handle
     except ValueError:
         pass
+    _refuse_if_owned(data_dir)
     gpus = gpu_slots(ray.nodes())
     count = workers if workers is not None else (len(gpus) or 4)
+    owner = f"{prefix}-{uuid.uuid4().hex[:12]}"
     handle.coordinator = CoordinatorActor.options(  # type: ignore[attr-defined]
         name=handle.coordinator_name,
         namespace=NAMESPACE,
         max_restarts=-1,
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
-    ).remote(data_dir, settings, prefix)
+    ).remote(data_dir, settings, prefix, owner, _describe(address))
+    try:
+        ray.get(handle.coordinator.ping.remote())
+    except RayActorError:
+        _refuse_if_owned(data_dir)  # another cluster took the lease meanwhile
+        raise
     if address is None and not settings.engine_threads:
         # Workers of an embedded cluster share this machine's cores: oversubscribing them
         # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
@@ -201,7 +224,25 @@ def _launch_actors(
     ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
     for worker in handle.workers.values():  # one at a time: they would slow each other down
         ray.get(worker.calibrate.remote())
+    if address is None:
+        _embedded[data_dir] = handle
+        _embedded_users[prefix] = 1
     return handle
+
+
+def _refuse_if_owned(data_dir: str) -> None:
+    """Say so, before anything starts, when another live cluster owns ``data_dir``."""
+    directory = DataDir.resolve(data_dir)
+    record = lease.read_lease(directory)
+    now = time.time()
+    if record is not None and not lease.vacant(record, owner="", now=now):
+        raise DataDirInUseError(lease.in_use_message(directory, record, now))
+
+
+def _describe(address: str | None) -> str:
+    if address is None:
+        return f"the embedded cluster of pid {os.getpid()} ({' '.join(sys.argv)[:80]})"
+    return f"on the Ray cluster at {address}"
 
 
 def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any:
@@ -227,8 +268,22 @@ def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any
 
 def shutdown(handle: ClusterHandle) -> None:
     """Stop what ``launch`` started: the actors it created (they share its fate anyway) and
-    Ray if it started it. A session that attached to running actors leaves them."""
-    if handle.owns_actors and ray.is_initialized():
+    Ray if it started it. The actors of an embedded cluster that other databases of this
+    process share stop with the last of them; a session that attached to the running actors
+    of a Ray cluster leaves them."""
+    last_user = handle.owns_actors
+    if handle.prefix in _embedded_users:
+        _embedded_users[handle.prefix] -= 1
+        last_user = _embedded_users[handle.prefix] <= 0
+        if last_user:
+            del _embedded_users[handle.prefix]
+            _embedded.pop(handle.data_dir, None)
+    if last_user and ray.is_initialized():
+        if handle.coordinator is not None:
+            try:  # the next cluster on this data directory takes it over at once
+                ray.get(handle.coordinator.release.remote(), timeout=RELEASE_TIMEOUT_S)
+            except (RayActorError, RayTaskError, GetTimeoutError) as error:
+                log.info("the coordinator did not release the data directory: %s", error)
         for worker in handle.workers.values():
             ray.kill(worker, no_restart=True)
         if handle.coordinator is not None:

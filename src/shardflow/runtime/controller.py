@@ -97,9 +97,21 @@ class Controller:
         threading.Thread(target=self._resume, name="resume", daemon=True).start()
         threading.Thread(target=self._watch, name="monitor", daemon=True).start()
         threading.Thread(target=self._balance_loop, name="balancer", daemon=True).start()
+        threading.Thread(target=self._keep_lease, name="lease", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _keep_lease(self) -> None:
+        """Renew the data directory's lease; once another cluster has taken it over, stop
+        acting (the workers' writes are refused by then anyway)."""
+        while not self._stop.wait(self.settings.lease_ttl_s / 4):
+            try:
+                if not self.state.renew_lease():
+                    log.error("another cluster took over the data directory; stopping")
+                    self._stop.set()
+            except OSError as error:  # a flaky filesystem: the next renewal may work
+                log.warning("renewing the data directory lease failed: %s", error)
 
     def _resume(self) -> None:
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec, Unit, lease
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
@@ -43,8 +43,19 @@ class PendingTable:
 class CoordinatorState:
     """The coordinator's logic, independent of Ray (the actor wraps it)."""
 
-    def __init__(self, data_dir: str, settings: Settings) -> None:
-        self.data_dir = DataDir.resolve(data_dir)
+    def __init__(
+        self,
+        data_dir: str,
+        settings: Settings,
+        owner: str | None = None,
+        description: str = "",
+    ) -> None:
+        # One owner per data directory: take its lease before reading anything, and write
+        # only as that owner (every durable write checks the token).
+        plain = DataDir.resolve(data_dir)
+        owner = owner or f"cluster-{uuid.uuid4().hex}"
+        self.owner: OwnerToken = lease.acquire(plain, owner, settings.lease_ttl_s, description)
+        self.data_dir = plain.fenced(self.owner)
         self.store = CatalogStore(self.data_dir)
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
@@ -63,6 +74,14 @@ class CoordinatorState:
             if info.type == pafs.FileType.Directory and info.base_name not in known:
                 log.info("removing orphaned table files %s", info.path)
                 self.data_dir.delete_dir(info.path)
+
+    def renew_lease(self) -> bool:
+        """Extend the data directory's lease; False once another cluster took it over."""
+        return lease.renew(self.data_dir, self.owner)
+
+    def release_lease(self) -> None:
+        """Give the data directory up (a clean shutdown): the next cluster takes it at once."""
+        lease.release(self.data_dir, self.owner)
 
     def _save(self, catalog: Catalog) -> dict[str, Any]:
         self.store.save(catalog)

@@ -23,7 +23,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, DataDir, TableSpec
+from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
 from shardflow.engine import DuckDBEngine, Engine
@@ -158,9 +158,11 @@ class WorkerNode:
         *,
         slowdown: float = 1.0,
         gpu_index: int | None = None,
+        owner: OwnerToken | None = None,
     ) -> None:
         self.node_id = node_id
-        self.data_dir = DataDir.resolve(data_dir)
+        self.data_dir = DataDir.resolve(data_dir, owner)
+        """Writes only while ``owner`` owns the data directory (None: unchecked, in tests)."""
         self.settings = settings
         self.device = discover(gpu_index)
         self.engine = DuckDBEngine(threads=settings.engine_threads or None)

@@ -153,6 +153,11 @@ class BaseWriter:
     def finish(self, applied: Mapping[str, list[int] | None]) -> None:
         recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
         self.writer.add_key_value_metadata({"shardflow.applied": json.dumps(recent)})
+        try:
+            self.store._dir.check_owner()  # the base takes effect below: only while we own it
+        except Exception:
+            self.abandon()
+            raise
         self.writer.close()
         if self.target != self.path:
             with open(self.target, "rb+") as handle:
@@ -163,7 +168,7 @@ class BaseWriter:
 
     def abandon(self) -> None:
         self.writer.close()
-        self.store._dir.delete(self.target)
+        self.store._dir.delete(self.target, fenced=False)
 
 
 def merge_buckets(held: list[int] | None, more: list[int] | None) -> list[int] | None:

@@ -27,7 +27,7 @@ def units_on(node: str, count: int, start: int, load: float = 0.1, size: int = 6
 
 
 def apply(units: list[UnitState], actions: tuple[object, ...]) -> list[UnitState]:
-    """What the runtime would do: moves change owners, splits make two halves."""
+    """What the runtime would do: moves change owners, splits make two halves, merges one."""
     by_id = {u.unit_id: u for u in units}
     next_id = max(by_id) + 1
     for action in actions:
@@ -41,12 +41,29 @@ def apply(units: list[UnitState], actions: tuple[object, ...]) -> list[UnitState
                     unit, unit_id=next_id, lo=lo, hi=hi, bytes=unit.bytes // 2, load=unit.load / 2
                 )
                 next_id += 1
+        elif isinstance(action, Merge):
+            low, high = sorted(
+                (by_id.pop(action.first), by_id.pop(action.second)), key=lambda u: u.lo
+            )
+            by_id[next_id] = replace(
+                low,
+                unit_id=next_id,
+                hi=high.hi,
+                bytes=low.bytes + high.bytes,
+                load=low.load + high.load,
+            )
+            next_id += 1
     return list(by_id.values())
 
 
-def settle(nodes: list[NodeState], units: list[UnitState], rounds: int = 20) -> list[UnitState]:
+def settle(
+    nodes: list[NodeState],
+    units: list[UnitState],
+    settings: BalancerSettings = SETTINGS,
+    rounds: int = 20,
+) -> list[UnitState]:
     for _ in range(rounds):
-        decision = plan(nodes, units, SETTINGS)
+        decision = plan(nodes, units, settings)
         if not decision.actions:
             return units
         units = apply(units, decision.actions)
@@ -109,6 +126,22 @@ def test_an_idle_cluster_balances_bytes_so_a_new_node_gets_data() -> None:
     held = node_bytes(settle(nodes, units))
     total = sum(held.values())
     assert all(abs(held[n] / total - 1 / 3) < 0.04 for n in ("a", "b", "new"))
+
+
+def test_a_node_joining_an_idle_cluster_of_small_tables_gets_its_share() -> None:
+    """Seen: after add_node() on an idle cluster, rebalance() said "balanced" while all 27
+    shards (a few MB, far below min_shard_bytes) were on node-0 and the new node held none."""
+    nodes = [NodeState("node-0", 1.0), NodeState("node-1", 1.0)]
+    units = [
+        UnitState(i, f"g{i % 5}", "node-0", (i // 5) * 8, (i // 5) * 8 + 8, 40_000 + 7_919 * i)
+        for i in range(27)
+    ]
+    settings = replace(SETTINGS, min_unit_bytes=256 * MiB)
+    decision = plan(nodes, units, settings)
+    assert decision.measure == "bytes" and decision.spread > 0.9
+    assert decision.actions and decision.reason != "balanced"
+    held = node_bytes(settle(nodes, units, settings))  # small cold neighbours merge, too
+    assert abs(held["node-1"] / sum(held.values()) - 0.5) < 0.1
 
 
 def test_tiny_idle_tables_are_not_shuffled() -> None:

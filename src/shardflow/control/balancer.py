@@ -148,7 +148,6 @@ def plan(
         and previous_load > 0
         and abs(total_load - previous_load) / previous_load > settings.load_swing
     )
-    too_small = measure == "bytes" and total < settings.min_unit_bytes * len(nodes)
 
     actions: list[Action] = []
     reasons: list[str] = []
@@ -156,12 +155,14 @@ def plan(
     actions += _splits(free, settings, share, measure)
     if actions:
         reasons.append(f"{len(actions)} shard(s) too big or too hot")
-    merges = _merges(free, settings, {a.unit_id for a in actions if isinstance(a, Split)})
+    merges = _merges(
+        free, settings, {a.unit_id for a in actions if isinstance(a, Split)}, len(nodes)
+    )
     if merges:
         reasons.append(f"{len(merges)} pair(s) of small cold shards")
     actions += merges
 
-    unbalanced = spread > settings.tolerance and not too_small and total > 0
+    unbalanced = spread > settings.tolerance and total > 0
     projected = {n: ratio[n] for n in capacity}
     if (unbalanced or hot or swing) and len(actions) < settings.max_moves:
         touched = {a.unit_id for a in actions if isinstance(a, Split)}
@@ -187,12 +188,17 @@ def plan(
                 "hot nodes " + ", ".join(sorted(hot))
                 if hot
                 else (
-                    f"load/capacity spread {spread:.0%} > {settings.tolerance:.0%}"
+                    f"{measure}/capacity spread {spread:.0%} > {settings.tolerance:.0%}"
                     if unbalanced
                     else "load swung since the last poll"
                 )
             )
             reasons.append(f"{len(moves)} move(s): {why}")
+    if not reasons and unbalanced:
+        reasons.append(
+            f"{measure}/capacity spread {spread:.0%} > {settings.tolerance:.0%}, but no move"
+            " brings a node closer to its share"
+        )
     reason = "; ".join(reasons) if reasons else "balanced"
     return Decision(tuple(actions), reason, measure, spread, total_load, projected)
 
@@ -240,8 +246,11 @@ def _splits(
     return splits
 
 
-def _merges(units: Sequence[UnitState], settings: BalancerSettings, skip: set[int]) -> list[Action]:
-    """Join adjacent units of a group on one node when both are small and cold."""
+def _merges(
+    units: Sequence[UnitState], settings: BalancerSettings, skip: set[int], nodes: int
+) -> list[Action]:
+    """Join adjacent units of a group on one node when both are small and cold, as long as
+    the group keeps a unit per node (its queries still run on every node)."""
     mean_load = sum(u.load for u in units) / len(units) if units else 0.0
     by_group: dict[str, list[UnitState]] = defaultdict(list)
     for unit in units:
@@ -250,7 +259,10 @@ def _merges(units: Sequence[UnitState], settings: BalancerSettings, skip: set[in
     used: set[int] = set(skip)
     for group_units in by_group.values():
         group_units.sort(key=lambda u: u.lo)
+        left = len(group_units)
         for a, b in itertools.pairwise(group_units):
+            if left <= nodes:
+                break
             if len(merges) >= settings.max_moves:
                 return merges
             if a.unit_id in used or b.unit_id in used or a.node != b.node or a.hi != b.lo:
@@ -260,6 +272,7 @@ def _merges(units: Sequence[UnitState], settings: BalancerSettings, skip: set[in
             if small and cold:
                 merges.append(Merge(a.unit_id, b.unit_id, "small and cold neighbours"))
                 used |= {a.unit_id, b.unit_id}
+                left -= 1
     return merges
 
 

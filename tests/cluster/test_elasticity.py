@@ -158,11 +158,24 @@ def test_migrate_split_merge_under_load(tmp_path: Path) -> None:
 def test_bad_cluster_operations_say_why(tmp_path: Path) -> None:
     with cluster(tmp_path, workers=2) as db:
         db.create_table("events", rows(0, 100), distributed_by="id")
+        db.create_table("other", rows(0, 100), distributed_by="id")
+        db.create_table("tags", pa.table({"tag": ["a"]}), replicated=True)
         shard = shards_of(db, "events")[0]
+        unit = str(shard["shard"]).split("#")[1]
+        placement = {s["shard"]: s["node"] for s in db.cluster.shards().to_pylist()}
         with pytest.raises(shardflow.UnknownShardError):
             db.cluster.migrate("events#999", to="node-0")
         with pytest.raises(shardflow.UnknownShardError):
             db.cluster.migrate("not a shard", to="node-0")
+        # seen: the table part of a shard id was ignored, and events' unit moved instead
+        with pytest.raises(shardflow.UnknownShardError, match="no table 'nosuch'"):
+            db.cluster.migrate(f"nosuch#{unit}", to="node-1")
+        with pytest.raises(shardflow.UnknownShardError, match="tags is replicated"):
+            db.cluster.split(f"tags#{unit}")
+        with pytest.raises(shardflow.UnknownShardError, match="other has no shard"):
+            db.cluster.split(f"other#{unit}")
+        assert {s["shard"]: s["node"] for s in db.cluster.shards().to_pylist()} == placement
+        assert db.cluster.migrations() == []
         with pytest.raises(shardflow.MoveRefusedError, match="not a node"):
             db.cluster.migrate(str(shard["shard"]), to="node-9")
         with pytest.raises(shardflow.MoveRefusedError, match="already on"):
@@ -178,6 +191,24 @@ def test_bad_cluster_operations_say_why(tmp_path: Path) -> None:
         with pytest.raises(shardflow.MoveRefusedError, match="not adjacent"):
             db.cluster.merge(str(shard["shard"]), str(not_adjacent["shard"]))
         assert others
+
+
+def test_a_node_joining_an_idle_cluster_of_small_tables_receives_shards(tmp_path: Path) -> None:
+    """Seen: after add_node() on an idle one-worker cluster rebalance(dry_run=True) said
+    "balanced" while every shard was on node-0 and the new node held none."""
+    with cluster(tmp_path, workers=1) as db:
+        db.create_table("events", rows(0, 20_000), distributed_by="id")
+        db.create_table("other", rows(0, 5_000), distributed_by="id")
+        new = db.cluster.add_node()
+        plan = db.cluster.rebalance(dry_run=True)
+        assert plan["actions"] and plan["reason"] != "balanced" and plan["measure"] == "bytes"
+        for _ in range(10):
+            if not db.cluster.rebalance(dry_run=False)["actions"]:
+                break
+        held = [s for s in db.cluster.shards().to_pylist() if s["node"] == new]
+        assert {s["table"] for s in held} == {"events", "other"}
+        assert db.cluster.rebalance(dry_run=True)["reason"] == "balanced"
+        assert db.sql("SELECT count(*) FROM events")[0][0].as_py() == 20_000
 
 
 def test_target_death_rolls_back_and_loses_nothing(tmp_path: Path) -> None:

@@ -418,14 +418,32 @@ class Session:
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:
-        """The unit of a shard named like ``lineitem#3`` (or the unit id itself)."""
+        """The unit of a shard named like ``lineitem#3``, checked whole: the table exists, is
+        distributed, and unit 3 is one of its shards (a bare unit id must exist)."""
+        catalog = self.refresh()
+        units = {u.unit_id for g in catalog.groups.values() for u in g.units}
         if isinstance(shard, int) and not isinstance(shard, bool):
+            if shard not in units:
+                raise UnknownShardError(f"no shard unit {shard}; see db.cluster.shards()")
             return shard
-        if isinstance(shard, str) and "#" in shard and shard.rsplit("#", 1)[1].isdigit():
-            return int(shard.rsplit("#", 1)[1])
-        raise UnknownShardError(
-            f"{shard!r} is not a shard id: use a name like 'lineitem#3' from db.cluster.shards()"
-        )
+        table, _, unit = shard.rpartition("#") if isinstance(shard, str) else ("", "", "")
+        if not table or not unit.isdigit():
+            raise UnknownShardError(
+                f"{shard!r} is not a shard id: use a name like 'lineitem#3' from "
+                "db.cluster.shards()"
+            )
+        spec = catalog.tables.get(table)
+        if spec is None:
+            raise UnknownShardError(f"{shard!r} names no table: there is no table {table!r}")
+        if spec.group is None:
+            raise UnknownShardError(
+                f"{shard!r}: {table} is replicated (a copy on every node); it has no shards"
+            )
+        own = sorted(u.unit_id for u in catalog.groups[spec.group].units)
+        if int(unit) not in own:
+            listed = ", ".join(f"{table}#{u}" for u in own)
+            raise UnknownShardError(f"{table} has no shard #{unit}; its shards are {listed}")
+        return int(unit)
 
     def coordinator_read(self, method: str, *args: Any) -> Any:
         """A call that only reads the coordinator's state, retried while the coordinator

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardflow.catalog import DataDir
 from shardflow.config import Settings
 from shardflow.errors import ConfigError, DrainTimeoutError, Error, MigrationError
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
@@ -430,6 +431,10 @@ def connect(
         path = os.path.abspath(path)
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"data_dir {path!r} exists and is not a directory")
+    try:  # before anything starts: a data directory that cannot be written is refused
+        DataDir.resolve(path).probe()
+    except (OSError, pa.ArrowException) as error:
+        raise ConfigError(f"data_dir {path!r} cannot be written: {error}") from None
     if simulate is not None and (
         not isinstance(simulate, dict)
         or not all(isinstance(v, int | float) and v >= 1 for v in simulate.values())

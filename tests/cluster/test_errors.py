@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import shardflow
@@ -84,9 +85,34 @@ def test_bad_inserts_leave_no_rows(db: shardflow.Database) -> None:
     db.drop_table("people_err")
 
 
+def readable(error: BaseException) -> None:
+    """A shardflow error a person can read: no Ray wrapper, actor header or traceback."""
+    assert type(error).__module__ == "shardflow.errors", type(error).__mro__
+    text = str(error)
+    for noise in ("ray::", "Traceback", "\x1b[", "RayTaskError", 'File "'):
+        assert noise not in text, text
+
+
 def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
     before = db.tables().column("name").to_pylist()
+    catalog = Path(db._handle.data_dir) / "catalog"
+    versions = sorted(catalog.iterdir())
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "mixed" / "1.parquet")
+    pq.write_table(pa.table({"id": ["x"], "more": [1.5]}), tmp_path / "mixed" / "2.parquet")
+    rows = pa.table({"id": pa.array(range(200_000)), "s": [str(i) for i in range(200_000)]})
+    pq.write_table(rows, tmp_path / "corrupt.parquet", row_group_size=50_000)
+    with open(tmp_path / "corrupt.parquet", "r+b") as corrupt:  # a bad page halfway through
+        corrupt.seek(corrupt.seek(0, 2) // 2)
+        corrupt.write(b"\xff" * 2000)
     cases = [
+        (
+            dict(name="t1", source=tmp_path / "corrupt.parquet", distributed_by="id"),
+            shardflow.TableError,
+        ),
+        (dict(name="t1", source=tmp_path / "empty"), shardflow.TableError),
+        (dict(name="t1", source=tmp_path / "mixed", distributed_by="id"), shardflow.TableError),
         (dict(name="orders", source=_people()), shardflow.TableExistsError),
         (dict(name="bad name!", source=_people()), shardflow.TableError),
         (dict(name="t1", source=tmp_path / "missing.parquet"), shardflow.TableError),
@@ -111,9 +137,11 @@ def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
         ),
     ]
     for kwargs, error in cases:
-        with pytest.raises(error):
+        with pytest.raises(error) as raised:
             db.create_table(**kwargs)  # type: ignore[arg-type]
+        readable(raised.value)
     assert db.tables().column("name").to_pylist() == before
+    assert sorted(catalog.iterdir()) == versions  # no catalog change was left behind
 
 
 def test_drop_and_recreate(db: shardflow.Database) -> None:

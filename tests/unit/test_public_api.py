@@ -80,6 +80,24 @@ def test_data_dir_that_is_a_file_is_refused(tmp_path: object) -> None:
         shardflow.connect(data_dir=path)
 
 
+@pytest.mark.parametrize(
+    ("data_dir", "why"),
+    [
+        ("/proc/shardflow-data", "No such file"),  # cannot be created
+        ("/sys/shardflow-data", "not permitted"),  # a read-only filesystem
+        ("nosuchscheme://bucket/data", "filesystem"),
+    ],
+)
+def test_a_data_dir_that_cannot_be_written_is_refused_before_anything_starts(
+    data_dir: str, why: str
+) -> None:
+    import ray
+
+    with pytest.raises(shardflow.ConfigError, match=f"cannot be written: .*{why}"):
+        shardflow.connect(data_dir=data_dir)
+    assert not ray.is_initialized()
+
+
 def test_settings_document_every_field() -> None:
     import dataclasses
 

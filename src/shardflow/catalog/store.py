@@ -67,6 +67,13 @@ class DataDir:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
+    def probe(self) -> None:
+        """Write and remove a small file: raises ``OSError`` (or Arrow's error) when the
+        directory cannot be written."""
+        path = self.path(f".probe-{os.getpid()}-{threading.get_ident()}")
+        self.write_atomic(path, b"probe", sync=False, fenced=False)
+        self.delete(path, fenced=False)
+
     def check_owner(self) -> None:
         """Refuse to change anything once our cluster no longer owns the directory: the
         owner record must name our owner and epoch (a fencing token, checked before every

@@ -4,6 +4,7 @@ Queries and inserts never pass through it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -62,6 +63,9 @@ class CoordinatorState:
         self.pending: dict[str, PendingTable] = {}
         self.profiles: dict[str, dict[str, Any]] = {}
         self.moving: dict[str, MovePlan] = {}
+        self._unit_ids_taken = self.catalog.next_unit_id
+        """Unit ids handed to tables being created: taken, though not yet in the catalog
+        (a create that fails leaves no catalog change behind)."""
         self._lock = threading.RLock()
         self._remove_orphaned_files()
 
@@ -152,7 +156,7 @@ class CoordinatorState:
         if kind == "move":  # a moved unit keeps its id, and its durable files with it
             ids = [sources[0].unit_id]
         else:
-            catalog, ids = self.catalog.with_unit_ids_reserved(len(targets))
+            catalog, ids = self._past_taken_ids().with_unit_ids_reserved(len(targets))
             self._save(catalog)
         plan = MovePlan(
             move_id=uuid.uuid4().hex[:12],
@@ -264,9 +268,9 @@ class CoordinatorState:
                         current,
                     )
                     key_type = schema.field(key).type if key else pa.int64()
-                    catalog, group = catalog.with_new_group(key_type, owners)
+                    catalog, group = self._past_taken_ids().with_new_group(key_type, owners)
                     # the unit ids are taken now, so concurrent creates never share one
-                    self._save(self.catalog.with_unit_ids_reserved(len(owners))[0])
+                    self._unit_ids_taken = catalog.next_unit_id
             spec = TableSpec(
                 name,
                 uuid.uuid4().hex,
@@ -278,6 +282,12 @@ class CoordinatorState:
             catalog = catalog.with_table(spec)
             self.pending[name] = PendingTable(spec, catalog)
             return catalog.to_json()
+
+    def _past_taken_ids(self) -> Catalog:
+        """The catalog, counting the unit ids of creates in progress as used."""
+        if self._unit_ids_taken <= self.catalog.next_unit_id:
+            return self.catalog
+        return dataclasses.replace(self.catalog, next_unit_id=self._unit_ids_taken)
 
     def _colocation_group(self, other: str, schema: pa.Schema, key: str | None) -> str:
         spec = self.catalog.tables.get(other)

@@ -325,20 +325,27 @@ class Session:
                 raise TableError(str(error)) from None
         kind = "replicated" if replicated else "distributed"
         preview = Catalog.from_json(
-            ray.get(
-                self.handle.coordinator.begin_create.remote(
-                    name,
-                    schema.serialize().to_pybytes(),
-                    kind,
-                    distributed_by or "",
-                    colocate_with,
+            _unwrap(
+                lambda: ray.get(
+                    self.handle.coordinator.begin_create.remote(
+                        name,
+                        schema.serialize().to_pybytes(),
+                        kind,
+                        distributed_by or "",
+                        colocate_with,
+                    )
                 )
             )
         )
         spec = preview.table(name)
         try:
             rows = self._load(spec, preview, batches, total, progress)
-            catalog = ray.get(self.handle.coordinator.commit_create.remote(name, rows))
+            catalog = _unwrap(
+                lambda: ray.get(self.handle.coordinator.commit_create.remote(name, rows))
+            )
+        except pa.ArrowException as error:  # rows that do not fit the schema
+            self._abort_load(spec, preview)
+            raise TableError(f"cannot load {name!r}: {error}") from None
         except BaseException:
             self._abort_load(spec, preview)
             raise
@@ -705,11 +712,41 @@ def _open_source(
             raise TableError(f"source {path!r} does not exist")
         try:
             dataset = ds.dataset(path, format="parquet")
+            schema = _one_schema(path, dataset)
             total = dataset.count_rows()
         except (pa.ArrowInvalid, OSError) as error:
             raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
-        return dataset.schema, total, dataset.to_batches(batch_size=batch_rows)
+        return schema, total, _read_batches(path, dataset, batch_rows)
     raise TableError(
         "a table source is a Parquet file or directory (path or URI) or a pyarrow.Table, "
         f"not {type(source).__name__}"
     )
+
+
+def _one_schema(path: str, dataset: ds.FileSystemDataset) -> pa.Schema:
+    """The schema every file of the source has; a source without files, or whose files
+    disagree, is refused before anything is written."""
+    fragments = list(dataset.get_fragments())
+    if not fragments:
+        raise TableError(f"source {path!r} holds no Parquet files")
+    first = fragments[0].physical_schema.remove_metadata()
+    for fragment in fragments[1:]:
+        other = fragment.physical_schema.remove_metadata()
+        if not other.equals(first):
+            differ = sorted(
+                {f"{f.name} {f.type}" for f in first} ^ {f"{f.name} {f.type}" for f in other}
+            )
+            raise TableError(
+                f"the files of source {path!r} have different schemas: {fragments[0].path} and "
+                f"{fragment.path} differ in {', '.join(differ)}"
+            )
+    return first
+
+
+def _read_batches(
+    path: str, dataset: ds.FileSystemDataset, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from dataset.to_batches(batch_size=batch_rows)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise TableError(f"cannot read Parquet from {path!r}: {error}") from None

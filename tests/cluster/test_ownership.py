@@ -122,9 +122,11 @@ def test_two_connects_in_one_process_share_one_cluster(tmp_path: Path) -> None:
         assert count_and_sum(db) == expected((0, 400))
 
 
-def test_a_second_program_is_refused_while_the_first_serves(tmp_path: Path) -> None:
+def test_a_second_program_is_refused_while_the_first_serves_and_takes_over_once_killed(
+    tmp_path: Path,
+) -> None:
     data_dir = tmp_path / "data"
-    other = OwnerProcess(data_dir)
+    other = OwnerProcess(data_dir, lease_ttl_s=3600.0)  # expiry cannot be what frees it
     try:
         other.send("create 0 1000")
         other.expect("acked")
@@ -134,20 +136,6 @@ def test_a_second_program_is_refused_while_the_first_serves(tmp_path: Path) -> N
         other.send("insert 1000 1000")  # the owner is unharmed
         other.expect("acked")
     finally:
-        other.stop()
-    with shardflow.connect(workers=2, data_dir=data_dir) as db:  # released: taken at once
-        assert count_and_sum(db) == expected((0, 2000))
-
-
-def test_a_killed_owner_is_replaced_without_waiting_for_its_lease(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    other = OwnerProcess(data_dir, lease_ttl_s=3600.0)  # expiry cannot be what frees it
-    try:
-        other.send("create 0 500")
-        other.expect("acked")
-        other.send("insert 500 500")
-        other.expect("acked")
-    finally:
         other.kill()  # SIGKILL: its embedded cluster goes down with it
     coordinator = other.ready["coordinator_pid"]
     deadline = time.monotonic() + WAIT_S
@@ -155,7 +143,7 @@ def test_a_killed_owner_is_replaced_without_waiting_for_its_lease(tmp_path: Path
         assert time.monotonic() < deadline, "the killed program's cluster did not stop"
         time.sleep(0.2)
     with shardflow.connect(workers=2, data_dir=data_dir) as db:
-        assert count_and_sum(db) == expected((0, 1000))
+        assert count_and_sum(db) == expected((0, 2000))
 
 
 def test_an_owner_that_hung_past_its_lease_cannot_write_late(tmp_path: Path) -> None:

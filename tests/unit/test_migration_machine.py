@@ -144,6 +144,26 @@ def test_state_survives_json() -> None:
     assert m.from_json(m.to_json(state)) == state
 
 
+def test_verification_compares_what_was_handed_out_with_what_is_stored() -> None:
+    two = (
+        m.SourceChecksums("a", {"t": m.Checksum(3, 30), "u": m.Checksum(1, 5)}, {"t": 3, "u": 1}),
+        m.SourceChecksums("b", {"t": m.Checksum(2, 12)}, {"t": 2}),
+    )
+    assert m.verify_copy(two, {"t": m.Checksum(5, 42), "u": m.Checksum(1, 5)}).ok
+    missing = m.verify_copy(two, {"t": m.Checksum(4, 40), "u": m.Checksum(1, 5)})
+    assert not missing.ok and "handed out 5 rows, the target stores 4" in missing.detail
+    changed = m.verify_copy(two, {"t": m.Checksum(5, 43), "u": m.Checksum(1, 5)})
+    assert not changed.ok and "checksums differ" in changed.detail
+    absent = m.verify_copy(two, {"t": m.Checksum(5, 42)})
+    assert not absent.ok and absent.detail.startswith("u:")
+    escaped = (m.SourceChecksums("a", {"t": m.Checksum(3, 30)}, {"t": 4}),)
+    lost_write = m.verify_copy(escaped, {"t": m.Checksum(3, 30)})
+    assert (
+        not lost_write.ok and "holds 4 rows under the fence but handed out 3" in lost_write.detail
+    )
+    assert m.verify_copy((), {"t": m.Checksum()}).ok  # empty on both sides
+
+
 def test_plans_must_cover_the_same_buckets() -> None:
     with pytest.raises(ValueError, match="cover"):
         m.MovePlan(

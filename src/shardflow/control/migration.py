@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -78,6 +78,29 @@ class MovePlan:
     @property
     def nodes(self) -> set[str]:
         return {s.node for s in self.sources} | {t.node for t in self.targets}
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """Rows and the sum of their hashes: order-independent and additive, so the parts of a
+    split add up to the whole and the order rows travel in does not matter."""
+
+    rows: int = 0
+    digest: int = 0
+
+    def __add__(self, other: Checksum) -> Checksum:
+        return Checksum(self.rows + other.rows, self.digest + other.digest)
+
+
+@dataclass(frozen=True)
+class SourceChecksums:
+    """What one source of a move handed out, as it says under the fence: per table, the
+    checksum of everything it handed out (the pinned snapshot and every change since) and
+    the rows it holds (equal to the rows handed out, unless a write escaped the copy)."""
+
+    node: str
+    handed_out: Mapping[str, Checksum]
+    held: Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -373,6 +396,48 @@ _HANDLERS: dict[tuple[Phase, type], Handler] = {
     (Phase.SWITCH, Switched): _transition_switch_cleanup,
     (Phase.CLEANUP, CleanedUp): _transition_cleanup_done,
 }
+
+
+# -- verification ------------------------------------------------------------------------
+def verify_copy(handed_out: Sequence[SourceChecksums], stored: Mapping[str, Checksum]) -> Verified:
+    """Whether the target stores exactly what the sources handed out, table by table: the
+    same rows and the same sum of row hashes. A source that holds more rows than it handed
+    out lost a write on the way; a different sum with equal rows is a changed value.
+
+    >>> sent = (SourceChecksums("node-0", {"t": Checksum(3, 30)}, {"t": 3}),)
+    >>> verify_copy(sent, {"t": Checksum(3, 30)})
+    Verified(ok=True, detail='')
+    >>> verify_copy(sent, {"t": Checksum(2, 19)}).detail
+    't: the sources handed out 3 rows, the target stores 2 (checksums differ)'
+    """
+    expected: dict[str, Checksum] = {}
+    for source in handed_out:
+        for table, sums in sorted(source.handed_out.items()):
+            held = source.held[table] if table in source.held else 0
+            if held != sums.rows:
+                return Verified(
+                    False,
+                    f"{table}: {source.node} holds {held} rows under the fence but handed out"
+                    f" {sums.rows}",
+                )
+            expected[table] = expected[table] + sums if table in expected else sums
+    for table in sorted(set(expected) | set(stored)):
+        want = expected[table] if table in expected else Checksum()
+        have = stored[table] if table in stored else Checksum()
+        if want.rows != have.rows:
+            same = "equal" if want.digest == have.digest else "differ"
+            return Verified(
+                False,
+                f"{table}: the sources handed out {want.rows} rows, the target stores"
+                f" {have.rows} (checksums {same})",
+            )
+        if want.digest != have.digest:
+            return Verified(
+                False,
+                f"{table}: {want.rows} rows on both sides, but their checksums differ"
+                " (a value changed in the copy)",
+            )
+    return Verified(True)
 
 
 # -- persistence -------------------------------------------------------------------------

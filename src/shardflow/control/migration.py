@@ -8,8 +8,12 @@ Pre-copy, like VM live migration::
     PRECHECK -> COPY -> CATCH_UP (repeat until the delta is small) -> FENCE -> VERIFY
              -> SWITCH -> CLEANUP -> DONE
 
-Any failure before SWITCH rolls back: the source never stopped serving, the target drops its
-copy. After SWITCH the move is final; a failed cleanup is retried later, never undone.
+At FENCE each source holds new writes and hands out, in one answer, the changes the target
+has not had yet and the checksums of everything it handed out; the target applies those
+changes and answers with the checksums of what it stores. ``Fenced`` carries both sides and
+VERIFY compares them (:func:`verify_copy`). Any failure before SWITCH rolls back: the source
+never stopped serving, the target drops its copy. After SWITCH the move is final; a failed
+cleanup is retried later, never undone.
 """
 
 from __future__ import annotations
@@ -132,7 +136,14 @@ class CaughtUp:
 
 @dataclass(frozen=True)
 class Fenced:
-    pass
+    """The sources hold writes; the target applied their last changes (``rows``)."""
+
+    rows: int
+    handed_out: tuple[SourceChecksums, ...]
+    """What each fenced source handed out, with its final checksums."""
+    stored: Mapping[str, Checksum]
+    """Per table, what the target stores: its copy of the snapshot and every change it
+    applied, the last ones included."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,7 @@ class CopySnapshot:
 
 @dataclass(frozen=True)
 class CatchUp:
-    fenced: bool = False
+    pass
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,10 @@ class FenceWrites:
 
 @dataclass(frozen=True)
 class VerifyCopy:
-    pass
+    """Compare what the sources handed out with what the target stores."""
+
+    handed_out: tuple[SourceChecksums, ...]
+    stored: Mapping[str, Checksum]
 
 
 @dataclass(frozen=True)
@@ -227,6 +241,10 @@ class MigrationState:
     fence_seconds: float = 0.0
     finished_at: float | None = None
     outcome: str = ""
+    handed_out: tuple[SourceChecksums, ...] = ()
+    """The sources' checksums at the fence (empty before it)."""
+    stored: Mapping[str, Checksum] = field(default_factory=dict)
+    """The target's checksums after it applied the last changes (empty before the fence)."""
 
     @property
     def done(self) -> bool:
@@ -331,19 +349,18 @@ def _transition_catch_up_fence(
     return fenced, [FenceWrites()]
 
 
-def _transition_fence_catch_up(
+def _transition_fence_verify(
     state: MigrationState, event: Fenced, now: float, policy: MigrationPolicy
 ) -> tuple[MigrationState, list[Action]]:
-    return state, [CatchUp(fenced=True)]
-
-
-def _transition_fence_verify(
-    state: MigrationState, event: CaughtUp, now: float, policy: MigrationPolicy
-) -> tuple[MigrationState, list[Action]]:
     moved = state._enter(
-        Phase.VERIFY, now, delta_rows=event.rows, copied_rows=state.copied_rows + event.rows
+        Phase.VERIFY,
+        now,
+        delta_rows=event.rows,
+        copied_rows=state.copied_rows + event.rows,
+        handed_out=event.handed_out,
+        stored=dict(event.stored),
     )
-    return moved, [VerifyCopy()]
+    return moved, [VerifyCopy(event.handed_out, dict(event.stored))]
 
 
 def _transition_verify_switch(
@@ -390,8 +407,7 @@ _HANDLERS: dict[tuple[Phase, type], Handler] = {
     (Phase.PRECHECK, PrecheckDone): _transition_precheck_copy,
     (Phase.COPY, Copied): _transition_copy_catch_up,
     (Phase.CATCH_UP, CaughtUp): _transition_catch_up_fence,
-    (Phase.FENCE, Fenced): _transition_fence_catch_up,
-    (Phase.FENCE, CaughtUp): _transition_fence_verify,
+    (Phase.FENCE, Fenced): _transition_fence_verify,
     (Phase.VERIFY, Verified): _transition_verify_switch,
     (Phase.SWITCH, Switched): _transition_switch_cleanup,
     (Phase.CLEANUP, CleanedUp): _transition_cleanup_done,
@@ -458,6 +474,27 @@ def plan_from_json(plan: Mapping[str, Any]) -> MovePlan:
     )
 
 
+def _checksums_from_json(data: Mapping[str, Mapping[str, int]]) -> dict[str, Checksum]:
+    return {table: Checksum(int(c["rows"]), int(c["digest"])) for table, c in data.items()}
+
+
 def from_json(data: Mapping[str, Any]) -> MigrationState:
-    fields = {k: v for k, v in data.items() if k not in ("plan", "phase")}
-    return MigrationState(plan=plan_from_json(data["plan"]), phase=Phase(data["phase"]), **fields)
+    nested = ("plan", "phase", "handed_out", "stored")
+    fields = {k: v for k, v in data.items() if k not in nested}
+    # records of moves that never reached the fence have no checksums
+    handed_out = tuple(
+        SourceChecksums(
+            s["node"],
+            _checksums_from_json(s["handed_out"]),
+            {table: int(rows) for table, rows in s["held"].items()},
+        )
+        for s in (data["handed_out"] if "handed_out" in data else ())
+    )
+    stored = _checksums_from_json(data["stored"]) if "stored" in data else {}
+    return MigrationState(
+        plan=plan_from_json(data["plan"]),
+        phase=Phase(data["phase"]),
+        handed_out=handed_out,
+        stored=stored,
+        **fields,
+    )

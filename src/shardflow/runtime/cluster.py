@@ -8,22 +8,31 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray._private import ray_constants
 
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, WorkerGone
+from shardflow.errors import ConfigError
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
     WORKER_CONCURRENCY,
     CoordinatorActor,
     WorkerActor,
 )
+from shardflow.runtime.ray_workers import (
+    NAMESPACE,
+    RayWorker,
+    RayWorkers,
+    coordinator_actor_name,
+    worker_actor_name,
+)
+
+if TYPE_CHECKING:
+    from shardflow.runtime.ray_workers import CoordinatorHandle
 
 log = logging.getLogger(__name__)
-NAMESPACE = "shardflow"
 LOOPBACK = "127.0.0.1"
 _local_databases = 0
 """Open databases on the Ray instance this process started; it stops with the last one."""
@@ -36,31 +45,14 @@ class ClusterHandle:
     prefix: str
     data_dir: str
     settings: Settings
-    coordinator: Any
-    workers: dict[str, Any] = field(default_factory=dict)
+    coordinator: CoordinatorHandle
+    workers: RayWorkers
     started_ray: bool = False
     owns_actors: bool = True
     worker_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
     node_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per node, actor options that replace ``worker_resources`` (a GPU worker's GPU)."""
     worker_settings: Settings | None = None
-
-    @property
-    def coordinator_name(self) -> str:
-        return f"{self.prefix}-coordinator"
-
-    def worker_name(self, node_id: str) -> str:
-        return f"{self.prefix}-worker-{node_id}"
-
-    def worker(self, node_id: str) -> Any:
-        handle = self.workers.get(node_id)
-        if handle is None:
-            try:
-                handle = ray.get_actor(self.worker_name(node_id), namespace=NAMESPACE)
-            except ValueError:
-                raise WorkerGone(f"worker {node_id} is not running") from None
-            self.workers[node_id] = handle
-        return handle
 
 
 def start_ray(address: str | None, settings: Settings) -> bool:
@@ -171,22 +163,24 @@ def _launch_actors(
         prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
     else:  # sessions on one Ray cluster and one data directory share the actors
         prefix = f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
-    handle = ClusterHandle(prefix, data_dir, settings, coordinator=None, started_ray=started)
+    name = coordinator_actor_name(prefix)
     try:  # a cluster for this data directory already runs: attach to it
-        handle.coordinator = ray.get_actor(handle.coordinator_name, namespace=NAMESPACE)
-        handle.owns_actors = False
-        return handle
+        running = cast("CoordinatorHandle", ray.get_actor(name, namespace=NAMESPACE))
+        return ClusterHandle(
+            prefix, data_dir, settings, running, RayWorkers(prefix), started, owns_actors=False
+        )
     except ValueError:
         pass
-    gpus = gpu_slots(ray.nodes())
+    gpus = gpu_slots(ray.nodes())  # type: ignore[no-untyped-call]
     count = workers if workers is not None else (len(gpus) or 4)
-    handle.coordinator = CoordinatorActor.options(  # type: ignore[attr-defined]
-        name=handle.coordinator_name,
+    coordinator = CoordinatorActor.options(
+        name=name,
         namespace=NAMESPACE,
         max_restarts=-1,
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
     ).remote(data_dir, settings, prefix)
+    handle = ClusterHandle(prefix, data_dir, settings, coordinator, RayWorkers(prefix), started)
     if address is None and not settings.engine_threads:
         # Workers of an embedded cluster share this machine's cores: oversubscribing them
         # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
@@ -198,17 +192,18 @@ def _launch_actors(
         if gpus and workers is None:  # one worker per GPU, pinned to its accelerator type
             handle.node_resources[node] = gpu_resources(gpus[i])
         start_worker(handle, node, simulate.get(node, 1.0))
-    ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
-    for worker in handle.workers.values():  # one at a time: they would slow each other down
-        ray.get(worker.calibrate.remote())
+    for reply in [handle.workers.get(node).info() for node in nodes]:
+        reply.get()  # loaded and serving
+    for node in nodes:  # one at a time: they would slow each other down
+        handle.workers.get(node).calibrate().get()
     return handle
 
 
-def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any:
+def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> RayWorker:
     """Create the worker actor of ``node``; it loads what the catalog assigns it. A
     ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
-    worker = WorkerActor.options(  # type: ignore[attr-defined]
-        name=handle.worker_name(node),
+    actor = WorkerActor.options(
+        name=worker_actor_name(handle.prefix, node),
         namespace=NAMESPACE,
         max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
         max_concurrency=WORKER_CONCURRENCY,
@@ -217,21 +212,18 @@ def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any
         node,
         handle.data_dir,
         handle.worker_settings or handle.settings,
-        handle.coordinator_name,
-        NAMESPACE,
+        handle.prefix,
         slowdown,
     )
-    handle.workers[node] = worker
-    return worker
+    return handle.workers.add(node, actor)
 
 
 def shutdown(handle: ClusterHandle) -> None:
     """Stop what ``launch`` started: the actors it created (they share its fate anyway) and
     Ray if it started it. A session that attached to running actors leaves them."""
     if handle.owns_actors and ray.is_initialized():
-        for worker in handle.workers.values():
-            ray.kill(worker, no_restart=True)
-        if handle.coordinator is not None:
-            ray.kill(handle.coordinator, no_restart=True)
+        for node in handle.workers.known:
+            handle.workers.kill(node)
+        ray.kill(cast("ray.actor.ActorHandle[Any]", handle.coordinator), no_restart=True)
     if handle.started_ray:
         _release_ray()

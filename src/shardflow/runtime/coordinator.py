@@ -27,7 +27,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
-from shardflow.telemetry.devices import device_model
+from shardflow.telemetry.devices import NodeProfile, device_model
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,7 +49,8 @@ class CoordinatorState:
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
         self.pending: dict[str, PendingTable] = {}
-        self.profiles: dict[str, dict[str, Any]] = {}
+        self.profiles: dict[str, NodeProfile] = {}
+        """Every live worker's device profile and calibration, as it reported them."""
         self.moving: dict[str, MovePlan] = {}
         self._lock = threading.RLock()
         self._remove_orphaned_files()
@@ -200,14 +201,15 @@ class CoordinatorState:
         with self._lock:
             self.moving.pop(plan.move_id, None)
 
-    def report_profile(self, node_id: str, profile: dict[str, Any]) -> None:
+    def report_profile(self, profile: NodeProfile) -> None:
         with self._lock:
-            self.profiles[node_id] = profile
+            self.profiles[profile.node_id] = profile
 
     def _capacities(self, nodes: list[str]) -> dict[str, float]:
         """Calibrated capacities relative to the median node."""
-        raw = {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
-        models = {n: device_model(self.profiles.get(n, {})) for n in nodes}
+        profiles = self.profiles
+        raw = {n: profiles[n].capacity if n in profiles else 1.0 for n in nodes}
+        models = {n: device_model(profiles[n]) if n in profiles else "unknown" for n in nodes}
         return relative_capacities(raw, models)
 
     # -- tables -------------------------------------------------------------------------

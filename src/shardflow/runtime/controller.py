@@ -17,7 +17,6 @@ from typing import Any
 from shardflow.config import Settings
 from shardflow.control import balancer, cost
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
-from shardflow.control.placement import relative_capacities
 from shardflow.errors import Error, MoveRefusedError, UnknownShardError, WorkerGone
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.migrator import Migrator
@@ -31,7 +30,6 @@ from shardflow.runtime.protocol import (
     WorkerInfo,
     Workers,
 )
-from shardflow.telemetry.calibration import capacity as calibration_capacity
 from shardflow.telemetry.devices import device_model
 from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
@@ -69,8 +67,6 @@ class Controller:
         self.utilization: dict[str, float] = {}
         self.shard_load: dict[ShardKey, float] = {}
         """Each shard's execution seconds per second over the last observed window."""
-        self.mix: dict[str, float] = {}
-        """The cluster's load by calibrated operator over the last window (shares)."""
         self.recorder: Recorder | None = None
 
     # -- workers ------------------------------------------------------------------------
@@ -210,7 +206,7 @@ class Controller:
                 replies[node] = self.workers.get(node).info()
             except WorkerGone:
                 continue
-        capacities = self.capacities(list(replies), self.mix)
+        capacities = self.state.capacities(list(replies))
         nodes = []
         for node, reply in replies.items():
             try:
@@ -241,7 +237,7 @@ class Controller:
         """Per node: the busy fraction over the last observed window and the capacity that
         placement and the balancer use (relative to the median node)."""
         nodes = list(self.state.catalog.nodes)
-        capacities = self.capacities(nodes, self.mix)
+        capacities = self.state.capacities(nodes)
         return {n: NodeLoad(self.utilization.get(n), capacities[n]) for n in nodes}
 
     # -- balancing ----------------------------------------------------------------------
@@ -311,8 +307,8 @@ class Controller:
                         )
                     )
         self.shard_load = shard_rates(reports, self._last_reports)
-        self.mix = operator_shares(reports, self._last_reports)
-        capacities = self.capacities([n.node for n in nodes], self.mix)
+        self.state.operator_mix = operator_shares(reports, self._last_reports)
+        capacities = self.state.capacities([n.node for n in nodes])
         nodes = [replace(n, capacity=capacities[n.node]) for n in nodes]
         self._last_reports = reports
         return nodes, units
@@ -321,26 +317,8 @@ class Controller:
         """Each node's calibrated throughput per operator relative to the median node's."""
         profiles = self.state.profiles
         calibrations = {n: dict(profiles[n].calibration) if n in profiles else {} for n in nodes}
-        return cost.relative_speeds(calibrations, self._models(nodes))
-
-    def _models(self, nodes: list[str]) -> dict[str, str]:
-        profiles = self.state.profiles
-        return {n: device_model(profiles[n]) if n in profiles else "unknown" for n in nodes}
-
-    def capacities(
-        self, nodes: list[str], mix: Mapping[str, float] | None = None
-    ) -> dict[str, float]:
-        """Each node's capacity for the cluster's current operator mix, relative to the
-        median node; within 10 % of it counts as equal (calibration noise)."""
-        raw = {}
-        for node in nodes:
-            profile = self.state.profiles.get(node)
-            calibration = profile.calibration if profile is not None else {}
-            if calibration:
-                raw[node] = calibration_capacity(calibration, mix or None)
-            else:
-                raw[node] = profile.capacity if profile is not None else 1.0
-        return relative_capacities(raw, self._models(nodes))
+        models = {n: device_model(profiles[n]) if n in profiles else n for n in nodes}
+        return cost.relative_speeds(calibrations, models)
 
     def decide(self) -> balancer.Decision:
         nodes, units = self.observe()
@@ -399,7 +377,7 @@ class Controller:
 
     def _least_loaded(self, nodes: list[str]) -> str:
         held = Counter(u.node for g in self.state.catalog.groups.values() for u in g.units)
-        capacity = self.capacities(nodes)
+        capacity = self.state.capacities(nodes)
         return min(nodes, key=lambda n: (held[n] / max(capacity[n], 1e-9), n))
 
 

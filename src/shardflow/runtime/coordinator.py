@@ -19,7 +19,7 @@ from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
-from shardflow.control.placement import place_units, relative_capacities
+from shardflow.control.placement import node_capacities, place_units
 from shardflow.errors import (
     MoveRefusedError,
     TableError,
@@ -27,7 +27,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
-from shardflow.telemetry.devices import NodeProfile, device_model
+from shardflow.telemetry.devices import NodeProfile
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,6 +51,9 @@ class CoordinatorState:
         self.pending: dict[str, PendingTable] = {}
         self.profiles: dict[str, NodeProfile] = {}
         """Every live worker's device profile and calibration, as it reported them."""
+        self.operator_mix: dict[str, float] = {}
+        """The cluster's load by calibrated operator over the last observed window (shares;
+        empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
         self._lock = threading.RLock()
         self._remove_orphaned_files()
@@ -82,7 +85,7 @@ class CoordinatorState:
             current = Counter(
                 u.node for g in self.catalog.groups.values() for u in g.units if u.node in nodes
             )
-            owners = place_units(len(orphans), self._capacities(nodes), current)
+            owners = place_units(len(orphans), self.capacities(nodes), current)
             placement = {unit.unit_id: owner for unit, owner in zip(orphans, owners, strict=True)}
             if orphans:
                 log.info("reassigning %d units of departed nodes", len(orphans))
@@ -205,12 +208,11 @@ class CoordinatorState:
         with self._lock:
             self.profiles[profile.node_id] = profile
 
-    def _capacities(self, nodes: list[str]) -> dict[str, float]:
-        """Calibrated capacities relative to the median node."""
-        profiles = self.profiles
-        raw = {n: profiles[n].capacity if n in profiles else 1.0 for n in nodes}
-        models = {n: device_model(profiles[n]) if n in profiles else "unknown" for n in nodes}
-        return relative_capacities(raw, models)
+    def capacities(self, nodes: list[str]) -> dict[str, float]:
+        """Each node's capacity for the cluster's current operator mix, relative to the
+        median node (``control/placement.node_capacities``): what placement, the balancer
+        and ``db.cluster.nodes()`` use."""
+        return node_capacities(nodes, self.profiles, self.operator_mix)
 
     # -- tables -------------------------------------------------------------------------
     def begin_create(
@@ -243,7 +245,7 @@ class CoordinatorState:
                     current = Counter(u.node for g in catalog.groups.values() for u in g.units)
                     owners = place_units(
                         self.settings.shards_per_worker * len(nodes),
-                        self._capacities(nodes),
+                        self.capacities(nodes),
                         current,
                     )
                     key_type = schema.field(key).type if key else pa.int64()

@@ -1,6 +1,8 @@
 """Live moves without Ray: the migrator and the real worker halves of a move, in process.
 
-The target's copy is compared with what the sources handed out at the fence."""
+The target's copy is compared with what the sources handed out at the fence; a copy that
+misses a row or holds a changed value (the test-only fault hook) rolls the move back at
+VERIFY, the source keeps serving every row, and a retry without the fault succeeds."""
 
 from __future__ import annotations
 
@@ -120,6 +122,57 @@ def test_inserts_made_during_a_move_arrive_and_are_counted(cluster: LocalCluster
         handed_out = sum((s.handed_out["events"] for s in state.handed_out), Checksum())
         assert state.stored["events"] == handed_out
     assert_serves(cluster, pa.concat_tables([events(0, ROWS), *inserted]))
+
+
+@pytest.mark.parametrize("kind", ["move", "split"])
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("drop_row", "the sources handed out"),
+        ("change_value", "checksums differ"),
+    ],
+)
+def test_a_corrupted_copy_rolls_back_at_verify(
+    tmp_path: Path, kind: str, fault: str, named: str
+) -> None:
+    cluster = LocalCluster(tmp_path / "data", test_fault_move_copy=fault)
+    try:
+        cluster.create_table("events", events(0, ROWS), "id")
+        cluster.create_table("orders_e", orders(0, ROWS), "oid", colocate_with="events")
+        unit = cluster.units("events")[0]
+        target = other_node(cluster, unit.node) if kind == "move" else unit.node
+
+        def attempt() -> dict[str, object]:
+            if kind == "move":
+                return cluster.migrate(unit.unit_id, target)
+            return cluster.split(unit.unit_id)
+
+        record = attempt()
+        assert record["phase"] == "rolled_back"
+        assert "verification" in str(record["outcome"]) and named in str(record["outcome"])
+        assert "verify" in record["phase_seconds"]  # it got as far as VERIFY, and no further
+        assert "switch" not in record["phase_seconds"]
+        # the source still owns and serves every row, and takes writes again
+        assert cluster.catalog.group_of("events").unit(unit.unit_id).node == unit.node
+        assert_serves(cluster, events(0, ROWS))
+        cluster.insert("events", events(ROWS, 100))
+        everything = pa.concat_tables([events(0, ROWS), events(ROWS, 100)])
+        assert_serves(cluster, everything)
+        # the history and the Prometheus counter have it, with the reason
+        [kept] = cluster.controller.history()
+        assert kept["phase"] == "rolled_back" and named in kept["outcome"]
+        assert cluster.moves_counted(kind, "rolled_back") == 1
+        assert cluster.moves_counted(kind, "done") == 0
+        assert not cluster.workers.get(target).node.target.imports  # the copy was dropped
+
+        # with the fault off, the same move goes through and every row is there
+        cluster.restart(target, test_fault_move_copy="")
+        record = attempt()
+        assert record["phase"] == "done", record["outcome"]
+        assert_serves(cluster, everything)
+        assert cluster.moves_counted(kind, "done") == 1
+    finally:
+        cluster.close()
 
 
 def test_a_move_to_a_worker_that_is_gone_rolls_back(cluster: LocalCluster) -> None:

@@ -10,6 +10,7 @@ coordinator's calls; ``VERIFY`` compares their checksums (``control/migration.py
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.control.migration import Checksum, MoveKind, MovePlan, SourceChecksums
-from shardflow.engine.duckdb_engine import NativeRows
+from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.errors import Moved
 from shardflow.runtime.protocol import (
     ChangeSet,
@@ -39,6 +40,7 @@ from shardflow.storage.shard import BatchStream, Change
 if TYPE_CHECKING:
     from shardflow.runtime.worker import WorkerNode
 
+log = logging.getLogger(__name__)
 
 CHUNK_ROWS = 128 * 1024
 """Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
@@ -253,6 +255,7 @@ class TargetSide:
                 self._snapshot_done(move, key, pin)
         for shard in move.shards.values():
             shard.commit_load()
+        self._inject_test_fault(move)
         move.stored = self._stored_checksums(move)
         return CopyResult(rows, size)
 
@@ -376,6 +379,51 @@ class TargetSide:
                 routed.append((unit_id, rows.filter(pa.array(mask)), buckets[mask]))
         return routed
 
+    # -- the test-only fault hook ---------------------------------------------------------
+    def _inject_test_fault(self, move: Import) -> None:
+        """``Settings.test_fault_move_copy`` (tests only; off by default): once the copy is
+        stored, remove one row from it ("drop_row") or change one value ("change_value"),
+        so that the target really holds something else than the sources handed out."""
+        fault = self.node.settings.test_fault_move_copy
+        if not fault:
+            return
+        for (table, unit_id), shard in sorted(move.shards.items()):
+            rows = _physical(shard)
+            if shard.rows == 0:
+                continue
+            name = quote(rows.physical)
+            if fault == "drop_row":
+                statement = f"DELETE FROM {name} WHERE rowid = (SELECT min(rowid) FROM {name})"
+            else:
+                column, changed = _column_to_change(rows.schema)
+                statement = (
+                    f"UPDATE {name} SET {column} = {changed} WHERE rowid = "
+                    f"(SELECT min(rowid) FROM {name} WHERE {column} IS NOT NULL)"
+                )
+            self.node.engine.execute(statement)
+            log.warning(
+                "test fault %s injected into the copy of %s#%d on %s (move %s)",
+                fault,
+                table,
+                unit_id,
+                self.node.node_id,
+                move.plan.move_id,
+            )
+            return
+
 
 def _source_nodes(plan: MovePlan) -> list[str]:
     return sorted({s.node for s in plan.sources})
+
+
+def _column_to_change(schema: pa.Schema) -> tuple[str, str]:
+    """A column of ``schema`` and an expression that changes its (non-NULL) value."""
+    for field_ in schema:
+        column = quote(field_.name)
+        kind = field_.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            return column, f"{column} + 1"
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return column, f"{column} || '~'"
+    column = quote(schema[0].name)
+    return column, "NULL"

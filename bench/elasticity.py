@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray
 
 import shardflow
 from shardflow import tpch
@@ -176,8 +175,8 @@ def main() -> None:
         drained = db.cluster.drain("node-1", deadline=600)
         drain_seconds = time.perf_counter() - started
 
-        victim = db._handle.worker("node-0")
-        pid = ray.get(victim.pid.remote())
+        victim = db._handle.workers.get("node-0")
+        pid = victim.pid().get()
         killed = time.perf_counter()
         os.kill(pid, signal.SIGKILL)
         db.sql("SELECT count(*) FROM lineitem")  # returns once every shard is served again

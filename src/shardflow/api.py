@@ -17,6 +17,7 @@ from shardflow.errors import ConfigError, DrainTimeoutError, Error, MigrationErr
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.profiling import build_profile
+from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
 from shardflow.runtime.session import Session
 from shardflow.telemetry.profile import QueryProfile
 
@@ -90,6 +91,62 @@ class MigrationRecord:
         return cls(**values)
 
 
+def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> NodeInfo:
+    """A node as ``db.cluster.nodes()`` shows it; a node whose worker does not answer is
+    listed as not alive, with nothing known about it."""
+    if info is None:
+        return NodeInfo(
+            node_id=node_id,
+            alive=False,
+            vendor="unknown",
+            model="unknown",
+            engine="unknown",
+            memory_bytes=0,
+            cores=0,
+            capacity=load.capacity if load is not None else 0.0,
+            simulated=False,
+            shards=0,
+            rows=0,
+            bytes=0,
+            queries_running=0,
+            utilization=load.utilization if load is not None else None,
+            busy_fraction=0.0,
+            memory_used_bytes=0,
+            memory_free_bytes=0,
+            device_utilization=None,
+            device_memory_used_bytes=None,
+            device_memory_free_bytes=None,
+            engine_note="",
+            calibration={},
+        )
+    profile = info.profile
+    held: list[ShardInfo | ReplicaInfo] = [*info.shards, *info.replicas]
+    return NodeInfo(
+        node_id=node_id,
+        alive=True,
+        vendor=profile.vendor,
+        model=profile.model,
+        engine=profile.engine,
+        memory_bytes=profile.memory_bytes,
+        cores=profile.cores,
+        capacity=load.capacity if load is not None else profile.capacity,
+        simulated=profile.simulated,
+        shards=len(info.shards),
+        rows=sum(s.rows for s in held),
+        bytes=sum(s.bytes for s in held),
+        queries_running=info.queries_running,
+        utilization=load.utilization if load is not None else None,
+        busy_fraction=info.busy_seconds / max(info.uptime_seconds, 1e-9),
+        memory_used_bytes=info.memory.used_bytes,
+        memory_free_bytes=info.memory.free_bytes,
+        device_utilization=info.device.utilization,
+        device_memory_used_bytes=info.device.memory_used_bytes,
+        device_memory_free_bytes=info.device.memory_free_bytes,
+        engine_note="; ".join(n for n in (profile.engine_note, info.last_fallback) if n),
+        calibration=dict(profile.calibration),
+    )
+
+
 def _finished(result: dict[str, Any]) -> MigrationRecord:
     record = MigrationRecord.from_dict(result)
     if record.phase != "done":
@@ -111,24 +168,22 @@ class Cluster:
         """Move a shard — with every shard co-located with it — to node ``to``, live.
         Raises :class:`MigrationError` if the move had to be rolled back."""
         session = self._db._session_or_raise()
-        return _finished(session.coordinator_call("migrate", session.unit_of(shard), to))
+        return _finished(session.migrate(session.unit_of(shard), to))
 
     def split(self, shard: str | int) -> MigrationRecord:
         """Halve a shard's bucket range (and its co-located shards'), live."""
         session = self._db._session_or_raise()
-        return _finished(session.coordinator_call("split", session.unit_of(shard)))
+        return _finished(session.split(session.unit_of(shard)))
 
     def merge(self, first: str | int, second: str | int) -> MigrationRecord:
         """Join two adjacent shards (and their co-located shards) into one, live."""
         session = self._db._session_or_raise()
-        return _finished(
-            session.coordinator_call("merge", session.unit_of(first), session.unit_of(second))
-        )
+        return _finished(session.merge(session.unit_of(first), session.unit_of(second)))
 
     def migrations(self) -> list[MigrationRecord]:
         """Every move so far, oldest first, with the time spent in each phase."""
         session = self._db._session_or_raise()
-        return [MigrationRecord.from_dict(r) for r in session.coordinator_read("migrations")]
+        return [MigrationRecord.from_dict(r) for r in session.migrations()]
 
     def add_node(self, *, simulate_slowdown: float = 1.0) -> str:
         """Start a new worker; it joins the cluster and the balancer moves load to it.
@@ -143,70 +198,30 @@ class Cluster:
         ``deadline`` seconds, :class:`DrainTimeoutError` says so and the node keeps
         serving what it still holds."""
         result = self._db._session_or_raise().drain(node, deadline)
-        moved = [MigrationRecord.from_dict(r) for r in result["moved"]]
-        if not result["drained"]:
-            raise DrainTimeoutError(result["reason"], moved)
+        moved = [MigrationRecord.from_dict(r) for r in result.moved]
+        if not result.drained:
+            raise DrainTimeoutError(result.reason, list(moved))
         return moved
 
     def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
         """What the balancer would do now (``dry_run``), or do it. The plan lists splits,
         merges and moves with their reasons, what was balanced (load, or bytes while the
         cluster is idle), the current spread of load/capacity and the projected one."""
-        session = self._db._session_or_raise()
-        if dry_run:  # only looks: retried while the coordinator restarts
-            return dict(session.coordinator_read("rebalance", True))
-        return dict(session.coordinator_call("rebalance", False))
+        return dict(self._db._session_or_raise().rebalance(dry_run))
 
     def metrics_url(self) -> str:
         """Where the coordinator serves Prometheus metrics (always on 127.0.0.1)."""
-        return str(self._db._session_or_raise().coordinator_read("metrics_url"))
+        return self._db._session_or_raise().metrics_url()
 
     def failovers(self) -> list[dict[str, Any]]:
         """Workers declared dead, with how long until their shards were served again."""
-        return list(self._db._session_or_raise().coordinator_read("failovers"))
+        return list(self._db._session_or_raise().failovers())
 
     def nodes(self) -> list[NodeInfo]:
         session = self._db._session_or_raise()
         infos = session.worker_infos()
-        loads = session.coordinator_read("node_loads")
-        nodes = []
-        for node_id, info in infos.items():
-            profile = info.get("profile", {})
-            shards = info.get("shards", [])
-            uptime = max(info.get("uptime_seconds", 0.0), 1e-9)
-            nodes.append(
-                NodeInfo(
-                    node_id=node_id,
-                    alive=bool(info),
-                    vendor=profile.get("vendor", "unknown"),
-                    model=profile.get("model", "unknown"),
-                    engine=profile.get("engine", "unknown"),
-                    memory_bytes=profile.get("memory_bytes", 0),
-                    cores=profile.get("cores", 0),
-                    capacity=(
-                        loads.get(node_id, {}).get("capacity") or profile.get("capacity", 0.0)
-                    ),
-                    simulated=profile.get("simulated", False),
-                    shards=len(shards),
-                    rows=sum(s["rows"] for s in shards + info.get("replicas", [])),
-                    bytes=sum(s["bytes"] for s in shards + info.get("replicas", [])),
-                    queries_running=info.get("queries_running", 0),
-                    utilization=loads.get(node_id, {}).get("utilization"),
-                    busy_fraction=info.get("busy_seconds", 0.0) / uptime,
-                    memory_used_bytes=info.get("memory_used_bytes", 0),
-                    memory_free_bytes=info.get("memory_free_bytes", 0),
-                    device_utilization=info.get("device_utilization"),
-                    device_memory_used_bytes=info.get("device_memory_used_bytes"),
-                    device_memory_free_bytes=info.get("device_memory_free_bytes"),
-                    engine_note="; ".join(
-                        n
-                        for n in (profile.get("engine_note", ""), info.get("last_fallback", ""))
-                        if n
-                    ),
-                    calibration=dict(profile.get("calibration", {})),
-                )
-            )
-        return nodes
+        loads = session.node_loads()
+        return [_node_info(node_id, info, loads.get(node_id)) for node_id, info in infos.items()]
 
     def shards(self) -> pa.Table:
         """One row per shard (and per replica of a replicated table). ``load`` is the
@@ -215,35 +230,37 @@ class Cluster:
         (``control/cost.py``). Null until a window has passed, and for replicas."""
         session = self._db._session_or_raise()
         infos = session.worker_infos()
-        loads = {(t, u): load for t, u, load in session.coordinator_read("shard_loads")}
+        loads = session.shard_loads()
         catalog = session.catalog
         rows: dict[str, list[Any]] = defaultdict(list)
         for node_id, info in sorted(infos.items()):
-            for shard in info.get("shards", []):
-                spec = catalog.tables.get(shard["table"])
+            if info is None:  # gone: it holds nothing any more
+                continue
+            for shard in info.shards:
+                spec = catalog.tables.get(shard.table)
                 unit = None
                 if spec is not None and spec.group is not None:
-                    unit = catalog.groups[spec.group].unit(shard["unit"])
-                rows["table"].append(shard["table"])
-                rows["shard"].append(f"{shard['table']}#{shard['unit']}")
+                    unit = catalog.groups[spec.group].unit(shard.unit)
+                rows["table"].append(shard.table)
+                rows["shard"].append(f"{shard.table}#{shard.unit}")
                 rows["node"].append(node_id)
                 rows["kind"].append("distributed")
                 rows["bucket_lo"].append(unit.lo if unit else None)
                 rows["bucket_hi"].append(unit.hi if unit else None)
-                rows["rows"].append(shard["rows"])
-                rows["bytes"].append(shard["bytes"])
-                rows["lsn"].append(shard["lsn"])
-                rows["load"].append(loads.get((shard["table"], shard["unit"])))
-            for replica in info.get("replicas", []):
-                rows["table"].append(replica["table"])
-                rows["shard"].append(f"{replica['table']}@{node_id}")
+                rows["rows"].append(shard.rows)
+                rows["bytes"].append(shard.bytes)
+                rows["lsn"].append(shard.lsn)
+                rows["load"].append(loads.get((shard.table, shard.unit)))
+            for replica in info.replicas:
+                rows["table"].append(replica.table)
+                rows["shard"].append(f"{replica.table}@{node_id}")
                 rows["node"].append(node_id)
                 rows["kind"].append("replica")
                 rows["bucket_lo"].append(None)
                 rows["bucket_hi"].append(None)
-                rows["rows"].append(replica["rows"])
-                rows["bytes"].append(replica["bytes"])
-                rows["lsn"].append(replica["lsn"])
+                rows["rows"].append(replica.rows)
+                rows["bytes"].append(replica.bytes)
+                rows["lsn"].append(replica.lsn)
                 rows["load"].append(None)
         schema = pa.schema(
             [
@@ -353,13 +370,13 @@ class Database:
         rows: dict[str, int] = defaultdict(int)
         shards: dict[str, int] = defaultdict(int)
         for info in infos.values():
-            for shard in info.get("shards", []):
-                rows[shard["table"]] += shard["rows"]
-                shards[shard["table"]] += 1
+            for shard in info.shards if info is not None else ():
+                rows[shard.table] += shard.rows
+                shards[shard.table] += 1
         catalog = session.catalog
-        primary = catalog.primary
-        for replica in infos.get(primary or "", {}).get("replicas", []):
-            rows[replica["table"]] = replica["rows"]
+        primary_info = infos.get(catalog.primary) if catalog.primary is not None else None
+        for replica in primary_info.replicas if primary_info is not None else ():
+            rows[replica.table] = replica.rows
         specs = sorted(catalog.tables.values(), key=lambda s: s.name)
         return pa.table(
             {

@@ -9,6 +9,7 @@ from typing import Any
 from shardflow.errors import ConfigError
 
 ENGINES = ("auto", "duckdb", "polars")
+MOVE_COPY_FAULTS = ("", "drop_row", "change_value")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class Settings:
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
+        test_fault_move_copy: for tests only, off ("") by default. "drop_row" or
+            "change_value" makes the target of every live move remove one row from, or
+            change one value in, its copy once the copy is stored, so that the move's
+            verification must fail and roll the move back.
     """
 
     buckets: int = 256
@@ -86,6 +91,7 @@ class Settings:
     profile_queries: bool = True
     lease_ttl_s: float = 10.0
     engine: str = "auto"
+    test_fault_move_copy: str = ""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -129,6 +135,11 @@ class Settings:
                 raise ConfigError(f"setting {name} must be positive")
         if self.engine not in ENGINES:
             raise ConfigError(f"setting engine must be one of {', '.join(ENGINES)}")
+        if self.test_fault_move_copy not in MOVE_COPY_FAULTS:
+            raise ConfigError(
+                "setting test_fault_move_copy (tests only) must be one of "
+                + ", ".join(repr(f) for f in MOVE_COPY_FAULTS)
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("setting metrics_port must be a port number (0: any free port)")
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:

@@ -104,6 +104,11 @@ class WorkerGone(Retryable):
     not yet failed over); the caller refreshes routing and tries again."""
 
 
+class WorkerTimeout(Retryable):
+    """Internal: a worker (or the coordinator) did not answer in time; it may be busy or
+    dying, and the caller decides whether to ask again."""
+
+
 class Moved(Retryable):
     """Internal: a worker no longer owns a shard at the routing epoch it was asked for."""
 

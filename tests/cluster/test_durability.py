@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import ray
 
 import shardflow
 
@@ -90,10 +89,10 @@ def test_sigkill_of_a_worker_fails_no_query_and_loses_no_row(tmp_path: Path) -> 
         reader.start()
         try:
             time.sleep(0.5)
-            victim = db._handle.worker("node-1")
-            os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+            victim = db._handle.workers.get("node-1")
+            os.kill(victim.pid().get(), signal.SIGKILL)
             # as after a drain: the session must look the worker up, and finds none
-            db._handle.workers.pop("node-1")
+            db._handle.workers.forget("node-1")
             answered_before_kill = len(answers)
             db.insert("events", batch(40_000, 100))  # before the failover: retried, lands once
             ids += range(40_000, 40_100)

@@ -228,7 +228,7 @@ def test_target_death_rolls_back_and_loses_nothing(tmp_path: Path) -> None:
             mover = threading.Thread(target=move)
             mover.start()
             wait_for(lambda: any(m.phase == "copy" for m in db.cluster.migrations()))
-            os.kill(ray.get(db._handle.worker(target).pid.remote()), signal.SIGKILL)
+            os.kill(db._handle.workers.get(target).pid().get(), signal.SIGKILL)
             mover.join(timeout=120)
         assert isinstance(outcome[0], shardflow.MigrationError)
         record = outcome[0].record

@@ -16,7 +16,6 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
-import ray
 
 import shardflow
 from shardflow import tpch
@@ -134,8 +133,8 @@ def test_zero_downtime_under_load(tpch_tiny: Path, tmp_path: Path) -> None:
             for step in range(12):
                 done.append(forced_operation(db, rng, step))
             db.cluster.drain("node-1", deadline=180)
-            victim = db._handle.worker("node-3")
-            os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+            victim = db._handle.workers.get("node-3")
+            os.kill(victim.pid().get(), signal.SIGKILL)
             deadline = time.monotonic() + 30
             while not db.cluster.failovers() and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -18,7 +18,13 @@ from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.types import storage_schema
 from shardflow.control.placement import place_units
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.executor import FragmentResult, Materialized, Output, concat
+from shardflow.runtime.executor import (
+    FragmentResult,
+    FragmentStats,
+    Materialized,
+    Output,
+    concat,
+)
 from shardflow.sql import Stage
 from shardflow.storage.partition import split_by_unit
 
@@ -90,13 +96,15 @@ class InMemoryCluster:
         started = time.perf_counter()
         table = self.engine.run(sql, tables)
         elapsed = time.perf_counter() - started
-        stats = {
-            "started_at": started_at,
-            "finished_at": started_at + elapsed,
-            "rows_in": sum(t.num_rows for t in tables.values()),
-            "bytes_in": sum(t.nbytes for t in tables.values()),
-            "bytes_out": table.nbytes,
-            "engine": "duckdb",
-            "device": "in-process",
-        }
+        stats = FragmentStats(
+            seconds=elapsed,
+            rows_out=table.num_rows,
+            started_at=started_at,
+            finished_at=started_at + elapsed,
+            rows_in=sum(t.num_rows for t in tables.values()),
+            bytes_in=sum(t.nbytes for t in tables.values()),
+            bytes_out=table.nbytes,
+            engine="duckdb",
+            device="in-process",
+        )
         return FragmentResult(Materialized(table), node, elapsed, table.num_rows, stats, started_at)

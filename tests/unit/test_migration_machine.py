@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shardflow.control import migration as m
 
 PLAN = m.MovePlan("mv1", "move", "g1", (m.UnitSpan(3, 0, 64, "a"),), (m.UnitSpan(9, 0, 64, "b"),))
+SENT = (m.SourceChecksums("a", {"t": m.Checksum(106, 4242)}, {"t": 106}),)
+STORED = {"t": m.Checksum(106, 4242)}
+
+
+def fenced(rows: int = 1) -> m.Fenced:
+    """The sources fenced, the target applied their last ``rows``: both sides agree."""
+    return m.Fenced(rows, SENT, STORED)
 
 
 def drive(events: list[m.Event], policy: m.MigrationPolicy | None = None):  # type: ignore[no-untyped-def]
@@ -24,8 +33,7 @@ def test_happy_path_visits_every_phase_in_order() -> None:
             m.PrecheckDone(True),
             m.Copied(100, 1000),
             m.CaughtUp(5),
-            m.Fenced(),
-            m.CaughtUp(1),
+            fenced(1),
             m.Verified(True),
             m.Switched(),
             m.CleanedUp(),
@@ -37,16 +45,16 @@ def test_happy_path_visits_every_phase_in_order() -> None:
         "CopySnapshot",
         "CatchUp",
         "FenceWrites",
-        "CatchUp",
         "VerifyCopy",
         "SwitchRouting",
         "CleanUpSource",
         None,
     ]
-    assert actions[4][0] == m.CatchUp(fenced=True)
+    assert actions[4] == [m.VerifyCopy(SENT, STORED)]  # the fence's checksums, both sides
     assert state.phase == m.Phase.DONE and state.outcome == "done"
     assert state.copied_rows == 106
-    assert state.fence_seconds == pytest.approx(4.0)  # fence asked at t=3, switched at t=7
+    assert state.handed_out == SENT and state.stored == STORED
+    assert state.fence_seconds == pytest.approx(3.0)  # fence asked at t=3, switched at t=6
     assert set(state.phase_seconds) >= {
         "precheck",
         "copy",
@@ -76,14 +84,13 @@ def test_catch_up_gives_up_chasing_after_the_round_limit() -> None:
     assert state.phase == m.Phase.FENCE
 
 
-@pytest.mark.parametrize("fail_after", range(1, 6))
+@pytest.mark.parametrize("fail_after", range(1, 5))
 def test_any_failure_before_the_switch_rolls_back(fail_after: int) -> None:
     events: list[m.Event] = [
         m.PrecheckDone(True),
         m.Copied(1, 1),
         m.CaughtUp(0),
-        m.Fenced(),
-        m.CaughtUp(0),
+        fenced(0),
     ][:fail_after]
     state, actions = drive([*events, m.Failed("target died")])
     assert state.phase == m.Phase.ROLLED_BACK
@@ -99,8 +106,7 @@ def test_failed_precheck_and_bad_verification_roll_back() -> None:
             m.PrecheckDone(True),
             m.Copied(1, 1),
             m.CaughtUp(0),
-            m.Fenced(),
-            m.CaughtUp(0),
+            fenced(0),
             m.Verified(False, "1 row missing"),
         ]
     )
@@ -112,8 +118,7 @@ def test_after_the_switch_nothing_is_undone() -> None:
         m.PrecheckDone(True),
         m.Copied(1, 1),
         m.CaughtUp(0),
-        m.Fenced(),
-        m.CaughtUp(0),
+        fenced(0),
         m.Verified(True),
     ]
     state, actions = drive([*base, m.Failed("coordinator hiccup")])
@@ -142,6 +147,29 @@ def test_timeouts_and_resume_after_a_coordinator_restart() -> None:
 def test_state_survives_json() -> None:
     state, _ = drive([m.PrecheckDone(True), m.Copied(10, 20)])
     assert m.from_json(m.to_json(state)) == state
+    verified, _ = drive([m.PrecheckDone(True), m.Copied(10, 20), m.CaughtUp(0), fenced(96)])
+    assert verified.phase == m.Phase.VERIFY
+    assert m.from_json(json.loads(json.dumps(m.to_json(verified)))) == verified
+
+
+def test_verification_compares_what_was_handed_out_with_what_is_stored() -> None:
+    two = (
+        m.SourceChecksums("a", {"t": m.Checksum(3, 30), "u": m.Checksum(1, 5)}, {"t": 3, "u": 1}),
+        m.SourceChecksums("b", {"t": m.Checksum(2, 12)}, {"t": 2}),
+    )
+    assert m.verify_copy(two, {"t": m.Checksum(5, 42), "u": m.Checksum(1, 5)}).ok
+    missing = m.verify_copy(two, {"t": m.Checksum(4, 40), "u": m.Checksum(1, 5)})
+    assert not missing.ok and "handed out 5 rows, the target stores 4" in missing.detail
+    changed = m.verify_copy(two, {"t": m.Checksum(5, 43), "u": m.Checksum(1, 5)})
+    assert not changed.ok and "checksums differ" in changed.detail
+    absent = m.verify_copy(two, {"t": m.Checksum(5, 42)})
+    assert not absent.ok and absent.detail.startswith("u:")
+    escaped = (m.SourceChecksums("a", {"t": m.Checksum(3, 30)}, {"t": 4}),)
+    lost_write = m.verify_copy(escaped, {"t": m.Checksum(3, 30)})
+    assert (
+        not lost_write.ok and "holds 4 rows under the fence but handed out 3" in lost_write.detail
+    )
+    assert m.verify_copy((), {"t": m.Checksum()}).ok  # empty on both sides
 
 
 def test_plans_must_cover_the_same_buckets() -> None:

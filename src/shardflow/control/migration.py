@@ -8,15 +8,19 @@ Pre-copy, like VM live migration::
     PRECHECK -> COPY -> CATCH_UP (repeat until the delta is small) -> FENCE -> VERIFY
              -> SWITCH -> CLEANUP -> DONE
 
-Any failure before SWITCH rolls back: the source never stopped serving, the target drops its
-copy. After SWITCH the move is final; a failed cleanup is retried later, never undone.
+At FENCE each source holds new writes and hands out, in one answer, the changes the target
+has not had yet and the checksums of everything it handed out; the target applies those
+changes and answers with the checksums of what it stores. ``Fenced`` carries both sides and
+VERIFY compares them (:func:`verify_copy`). Any failure before SWITCH rolls back: the source
+never stopped serving, the target drops its copy. After SWITCH the move is final; a failed
+cleanup is retried later, never undone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -81,6 +85,29 @@ class MovePlan:
 
 
 @dataclass(frozen=True)
+class Checksum:
+    """Rows and the sum of their hashes: order-independent and additive, so the parts of a
+    split add up to the whole and the order rows travel in does not matter."""
+
+    rows: int = 0
+    digest: int = 0
+
+    def __add__(self, other: Checksum) -> Checksum:
+        return Checksum(self.rows + other.rows, self.digest + other.digest)
+
+
+@dataclass(frozen=True)
+class SourceChecksums:
+    """What one source of a move handed out, as it says under the fence: per table, the
+    checksum of everything it handed out (the pinned snapshot and every change since) and
+    the rows it holds (equal to the rows handed out, unless a write escaped the copy)."""
+
+    node: str
+    handed_out: Mapping[str, Checksum]
+    held: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class MigrationPolicy:
     """When catch-up stops and how long a phase may take."""
 
@@ -109,7 +136,14 @@ class CaughtUp:
 
 @dataclass(frozen=True)
 class Fenced:
-    pass
+    """The sources hold writes; the target applied their last changes (``rows``)."""
+
+    rows: int
+    handed_out: tuple[SourceChecksums, ...]
+    """What each fenced source handed out, with its final checksums."""
+    stored: Mapping[str, Checksum]
+    """Per table, what the target stores: its copy of the snapshot and every change it
+    applied, the last ones included."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +183,7 @@ class CopySnapshot:
 
 @dataclass(frozen=True)
 class CatchUp:
-    fenced: bool = False
+    pass
 
 
 @dataclass(frozen=True)
@@ -159,7 +193,10 @@ class FenceWrites:
 
 @dataclass(frozen=True)
 class VerifyCopy:
-    pass
+    """Compare what the sources handed out with what the target stores."""
+
+    handed_out: tuple[SourceChecksums, ...]
+    stored: Mapping[str, Checksum]
 
 
 @dataclass(frozen=True)
@@ -204,6 +241,10 @@ class MigrationState:
     fence_seconds: float = 0.0
     finished_at: float | None = None
     outcome: str = ""
+    handed_out: tuple[SourceChecksums, ...] = ()
+    """The sources' checksums at the fence (empty before it)."""
+    stored: Mapping[str, Checksum] = field(default_factory=dict)
+    """The target's checksums after it applied the last changes (empty before the fence)."""
 
     @property
     def done(self) -> bool:
@@ -308,19 +349,18 @@ def _transition_catch_up_fence(
     return fenced, [FenceWrites()]
 
 
-def _transition_fence_catch_up(
+def _transition_fence_verify(
     state: MigrationState, event: Fenced, now: float, policy: MigrationPolicy
 ) -> tuple[MigrationState, list[Action]]:
-    return state, [CatchUp(fenced=True)]
-
-
-def _transition_fence_verify(
-    state: MigrationState, event: CaughtUp, now: float, policy: MigrationPolicy
-) -> tuple[MigrationState, list[Action]]:
     moved = state._enter(
-        Phase.VERIFY, now, delta_rows=event.rows, copied_rows=state.copied_rows + event.rows
+        Phase.VERIFY,
+        now,
+        delta_rows=event.rows,
+        copied_rows=state.copied_rows + event.rows,
+        handed_out=event.handed_out,
+        stored=dict(event.stored),
     )
-    return moved, [VerifyCopy()]
+    return moved, [VerifyCopy(event.handed_out, dict(event.stored))]
 
 
 def _transition_verify_switch(
@@ -367,12 +407,53 @@ _HANDLERS: dict[tuple[Phase, type], Handler] = {
     (Phase.PRECHECK, PrecheckDone): _transition_precheck_copy,
     (Phase.COPY, Copied): _transition_copy_catch_up,
     (Phase.CATCH_UP, CaughtUp): _transition_catch_up_fence,
-    (Phase.FENCE, Fenced): _transition_fence_catch_up,
-    (Phase.FENCE, CaughtUp): _transition_fence_verify,
+    (Phase.FENCE, Fenced): _transition_fence_verify,
     (Phase.VERIFY, Verified): _transition_verify_switch,
     (Phase.SWITCH, Switched): _transition_switch_cleanup,
     (Phase.CLEANUP, CleanedUp): _transition_cleanup_done,
 }
+
+
+# -- verification ------------------------------------------------------------------------
+def verify_copy(handed_out: Sequence[SourceChecksums], stored: Mapping[str, Checksum]) -> Verified:
+    """Whether the target stores exactly what the sources handed out, table by table: the
+    same rows and the same sum of row hashes. A source that holds more rows than it handed
+    out lost a write on the way; a different sum with equal rows is a changed value.
+
+    >>> sent = (SourceChecksums("node-0", {"t": Checksum(3, 30)}, {"t": 3}),)
+    >>> verify_copy(sent, {"t": Checksum(3, 30)})
+    Verified(ok=True, detail='')
+    >>> verify_copy(sent, {"t": Checksum(2, 19)}).detail
+    't: the sources handed out 3 rows, the target stores 2 (checksums differ)'
+    """
+    expected: dict[str, Checksum] = {}
+    for source in handed_out:
+        for table, sums in sorted(source.handed_out.items()):
+            held = source.held[table] if table in source.held else 0
+            if held != sums.rows:
+                return Verified(
+                    False,
+                    f"{table}: {source.node} holds {held} rows under the fence but handed out"
+                    f" {sums.rows}",
+                )
+            expected[table] = expected[table] + sums if table in expected else sums
+    for table in sorted(set(expected) | set(stored)):
+        want = expected[table] if table in expected else Checksum()
+        have = stored[table] if table in stored else Checksum()
+        if want.rows != have.rows:
+            same = "equal" if want.digest == have.digest else "differ"
+            return Verified(
+                False,
+                f"{table}: the sources handed out {want.rows} rows, the target stores"
+                f" {have.rows} (checksums {same})",
+            )
+        if want.digest != have.digest:
+            return Verified(
+                False,
+                f"{table}: {want.rows} rows on both sides, but their checksums differ"
+                " (a value changed in the copy)",
+            )
+    return Verified(True)
 
 
 # -- persistence -------------------------------------------------------------------------
@@ -393,6 +474,27 @@ def plan_from_json(plan: Mapping[str, Any]) -> MovePlan:
     )
 
 
+def _checksums_from_json(data: Mapping[str, Mapping[str, int]]) -> dict[str, Checksum]:
+    return {table: Checksum(int(c["rows"]), int(c["digest"])) for table, c in data.items()}
+
+
 def from_json(data: Mapping[str, Any]) -> MigrationState:
-    fields = {k: v for k, v in data.items() if k not in ("plan", "phase")}
-    return MigrationState(plan=plan_from_json(data["plan"]), phase=Phase(data["phase"]), **fields)
+    nested = ("plan", "phase", "handed_out", "stored")
+    fields = {k: v for k, v in data.items() if k not in nested}
+    # records of moves that never reached the fence have no checksums
+    handed_out = tuple(
+        SourceChecksums(
+            s["node"],
+            _checksums_from_json(s["handed_out"]),
+            {table: int(rows) for table, rows in s["held"].items()},
+        )
+        for s in (data["handed_out"] if "handed_out" in data else ())
+    )
+    stored = _checksums_from_json(data["stored"]) if "stored" in data else {}
+    return MigrationState(
+        plan=plan_from_json(data["plan"]),
+        phase=Phase(data["phase"]),
+        handed_out=handed_out,
+        stored=stored,
+        **fields,
+    )

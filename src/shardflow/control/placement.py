@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+from shardflow.telemetry.calibration import capacity
+from shardflow.telemetry.devices import NodeProfile, device_model
 
 CAPACITY_NOISE = 0.10
 """Calibrated capacities within this fraction of the median node count as equal: workers
@@ -26,6 +29,29 @@ def relative_capacities(
     median = sorted(raw.values())[len(raw) // 2] or 1.0
     relative = {node: value / median for node, value in raw.items()}
     return {n: 1.0 if abs(c - 1.0) <= CAPACITY_NOISE else round(c, 3) for n, c in relative.items()}
+
+
+def node_capacities(
+    nodes: Iterable[str],
+    profiles: Mapping[str, NodeProfile],
+    mix: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Each node's capacity for work of operator ``mix`` (the cluster's recent load; none:
+    all operators alike), relative to the median node: the weighted geometric mean of its
+    calibrated throughputs. A node that has not reported a calibration counts as the
+    reference machine. The one way capacity is computed: placement, the balancer and
+    ``db.cluster.nodes()`` all use it."""
+    raw: dict[str, float] = {}
+    models: dict[str, str] = {}
+    for node in nodes:
+        profile = profiles.get(node)
+        if profile is None:
+            raw[node], models[node] = 1.0, node
+            continue
+        calibration = profile.calibration
+        raw[node] = capacity(calibration, mix or None) if calibration else profile.capacity
+        models[node] = device_model(profile)
+    return relative_capacities(raw, models)
 
 
 def place_units(

@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray._private import ray_constants
@@ -20,16 +20,25 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from shardflow.catalog import DataDir, lease
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, DataDirInUseError, WorkerGone
+from shardflow.errors import ConfigError, DataDirInUseError
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
     WORKER_CONCURRENCY,
     CoordinatorActor,
     WorkerActor,
 )
+from shardflow.runtime.ray_workers import (
+    NAMESPACE,
+    RayWorker,
+    RayWorkers,
+    coordinator_actor_name,
+    worker_actor_name,
+)
+
+if TYPE_CHECKING:
+    from shardflow.runtime.ray_workers import CoordinatorHandle
 
 log = logging.getLogger(__name__)
-NAMESPACE = "shardflow"
 LOOPBACK = "127.0.0.1"
 _local_databases = 0
 """Open databases on the Ray instance this process started; it stops with the last one."""
@@ -48,31 +57,14 @@ class ClusterHandle:
     prefix: str
     data_dir: str
     settings: Settings
-    coordinator: Any
-    workers: dict[str, Any] = field(default_factory=dict)
+    coordinator: CoordinatorHandle
+    workers: RayWorkers
     started_ray: bool = False
     owns_actors: bool = True
     worker_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
     node_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per node, actor options that replace ``worker_resources`` (a GPU worker's GPU)."""
     worker_settings: Settings | None = None
-
-    @property
-    def coordinator_name(self) -> str:
-        return f"{self.prefix}-coordinator"
-
-    def worker_name(self, node_id: str) -> str:
-        return f"{self.prefix}-worker-{node_id}"
-
-    def worker(self, node_id: str) -> Any:
-        handle = self.workers.get(node_id)
-        if handle is None:
-            try:
-                handle = ray.get_actor(self.worker_name(node_id), namespace=NAMESPACE)
-            except ValueError:
-                raise WorkerGone(f"worker {node_id} is not running") from None
-            self.workers[node_id] = handle
-        return handle
 
 
 def start_ray(address: str | None, settings: Settings) -> bool:
@@ -187,29 +179,31 @@ def _launch_actors(
         prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
     else:  # sessions on one Ray cluster and one data directory share the actors
         prefix = f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
-    handle = ClusterHandle(prefix, data_dir, settings, coordinator=None, started_ray=started)
+    name = coordinator_actor_name(prefix)
     try:  # a cluster for this data directory already runs: attach to it
-        handle.coordinator = ray.get_actor(handle.coordinator_name, namespace=NAMESPACE)
-        handle.owns_actors = False
-        return handle
+        running = cast("CoordinatorHandle", ray.get_actor(name, namespace=NAMESPACE))
+        return ClusterHandle(
+            prefix, data_dir, settings, running, RayWorkers(prefix), started, owns_actors=False
+        )
     except ValueError:
         pass
     _refuse_if_owned(data_dir)
-    gpus = gpu_slots(ray.nodes())
+    gpus = gpu_slots(ray.nodes())  # type: ignore[no-untyped-call]
     count = workers if workers is not None else (len(gpus) or 4)
     owner = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    handle.coordinator = CoordinatorActor.options(  # type: ignore[attr-defined]
-        name=handle.coordinator_name,
+    coordinator = CoordinatorActor.options(
+        name=name,
         namespace=NAMESPACE,
         max_restarts=-1,
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
     ).remote(data_dir, settings, prefix, owner, _describe(address))
     try:
-        ray.get(handle.coordinator.ping.remote())
+        ray.get(coordinator.ping.remote())
     except RayActorError:
         _refuse_if_owned(data_dir)  # another cluster took the lease meanwhile
         raise
+    handle = ClusterHandle(prefix, data_dir, settings, coordinator, RayWorkers(prefix), started)
     if address is None and not settings.engine_threads:
         # Workers of an embedded cluster share this machine's cores: oversubscribing them
         # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
@@ -221,9 +215,10 @@ def _launch_actors(
         if gpus and workers is None:  # one worker per GPU, pinned to its accelerator type
             handle.node_resources[node] = gpu_resources(gpus[i])
         start_worker(handle, node, simulate.get(node, 1.0))
-    ray.get([w.info.remote() for w in handle.workers.values()])  # loaded and serving
-    for worker in handle.workers.values():  # one at a time: they would slow each other down
-        ray.get(worker.calibrate.remote())
+    for reply in [handle.workers.get(node).info() for node in nodes]:
+        reply.get()  # loaded and serving
+    for node in nodes:  # one at a time: they would slow each other down
+        handle.workers.get(node).calibrate().get()
     if address is None:
         _embedded[data_dir] = handle
         _embedded_users[prefix] = 1
@@ -245,11 +240,11 @@ def _describe(address: str | None) -> str:
     return f"on the Ray cluster at {address}"
 
 
-def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any:
+def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> RayWorker:
     """Create the worker actor of ``node``; it loads what the catalog assigns it. A
     ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
-    worker = WorkerActor.options(  # type: ignore[attr-defined]
-        name=handle.worker_name(node),
+    actor = WorkerActor.options(
+        name=worker_actor_name(handle.prefix, node),
         namespace=NAMESPACE,
         max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
         max_concurrency=WORKER_CONCURRENCY,
@@ -258,12 +253,10 @@ def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> Any
         node,
         handle.data_dir,
         handle.worker_settings or handle.settings,
-        handle.coordinator_name,
-        NAMESPACE,
+        handle.prefix,
         slowdown,
     )
-    handle.workers[node] = worker
-    return worker
+    return handle.workers.add(node, actor)
 
 
 def shutdown(handle: ClusterHandle) -> None:
@@ -279,14 +272,12 @@ def shutdown(handle: ClusterHandle) -> None:
             del _embedded_users[handle.prefix]
             _embedded.pop(handle.data_dir, None)
     if last_user and ray.is_initialized():
-        if handle.coordinator is not None:
-            try:  # the next cluster on this data directory takes it over at once
-                ray.get(handle.coordinator.release.remote(), timeout=RELEASE_TIMEOUT_S)
-            except (RayActorError, RayTaskError, GetTimeoutError) as error:
-                log.info("the coordinator did not release the data directory: %s", error)
-        for worker in handle.workers.values():
-            ray.kill(worker, no_restart=True)
-        if handle.coordinator is not None:
-            ray.kill(handle.coordinator, no_restart=True)
+        try:  # the next cluster on this data directory takes it over at once
+            ray.get(handle.coordinator.release.remote(), timeout=RELEASE_TIMEOUT_S)
+        except (RayActorError, RayTaskError, GetTimeoutError) as error:
+            log.info("the coordinator did not release the data directory: %s", error)
+        for node in handle.workers.known:
+            handle.workers.kill(node)
+        ray.kill(cast("ray.actor.ActorHandle[Any]", handle.coordinator), no_restart=True)
     if handle.started_ray:
         _release_ray()

@@ -1,33 +1,39 @@
 """The coordinator's active side: it watches the workers (failover), runs live moves, drains
 nodes and, every poll interval, asks the balancer what to do. Decisions come from the pure
-policies in ``control/``; this module only turns them into worker calls."""
+policies in ``control/``; this module only turns them into worker calls (through the worker
+protocol, so it runs on Ray and, in tests, on in-process workers alike)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import ray
-from ray.exceptions import GetTimeoutError, RayActorError
-
 from shardflow.config import Settings
 from shardflow.control import balancer, cost
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
-from shardflow.control.placement import relative_capacities
-from shardflow.errors import MoveRefusedError, UnknownShardError
+from shardflow.errors import Error, MoveRefusedError, UnknownShardError, WorkerGone
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.migrator import Migrator
-from shardflow.telemetry.calibration import capacity as calibration_capacity
+from shardflow.runtime.protocol import (
+    CatalogJson,
+    DrainReport,
+    LoadReport,
+    NodeLoad,
+    Reply,
+    ShardKey,
+    WorkerInfo,
+    Workers,
+)
 from shardflow.telemetry.devices import device_model
 from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
 log = logging.getLogger(__name__)
-NAMESPACE = "shardflow"
 
 
 @dataclass(frozen=True)
@@ -40,14 +46,13 @@ class Failover:
 
 
 class Controller:
-    def __init__(self, state: CoordinatorState, prefix: str, settings: Settings) -> None:
+    def __init__(self, state: CoordinatorState, workers: Workers, settings: Settings) -> None:
         self.state = state
-        self.prefix = prefix
+        self.workers = workers
         self.settings = settings
-        self._handles: dict[str, Any] = {}
         self.migrator = Migrator(
             state,
-            self.worker,
+            workers,
             MigrationPolicy(),
             bandwidth_bytes_s=settings.migration_bandwidth_mb_s * 1e6,
         )
@@ -56,40 +61,28 @@ class Controller:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._balancing = threading.Lock()
-        self._last_reports: dict[str, dict[str, Any]] = {}
+        self._last_reports: dict[str, LoadReport] = {}
         self._previous_load: float | None = None
         self._unbalanced_polls = 0
         self.utilization: dict[str, float] = {}
-        self.shard_load: dict[tuple[str, int], float] = {}
+        self.shard_load: dict[ShardKey, float] = {}
         """Each shard's execution seconds per second over the last observed window."""
-        self.mix: dict[str, float] = {}
-        """The cluster's load by calibrated operator over the last window (shares)."""
         self.recorder: Recorder | None = None
 
     # -- workers ------------------------------------------------------------------------
-    def worker(self, node: str) -> Any:
-        handle = self._handles.get(node)
-        if handle is None:
-            try:
-                handle = ray.get_actor(f"{self.prefix}-worker-{node}", namespace=NAMESPACE)
-            except ValueError:
-                raise UnknownShardError(f"node {node} has no running worker") from None
-            self._handles[node] = handle
-        return handle
-
-    def broadcast(self, catalog: dict[str, Any], wait: bool = True) -> None:
+    def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
         """Tell every live worker about a catalog change (they load what is now theirs)."""
-        calls = []
+        replies: list[Reply[int]] = []
         for node in self.state.catalog.nodes:
             try:
-                calls.append(self.worker(node).sync.remote(catalog))
-            except UnknownShardError:
+                replies.append(self.workers.get(node).sync(catalog))
+            except WorkerGone:
                 continue
         if wait:
-            for call in calls:
+            for reply in replies:
                 try:
-                    ray.get(call, timeout=self.settings.retry_deadline_s)
-                except (RayActorError, GetTimeoutError) as error:
+                    reply.get(timeout=self.settings.retry_deadline_s)
+                except Error as error:
                     log.info("a worker did not take the catalog: %s", error)
 
     # -- failover -----------------------------------------------------------------------
@@ -124,20 +117,20 @@ class Controller:
         misses: Counter[str] = Counter()
         while not self._stop.wait(self.settings.health_interval_s):
             watched = [n for n in self.state.catalog.nodes if n in self.state.profiles]
-            pings = {}
+            pings: dict[str, Reply[bool]] = {}
             for node in watched:
                 try:
-                    pings[node] = self.worker(node).ping.remote()
-                except UnknownShardError:
+                    pings[node] = self.workers.get(node).ping()
+                except WorkerGone:
                     misses[node] = self.settings.health_misses
-            for node, call in pings.items():
+            for node, reply in pings.items():
                 try:
-                    ray.get(call, timeout=self.settings.health_interval_s)
+                    reply.get(timeout=self.settings.health_interval_s)
                     misses[node] = 0
-                except GetTimeoutError:
-                    misses[node] += 1
-                except RayActorError:
+                except WorkerGone:
                     misses[node] = self.settings.health_misses  # died: no doubt about it
+                except Error:  # no answer in time (or a confused one): a miss
+                    misses[node] += 1
             for node in watched:
                 if misses[node] >= self.settings.health_misses:
                     misses.pop(node)
@@ -153,7 +146,7 @@ class Controller:
         if catalog is None:
             return None
         log.warning("node %s is gone; %d unit(s) reassigned", node, units)
-        self._handles.pop(node, None)
+        self.workers.forget(node)
         self.state.profiles.pop(node, None)
         self.broadcast(catalog)
         record = Failover(node, detected, units, time.time() - detected)
@@ -174,7 +167,7 @@ class Controller:
             record(state, catalog.group_tables(state.plan.group)) for state in self.migrator.history
         ]
 
-    def drain(self, node: str, deadline_s: float) -> dict[str, Any]:
+    def drain(self, node: str, deadline_s: float) -> DrainReport:
         """Move every unit off ``node`` live; then it leaves. Past the deadline, stop and
         leave the node serving what it still holds."""
         if node not in self.state.catalog.nodes:
@@ -191,14 +184,14 @@ class Controller:
             if not units:
                 break
             if time.monotonic() > deadline:
-                return {
-                    "drained": False,
-                    "node": node,
-                    "moved": moved,
-                    "remaining": len(units),
-                    "reason": f"the deadline of {deadline_s:g}s passed; {node} still serves"
+                return DrainReport(
+                    drained=False,
+                    node=node,
+                    moved=tuple(moved),
+                    remaining=len(units),
+                    reason=f"the deadline of {deadline_s:g}s passed; {node} still serves"
                     f" {len(units)} unit(s)",
-                }
+                )
             target = self._least_loaded(others)
             try:
                 plan = self.state.plan_move(units[0].unit_id, target, reason=f"drain {node}")
@@ -211,47 +204,53 @@ class Controller:
                 time.sleep(0.2)
         catalog = self.state.node_left(node)
         if catalog is not None:
-            self._handles.pop(node, None)
+            self.workers.forget(node)
             self.state.profiles.pop(node, None)
             self.broadcast(catalog)
-        return {"drained": True, "node": node, "moved": moved, "remaining": 0, "reason": ""}
+        return DrainReport(drained=True, node=node, moved=tuple(moved), remaining=0, reason="")
 
     # -- metrics ------------------------------------------------------------------------
     def gauges(self) -> ClusterGauges:
         """The cluster as the metrics endpoint shows it, read from the workers now."""
-        catalog = self.state.catalog
-        calls = {}
-        for node in catalog.nodes:
+        replies: dict[str, Reply[WorkerInfo]] = {}
+        for node in self.state.catalog.nodes:
             try:
-                calls[node] = self.worker(node).info.remote()
-            except UnknownShardError:
+                replies[node] = self.workers.get(node).info()
+            except WorkerGone:
                 continue
-        capacities = self.capacities(list(calls), self.mix)
+        capacities = self.state.capacities(list(replies))
         nodes = []
-        for node, call in calls.items():
+        for node, reply in replies.items():
             try:
-                info = ray.get(call, timeout=5)
-            except (RayActorError, GetTimeoutError):
+                info = reply.get(timeout=5)
+            except Error:
                 continue
             nodes.append(
                 NodeGauges(
                     node=node,
                     utilization=self.utilization.get(node, 0.0),
-                    device_utilization=info.get("device_utilization"),
-                    device_memory_used_bytes=info.get("device_memory_used_bytes"),
-                    device_memory_free_bytes=info.get("device_memory_free_bytes"),
-                    memory_used_bytes=info.get("memory_used_bytes", 0),
-                    memory_free_bytes=info.get("memory_free_bytes", 0),
-                    queries_running=info.get("queries_running", 0),
-                    shards=len(info.get("shards", [])),
-                    bytes=sum(s["bytes"] for s in info.get("shards", [])),
-                    capacity=capacities.get(node, 1.0),
+                    device_utilization=info.device.utilization,
+                    device_memory_used_bytes=info.device.memory_used_bytes,
+                    device_memory_free_bytes=info.device.memory_free_bytes,
+                    memory_used_bytes=info.memory.used_bytes,
+                    memory_free_bytes=info.memory.free_bytes,
+                    queries_running=info.queries_running,
+                    shards=len(info.shards),
+                    bytes=sum(s.bytes for s in info.shards),
+                    capacity=capacities[node],
                 )
             )
         acted = Counter(
             "true" if not d["dry_run"] and d["actions"] else "false" for d in self.decisions
         )
         return ClusterGauges(nodes, len(self.failovers), dict(acted))
+
+    def node_loads(self) -> dict[str, NodeLoad]:
+        """Per node: the busy fraction over the last observed window and the capacity that
+        placement and the balancer use (relative to the median node)."""
+        nodes = list(self.state.catalog.nodes)
+        capacities = self.state.capacities(nodes)
+        return {n: NodeLoad(self.utilization.get(n), capacities[n]) for n in nodes}
 
     # -- balancing ----------------------------------------------------------------------
     def balancer_settings(self) -> balancer.BalancerSettings:
@@ -268,29 +267,29 @@ class Controller:
     def observe(self) -> tuple[list[balancer.NodeState], list[balancer.UnitState]]:
         """Per-node and per-unit load over the window since the last observation."""
         catalog = self.state.catalog
-        calls = {}
+        replies: dict[str, Reply[LoadReport]] = {}
         for node in catalog.nodes:
             try:
-                calls[node] = self.worker(node).load_report.remote()
-            except UnknownShardError:
+                replies[node] = self.workers.get(node).load_report()
+            except WorkerGone:
                 continue
-        reports = {}
-        for node, call in calls.items():
+        reports: dict[str, LoadReport] = {}
+        for node, reply in replies.items():
             try:
-                reports[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
-            except (RayActorError, GetTimeoutError):
+                reports[node] = reply.get(timeout=self.settings.retry_deadline_s)
+            except Error:
                 continue
         speeds = self.speeds(list(reports))
         nodes, units = [], []
         for node, report in reports.items():
             before = self._last_reports.get(node)
-            window = report["at"] - before["at"] if before else 0.0
+            window = report.at - before.at if before else 0.0
 
             def rate(now: float, then: float, w: float = window) -> float:
                 return max(0.0, now - then) / w if w > 0 else 0.0
 
-            busy = rate(report["busy_seconds"], before["busy_seconds"]) if before else 0.0
-            device = report.get("device_utilization")
+            busy = rate(report.busy_seconds, before.busy_seconds) if before else 0.0
+            device = report.device_utilization
             self.utilization[node] = busy
             # the device's own utilisation where telemetry has it, else the busy fraction
             utilization = max(busy, device) if device is not None else busy
@@ -301,8 +300,8 @@ class Controller:
                 for unit in group.units:
                     if unit.node != node:
                         continue
-                    now = report["unit_seconds"].get(unit.unit_id, {})
-                    then = before["unit_seconds"].get(unit.unit_id, {}) if before else now
+                    now = report.unit_seconds.get(unit.unit_id, {})
+                    then = before.unit_seconds.get(unit.unit_id, {}) if before else now
                     # execution seconds per second by operator, measured on this node; the
                     # balancer counts them in the median node's seconds
                     spent = {op: rate(s, then.get(op, 0.0)) for op, s in now.items()}
@@ -314,39 +313,24 @@ class Controller:
                             node,
                             unit.lo,
                             unit.hi,
-                            int(report["unit_bytes"].get(unit.unit_id, 0)),
+                            int(report.unit_bytes.get(unit.unit_id, 0)),
                             cost.reference_load(mix, speeds[node]),
                             mix,
                         )
                     )
         self.shard_load = shard_rates(reports, self._last_reports)
-        self.mix = operator_shares(reports, self._last_reports)
-        capacities = self.capacities([n.node for n in nodes], self.mix)
+        self.state.operator_mix = operator_shares(reports, self._last_reports)
+        capacities = self.state.capacities([n.node for n in nodes])
         nodes = [replace(n, capacity=capacities[n.node]) for n in nodes]
         self._last_reports = reports
         return nodes, units
 
     def speeds(self, nodes: list[str]) -> dict[str, dict[str, float]]:
         """Each node's calibrated throughput per operator relative to the median node's."""
-        calibrations = {n: self.state.profiles.get(n, {}).get("calibration") or {} for n in nodes}
-        return cost.relative_speeds(calibrations, self._models(nodes))
-
-    def _models(self, nodes: list[str]) -> dict[str, str]:
-        return {n: device_model(self.state.profiles.get(n, {})) for n in nodes}
-
-    def capacities(self, nodes: list[str], mix: dict[str, float] | None = None) -> dict[str, float]:
-        """Each node's capacity for the cluster's current operator mix, relative to the
-        median node; within 10 % of it counts as equal (calibration noise)."""
-        raw = {}
-        for node in nodes:
-            profile = self.state.profiles.get(node, {})
-            calibration = profile.get("calibration") or {}
-            raw[node] = (
-                calibration_capacity(calibration, mix or None)
-                if calibration
-                else float(profile.get("capacity", 1.0))
-            )
-        return relative_capacities(raw, self._models(nodes))
+        profiles = self.state.profiles
+        calibrations = {n: dict(profiles[n].calibration) if n in profiles else {} for n in nodes}
+        models = {n: device_model(profiles[n]) if n in profiles else n for n in nodes}
+        return cost.relative_speeds(calibrations, models)
 
     def decide(self) -> balancer.Decision:
         nodes, units = self.observe()
@@ -405,7 +389,7 @@ class Controller:
 
     def _least_loaded(self, nodes: list[str]) -> str:
         held = Counter(u.node for g in self.state.catalog.groups.values() for u in g.units)
-        capacity = self.capacities(nodes)
+        capacity = self.state.capacities(nodes)
         return min(nodes, key=lambda n: (held[n] / max(capacity[n], 1e-9), n))
 
 
@@ -434,30 +418,31 @@ def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:
 
 
 def shard_rates(
-    reports: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
-) -> dict[tuple[str, int], float]:
+    reports: Mapping[str, LoadReport], before: Mapping[str, LoadReport]
+) -> dict[ShardKey, float]:
     """Execution seconds per second of each shard between two load reports of its node."""
-    rates: dict[tuple[str, int], float] = {}
+    rates: dict[ShardKey, float] = {}
     for node, report in reports.items():
         then = before.get(node)
-        window = report["at"] - then["at"] if then else 0.0
-        if window <= 0:
+        window = report.at - then.at if then else 0.0
+        if then is None or window <= 0:
             continue
-        earlier = {(t, u): v for t, u, v in then.get("shard_seconds", [])}  # type: ignore[union-attr]
-        for table, unit, seconds in report.get("shard_seconds", []):
-            rates[(table, unit)] = max(0.0, seconds - earlier.get((table, unit), 0.0)) / window
+        for key, seconds in report.shard_seconds.items():
+            earlier = then.shard_seconds.get(key, 0.0)
+            rates[key] = max(0.0, seconds - earlier) / window
     return rates
 
 
 def operator_shares(
-    reports: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
+    reports: Mapping[str, LoadReport], before: Mapping[str, LoadReport]
 ) -> dict[str, float]:
     """Each calibrated operator's share of the execution time since the last reports."""
-    seconds: Counter[str] = Counter()
+    seconds: defaultdict[str, float] = defaultdict(float)
     for node, report in reports.items():
-        earlier = before.get(node, {}).get("op_seconds", {})
-        for operator, total in report.get("op_seconds", {}).items():
-            seconds[operator] += max(0.0, total - earlier.get(operator, 0.0))
+        then = before.get(node)
+        for operator, total in report.op_seconds.items():
+            earlier = then.op_seconds.get(operator, 0.0) if then else 0.0
+            seconds[operator] += max(0.0, total - earlier)
     total = sum(seconds.values())
     return {op: s / total for op, s in seconds.items()} if total > 0 else {}
 

@@ -20,7 +20,7 @@ from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableS
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
-from shardflow.control.placement import place_units, relative_capacities
+from shardflow.control.placement import node_capacities, place_units
 from shardflow.errors import (
     MoveRefusedError,
     TableError,
@@ -28,7 +28,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
-from shardflow.telemetry.devices import device_model
+from shardflow.telemetry.devices import NodeProfile
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -61,7 +61,11 @@ class CoordinatorState:
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
         self.pending: dict[str, PendingTable] = {}
-        self.profiles: dict[str, dict[str, Any]] = {}
+        self.profiles: dict[str, NodeProfile] = {}
+        """Every live worker's device profile and calibration, as it reported them."""
+        self.operator_mix: dict[str, float] = {}
+        """The cluster's load by calibrated operator over the last observed window (shares;
+        empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
         self._unit_ids_taken = self.catalog.next_unit_id
         """Unit ids handed to tables being created: taken, though not yet in the catalog
@@ -104,7 +108,7 @@ class CoordinatorState:
             current = Counter(
                 u.node for g in self.catalog.groups.values() for u in g.units if u.node in nodes
             )
-            owners = place_units(len(orphans), self._capacities(nodes), current)
+            owners = place_units(len(orphans), self.capacities(nodes), current)
             placement = {unit.unit_id: owner for unit, owner in zip(orphans, owners, strict=True)}
             if orphans:
                 log.info("reassigning %d units of departed nodes", len(orphans))
@@ -223,15 +227,15 @@ class CoordinatorState:
         with self._lock:
             self.moving.pop(plan.move_id, None)
 
-    def report_profile(self, node_id: str, profile: dict[str, Any]) -> None:
+    def report_profile(self, profile: NodeProfile) -> None:
         with self._lock:
-            self.profiles[node_id] = profile
+            self.profiles[profile.node_id] = profile
 
-    def _capacities(self, nodes: list[str]) -> dict[str, float]:
-        """Calibrated capacities relative to the median node."""
-        raw = {n: float(self.profiles.get(n, {}).get("capacity", 1.0)) for n in nodes}
-        models = {n: device_model(self.profiles.get(n, {})) for n in nodes}
-        return relative_capacities(raw, models)
+    def capacities(self, nodes: list[str]) -> dict[str, float]:
+        """Each node's capacity for the cluster's current operator mix, relative to the
+        median node (``control/placement.node_capacities``): what placement, the balancer
+        and ``db.cluster.nodes()`` use."""
+        return node_capacities(nodes, self.profiles, self.operator_mix)
 
     # -- tables -------------------------------------------------------------------------
     def begin_create(
@@ -264,7 +268,7 @@ class CoordinatorState:
                     current = Counter(u.node for g in catalog.groups.values() for u in g.units)
                     owners = place_units(
                         self.settings.shards_per_worker * len(nodes),
-                        self._capacities(nodes),
+                        self.capacities(nodes),
                         current,
                     )
                     key_type = schema.field(key).type if key else pa.int64()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -48,15 +48,32 @@ class Concatenated:
 
 
 @dataclass(frozen=True)
+class FragmentStats:
+    """What a worker measured of a fragment it ran. Beyond the time and the rows, the fields
+    are filled only where the query is profiled (``profile_queries``, ``db.profile``)."""
+
+    seconds: float
+    """Execution time on the worker (queue wait and transfer excluded)."""
+    rows_out: int
+    started_at: float | None = None
+    """Wall clock (``time.time``) when the worker started the fragment."""
+    finished_at: float | None = None
+    rows_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    engine: str = ""
+    device: str = ""
+
+
+@dataclass(frozen=True)
 class FragmentResult:
     output: Output
     worker: str
     seconds: float
     """Execution time of the fragment on the worker (queue wait and transfer excluded)."""
     rows: int
-    stats: Mapping[str, Any] = field(default_factory=dict)
-    """What the worker measured: started_at/finished_at (wall clock), rows and bytes in and
-    out, engine and device."""
+    stats: FragmentStats | None = None
+    """What the worker measured (None where nothing was)."""
     submitted_at: float = 0.0
 
 
@@ -109,6 +126,8 @@ class ExecutionReport:
 
 
 def concat(tables: list[pa.Table]) -> pa.Table:
+    """The rows of ``tables`` in one table (the one place fragment results are joined up:
+    the client's merges and a worker's inputs that came in parts)."""
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="permissive")

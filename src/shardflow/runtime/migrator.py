@@ -1,18 +1,14 @@
 """Carries out live moves: drives the pure state machine in ``control/migration.py`` with
-calls to the workers, persists every transition, and keeps the history."""
+calls to the workers (through the worker protocol), persists every transition, and keeps the
+history."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from functools import partial
 
 from shardflow.control import migration
 from shardflow.control.migration import (
@@ -35,11 +31,11 @@ from shardflow.control.migration import (
     RunPrecheck,
     Switched,
     SwitchRouting,
-    Verified,
     VerifyCopy,
 )
 from shardflow.errors import Error
 from shardflow.runtime.coordinator import CoordinatorState
+from shardflow.runtime.protocol import Reply, Worker, Workers
 
 log = logging.getLogger(__name__)
 PRECHECK_TIMEOUT_S = 30.0
@@ -48,34 +44,21 @@ MAX_ACTIONS = 200
 HISTORY = 1000
 
 
-@dataclass
-class MoveStats:
-    """Counters the metrics endpoint and the benchmarks read."""
-
-    outcomes: Counter[str]
-    fence_seconds: list[float]
-    durations: list[float]
-
-
 class Migrator:
     def __init__(
         self,
         state: CoordinatorState,
-        worker: Callable[[str], Any],
+        workers: Workers,
         policy: MigrationPolicy | None = None,
         bandwidth_bytes_s: float = 0.0,
     ) -> None:
         self.state = state
-        self.worker = worker
+        self.workers = workers
         self.policy = policy or MigrationPolicy()
         self.bandwidth = bandwidth_bytes_s
         self.folder = state.data_dir.path("migrations")
         state.data_dir.fs.create_dir(self.folder, recursive=True)
         self.history: list[MigrationState] = self._load()
-        self.stats = MoveStats(Counter(), [], [])
-        self._fenced: dict[str, list[tuple[str, Any, dict[str, list[int]]]]] = {}
-        """Per move under the fence: each source's last changes and final checksums."""
-        self._target_sums: dict[str, dict[str, list[int]]] = {}
 
     # -- persistence -----------------------------------------------------------------------
     def _load(self) -> list[MigrationState]:
@@ -85,7 +68,7 @@ class Migrator:
                 try:
                     data = json.loads(self.state.data_dir.read(f"{self.folder}/{name}"))
                     found.append(migration.from_json(data))
-                except (ValueError, KeyError):
+                except (ValueError, KeyError, TypeError):
                     log.warning("unreadable migration record %s", name)
         return sorted(found, key=lambda m: m.started_at)[-HISTORY:]
 
@@ -132,54 +115,36 @@ class Migrator:
             state, actions = migration.step(state, event, time.time(), self.policy)
             self._persist(state)
         if state.done:
-            self.stats.outcomes[
-                "done" if state.phase == migration.Phase.DONE else "rolled_back"
-            ] += 1
-            self.stats.fence_seconds.append(state.fence_seconds)
-            self.stats.durations.append((state.finished_at or time.time()) - state.started_at)
             log.info("move %s %s: %s", state.plan.move_id, state.plan.kind, state.outcome)
         return state
 
     def _carry_out(self, state: MigrationState, action: Action) -> Event | None:
+        """Do what ``action`` says; what happened, as the event the state machine takes next
+        (None once a roll-back is done). Every worker error becomes ``Failed``."""
         plan = state.plan
         try:
             if isinstance(action, RunPrecheck):
                 return self._precheck(plan)
             if isinstance(action, CopySnapshot):
-                rows, size = ray.get(
-                    self._target(plan).pull_snapshot.remote(
-                        migration.to_json(state)["plan"], self._sources(plan), self.bandwidth
-                    )
-                )
-                return Copied(rows, size)
+                copied = self._target(plan).copy_snapshot(plan, self.bandwidth).get()
+                return Copied(copied.rows, copied.bytes)
             if isinstance(action, CatchUp):
-                rows = ray.get(
-                    self._target(plan).catch_up.remote(plan.move_id, self._sources(plan))
-                )
-                return CaughtUp(rows)
+                return CaughtUp(self._target(plan).catch_up(plan.move_id).get())
             if isinstance(action, FenceWrites):
-                ray.get(
-                    [self.worker(n).fence.remote(plan.move_id) for n in self._source_nodes(plan)]
-                )
-                return Fenced()
+                return self._fence(plan)
             if isinstance(action, VerifyCopy):
-                return self._verify(plan)
+                return self._verify(action)
             if isinstance(action, SwitchRouting):
                 return self._switch(plan)
             if isinstance(action, CleanUpSource):
-                ray.get(
-                    [
-                        self.worker(n).drop_retired.remote(plan.move_id)
-                        for n in self._source_nodes(plan)
-                    ]
-                )
+                for reply in [w.drop_retired(plan.move_id) for w in self._sources(plan)]:
+                    reply.get()
                 return CleanedUp()
             if isinstance(action, RollBack):
                 self._roll_back(plan)
                 return None
-        except (RayActorError, RayTaskError, GetTimeoutError, Error, ValueError) as error:
-            cause = error.cause if isinstance(error, RayTaskError) else error
-            return Failed(f"{type(cause).__name__}: {cause}")
+        except Error as error:
+            return Failed(f"{type(error).__name__}: {error}")
         raise AssertionError(f"unknown action {action}")  # pragma: no cover
 
     def _precheck(self, plan: MovePlan) -> Event:
@@ -188,63 +153,65 @@ class Migrator:
             if node not in nodes:
                 return PrecheckDone(False, f"{node} is not a live node")
         size = 0
-        for node in self._source_nodes(plan):
-            units = [s.unit_id for s in plan.sources if s.node == node]
-            size += ray.get(self.worker(node).unit_bytes.remote(units), timeout=PRECHECK_TIMEOUT_S)
-        target = self._target_node(plan)
-        free = ray.get(self.worker(target).memory_headroom.remote(), timeout=PRECHECK_TIMEOUT_S)
+        for source in self._sources(plan):
+            units = [s.unit_id for s in plan.sources if s.node == source.node_id]
+            size += source.unit_bytes(units).get(PRECHECK_TIMEOUT_S)
+        target = self._target(plan)
+        free = target.memory_headroom().get(PRECHECK_TIMEOUT_S)
         if free < HEADROOM_FACTOR * size:
-            return PrecheckDone(False, f"{target} has {free} bytes free, the move needs {size}")
+            return PrecheckDone(
+                False, f"{target.node_id} has {free} bytes free, the move needs {size}"
+            )
         return PrecheckDone(True)
 
-    def _verify(self, plan: MovePlan) -> Event:
+    def _fence(self, plan: MovePlan) -> Event:
+        """Every source holds writes and hands out its last changes with its final
+        checksums, in one answer; the target applies those changes and answers with the
+        checksums of what it stores. ``Fenced`` carries both sides to VERIFY."""
+        fenced = [reply.get() for reply in [w.fence(plan.move_id) for w in self._sources(plan)]]
+        final = self._target(plan).apply_final(plan.move_id, [f.changes for f in fenced]).get()
+        return Fenced(final.rows, tuple(f.sums for f in fenced), final.stored)
+
+    def _verify(self, action: VerifyCopy) -> Event:
         """Rows and checksums the fenced sources handed out (snapshot and every change
-        since) against what the target stored. Both sides kept running totals while they
-        copied; nothing is hashed or asked for here."""
-        source: dict[str, list[int]] = {}
-        for node, _, sums in self._fenced.pop(plan.move_id, []):
-            for table, (rows, digest, held) in sums.items():
-                if rows != held:
-                    return Verified(False, f"{table}: {node} holds {held} rows, sent {rows}")
-                total = source.setdefault(table, [0, 0])
-                total[0] += rows
-                total[1] += digest
-        target = self._target_sums.pop(plan.move_id, {})
-        for table in sorted(set(source) | set(target)):
-            have, want = target.get(table, [0, 0]), source.get(table, [0, 0])
-            if have != want:
-                same_hash = have[1] == want[1]
-                return Verified(
-                    False,
-                    f"{table}: sources {want[0]} rows, target {have[0]} rows"
-                    f" (checksums {'equal' if same_hash else 'differ'})",
-                )
-        return Verified(True)
+        since) against what the target stores (its snapshot as stored, and every change it
+        applied): a mismatch rolls the move back."""
+        return migration.verify_copy(action.handed_out, action.stored)
 
     def _switch(self, plan: MovePlan) -> Event:
-        target = self._target(plan)
-        ray.get(target.promote.remote(plan.move_id))
+        self._target(plan).promote(plan.move_id).get()
         catalog = self.state.apply_switch(plan)
-        ray.get(self._on_sources(plan, "retire"))
+        for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
+            reply.get()
         for node in self.state.catalog.nodes:  # routing news; the session learns on its own
             try:
-                self.worker(node).sync.remote(catalog)
+                self.workers.get(node).sync(catalog)  # not waited for
             except Error:
                 pass
         return Switched()
 
     def _roll_back(self, plan: MovePlan) -> None:
-        self._fenced.pop(plan.move_id, None)
-        self._target_sums.pop(plan.move_id, None)
-        calls = [self._target(plan).abort_import.remote(plan.move_id)]
-        calls += [
-            self.worker(n).abort_export.remote(plan.move_id) for n in self._source_nodes(plan)
+        """The target drops its copy, the sources serve writes again (all asked at once;
+        a worker that is gone has nothing to undo)."""
+        calls: list[Callable[[], Reply[None]]] = [
+            lambda: self._target(plan).abort_import(plan.move_id)
         ]
+        for node in self._source_nodes(plan):
+            calls.append(partial(self._abort_export, node, plan.move_id))
+        replies = []
         for call in calls:
             try:
-                ray.get(call, timeout=PRECHECK_TIMEOUT_S)
-            except (RayActorError, RayTaskError, GetTimeoutError) as error:
+                replies.append(call())
+            except Error as error:
                 log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+        for reply in replies:
+            try:
+                reply.get(PRECHECK_TIMEOUT_S)
+            except Error as error:
+                log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+
+    def _abort_export(self, node: str, move_id: str) -> Reply[None]:
+        return self.workers.get(node).abort_export(move_id)
 
     # -- helpers ------------------------------------------------------------------------
     @staticmethod
@@ -257,15 +224,8 @@ class Migrator:
         assert len(nodes) == 1, "every target of a move is on one node"
         return nodes.pop()
 
-    def _on_sources(self, plan: MovePlan, method: str) -> list[Any]:
-        """Call ``method(move_id)`` on every source node; the object references."""
-        return [
-            getattr(self.worker(node), method).remote(plan.move_id)
-            for node in self._source_nodes(plan)
-        ]
+    def _target(self, plan: MovePlan) -> Worker:
+        return self.workers.get(self._target_node(plan))
 
-    def _target(self, plan: MovePlan) -> Any:
-        return self.worker(self._target_node(plan))
-
-    def _sources(self, plan: MovePlan) -> dict[str, Any]:
-        return {node: self.worker(node) for node in self._source_nodes(plan)}
+    def _sources(self, plan: MovePlan) -> list[Worker]:
+        return [self.workers.get(node) for node in self._source_nodes(plan)]

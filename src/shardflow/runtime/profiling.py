@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardflow.runtime.executor import ExecutionReport
+from shardflow.runtime.executor import ExecutionReport, FragmentStats
 from shardflow.telemetry.profile import FragmentProfile, QueryProfile, StageProfile
 
 
@@ -11,20 +11,21 @@ def build_profile(sql: str, report: ExecutionReport) -> QueryProfile:
     for number, stage in enumerate(report.stages, start=1):
         fragments = []
         for fragment in stage.fragments:
-            stats = fragment.stats
-            started = float(stats.get("started_at", stage.started_at))
+            stats = fragment.stats or FragmentStats(fragment.seconds, fragment.rows)
+            started = stats.started_at if stats.started_at is not None else stage.started_at
+            finished = stats.finished_at
             fragments.append(
                 FragmentProfile(
                     worker=fragment.worker,
-                    device=str(stats.get("device", "")),
-                    engine=str(stats.get("engine", "")),
+                    device=stats.device,
+                    engine=stats.engine,
                     submitted_at=fragment.submitted_at or started,
                     started_at=started,
-                    finished_at=float(stats.get("finished_at", started + fragment.seconds)),
-                    rows_in=int(stats.get("rows_in", 0)),
-                    bytes_in=int(stats.get("bytes_in", 0)),
+                    finished_at=finished if finished is not None else started + fragment.seconds,
+                    rows_in=stats.rows_in,
+                    bytes_in=stats.bytes_in,
                     rows_out=fragment.rows,
-                    bytes_out=int(stats.get("bytes_out", 0)),
+                    bytes_out=stats.bytes_out,
                     transfer_seconds=_transfer(fragment.output),
                 )
             )

@@ -13,15 +13,15 @@ import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import ray
-from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.buckets import key_family
@@ -43,18 +43,35 @@ from shardflow.runtime.executor import (
     Concatenated,
     ExecutionReport,
     FragmentResult,
+    FragmentStats,
     Output,
     execute,
 )
+from shardflow.runtime.protocol import (
+    DrainReport,
+    NodeLoad,
+    Reply,
+    ShardKey,
+    SharedRows,
+    WorkerInfo,
+)
+from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA
 from shardflow.sql import DistributedPlan, Stage, explain, plan
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route, split_by_unit
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from shardflow.runtime.ray_workers import CoordinatorHandle
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_IN_FLIGHT_LOADS = 8
 QUERY_ATTEMPTS = 3
+FIRST_RETRY_DELAY_S = 0.05
+MAX_RETRY_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,40 +82,45 @@ class PlannedQuery:
     plan_seconds: float
 
 
-class _Transient(Exception):
-    """A call failed for a reason a retry with fresh routing can cure."""
+class _Again(Exception):
+    """Internal: an attempt left work to do (parts whose worker moved or died)."""
 
 
-class _InputLost(Exception):
-    """An intermediate result in the object store was lost with its node."""
-
-
-def _unwrap(call: Callable[[], T]) -> T:
-    """Run a Ray call; re-raise errors of ours as themselves, transient ones as _Transient."""
-    try:
-        return call()
-    except ObjectLostError:
-        raise _InputLost() from None
-    except Retryable as error:  # raised here, not by the worker: e.g. its node was drained
-        raise _Transient(str(error)) from None
-    except RayActorError as error:
-        raise _Transient(str(error)) from None
-    except RayTaskError as error:
-        cause = error.cause
-        if isinstance(cause, ObjectLostError):
-            raise _InputLost() from None
-        if isinstance(cause, Retryable):
-            raise _Transient(str(cause)) from None
-        if isinstance(cause, Error):
-            raise cause from None
-        if isinstance(cause, RayActorError):
-            raise _Transient(str(cause)) from None
-        raise ClusterError(f"a worker failed: {cause!r}") from None
+def retrying(
+    what: str,
+    attempt: Callable[[], T],
+    deadline_s: float,
+    between: Callable[[], object] | None = None,
+) -> T:
+    """The one retry loop: call ``attempt`` until it returns. What a retry can cure — a
+    ``Retryable`` error (a shard moved, a worker or the coordinator gone or slow) or work
+    left undone — is tried again after a back-off (50 ms, doubling up to 1 s), with
+    ``between`` run before each new attempt (the session refreshes its routing there),
+    until ``deadline_s`` (``retry_deadline_s``) has passed."""
+    deadline = time.monotonic() + deadline_s
+    delay = FIRST_RETRY_DELAY_S
+    while True:
+        try:
+            return attempt()
+        except (Retryable, _Again) as error:
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{what}: no success within {deadline_s:g}s (retry_deadline_s): {error};"
+                    " check db.cluster.nodes()"
+                ) from None
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_RETRY_DELAY_S)
+        if between is not None:
+            between()
 
 
 class Session:
+    """One client of the cluster: it plans and runs queries, inserts, loads and drops tables
+    through the workers, and asks the coordinator for cluster operations and reports."""
+
     def __init__(self, handle: ClusterHandle) -> None:
         self.handle = handle
+        self.workers = handle.workers
         self.settings = handle.settings
         self.engine = DuckDBEngine()
         self._plans: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
@@ -112,25 +134,16 @@ class Session:
 
     # -- routing ------------------------------------------------------------------------
     def refresh(self) -> Catalog:
-        catalog = Catalog.from_json(self.coordinator_read("catalog"))
+        found: dict[str, Any] = self._read("the catalog", lambda c: c.catalog.remote())
+        catalog = Catalog.from_json(found)
         with self._lock:
             if catalog.version >= self.catalog.version:
                 self.catalog = catalog
             return self.catalog
 
-    def _retrying(self, what: str, attempt: Callable[[], bool]) -> None:
-        """Call ``attempt`` until it reports nothing is left, refreshing routing in between."""
-        deadline = time.monotonic() + self.settings.retry_deadline_s
-        delay = 0.05
-        while not attempt():
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"{what}: workers did not answer within {self.settings.retry_deadline_s:g}s"
-                    " (retry_deadline_s); check db.cluster.nodes()"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            self.refresh()
+    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """Work on the workers, retried with fresh routing (see :func:`retrying`)."""
+        return retrying(what, attempt, self.settings.retry_deadline_s, self.refresh)
 
     def table_spec(self, name: str) -> TableSpec:
         if not isinstance(name, str):
@@ -142,6 +155,34 @@ class Session:
             known = ", ".join(sorted(self.catalog.tables)) or "none yet"
             raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
         return spec
+
+    # -- the coordinator ----------------------------------------------------------------
+    def _read(self, what: str, call: Callable[[CoordinatorHandle], ObjectRef[T]]) -> T:
+        """A call that only reads the coordinator's state, retried while the coordinator
+        restarts (up to ``retry_deadline_s``): a restart must not fail a query or a look."""
+
+        def attempt() -> T:
+            return RayReply(call(self.handle.coordinator), "the coordinator").get()
+
+        return retrying(f"reading {what}", attempt, self.settings.retry_deadline_s)
+
+    def _change(
+        self,
+        what: str,
+        call: Callable[[CoordinatorHandle], ObjectRef[T]],
+        timeout: float | None = None,
+    ) -> T:
+        """A call that changes the coordinator's state: not retried, as a restart finishes
+        or rolls back what it was doing (the error says where to look)."""
+        try:
+            result = RayReply(call(self.handle.coordinator), "the coordinator").get(timeout)
+        except Retryable as error:
+            raise ClusterError(
+                f"the coordinator restarted during {what}; it finished or rolled back what "
+                f"was in progress (see db.cluster.migrations()): {error}"
+            ) from None
+        self.refresh()
+        return result
 
     # -- queries ------------------------------------------------------------------------
     def plan(self, sql: str) -> PlannedQuery:
@@ -198,7 +239,7 @@ class Session:
             try:
                 result, report = execute(planned.plan, _RayRunner(self), self.engine)
                 break
-            except _InputLost:
+            except ResultLost:
                 # an intermediate result died with its node: run the whole plan again
                 if attempt == QUERY_ATTEMPTS - 1:
                     raise ClusterError("intermediate results were lost repeatedly") from None
@@ -220,8 +261,9 @@ class Session:
             self._insert_replicated(spec, table, batch_id)
         else:
             self._insert_distributed(spec, table, batch_id)
-        self.handle.coordinator.record_insert.remote(table.num_rows)
-        return table.num_rows
+        rows = int(table.num_rows)
+        self.handle.coordinator.record_insert.remote(rows)
+        return rows
 
     def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
         # every row's bucket is fixed once: a retry after a split or merge re-routes the same
@@ -229,7 +271,7 @@ class Session:
         salt = int(batch_id[:8], 16)
         pending = [(table, buckets_for(table, spec, self.catalog.n_buckets, salt))]
 
-        def attempt() -> bool:
+        def attempt() -> None:
             catalog = self.catalog
             rows = pa.concat_tables([t for t, _ in pending])
             buckets = np.concatenate([b for _, b in pending])
@@ -238,62 +280,78 @@ class Session:
             by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = defaultdict(dict)
             for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
                 by_node[group.unit(unit_id).node][unit_id] = part
-            calls = {
-                node: lambda node=node, parts=parts: self.handle.worker(node).append.remote(
-                    spec.name, parts, batch_id, catalog.epoch
-                )
-                for node, parts in by_node.items()
-            }
-            submitted = _submit_all(calls)
-            for node in calls.keys() - submitted.keys():  # its worker is gone: route again
+            replies = _submit_all(
+                {
+                    node: partial(self._append, node, spec.name, parts, batch_id, catalog.epoch)
+                    for node, parts in by_node.items()
+                }
+            )
+            for node in by_node.keys() - replies.keys():  # its worker is gone: route again
                 pending.extend(by_node[node].values())
-            for node, ref in submitted.items():
+            for node, reply in replies.items():
                 try:
-                    _unwrap(lambda ref=ref: ray.get(ref))
-                except _Transient as error:
+                    reply.get()
+                except Retryable as error:
                     log.info("insert into %s retried on %s: %s", spec.name, node, error)
                     pending.extend(by_node[node].values())
-            return not pending
+            if pending:
+                raise _Again(f"{len(pending)} part(s) of the insert to place again")
 
         self._retrying(f"insert into {spec.name}", attempt)
 
+    def _append(
+        self,
+        node: str,
+        table: str,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+        batch_id: str,
+        epoch: int,
+    ) -> Reply[Mapping[int, int]]:
+        return self.workers.get(node).append(table, parts, batch_id, epoch)
+
     def _insert_replicated(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
-        ref = ray.put(table)
+        rows = self.workers.share(table)
         primary = self.catalog.primary
         assert primary is not None
         # The primary logs the rows durably first; then every other replica applies them.
-        self._deliver_replica(spec.name, ref, batch_id, [primary])
+        self._deliver_replica(spec.name, rows, batch_id, [primary])
         others = [n for n in self.catalog.nodes if n != primary]
-        self._deliver_replica(spec.name, ref, batch_id, others, leavers_skipped=True)
+        self._deliver_replica(spec.name, rows, batch_id, others, leavers_skipped=True)
 
     def _deliver_replica(
-        self, table: str, ref: Any, batch_id: str, nodes: list[str], leavers_skipped: bool = False
+        self,
+        table: str,
+        rows: SharedRows,
+        batch_id: str,
+        nodes: list[str],
+        leavers_skipped: bool = False,
     ) -> None:
         """Apply an insert to replicas of ``table`` on ``nodes``, retrying those that fail.
         With ``leavers_skipped``, a node that left the cluster meanwhile needs no copy (the
         primary logged the rows; a node that joins loads them from there)."""
         remaining = list(nodes)
 
-        def attempt() -> bool:
+        def attempt() -> None:
             if leavers_skipped:
                 remaining[:] = [n for n in remaining if n in self.catalog.nodes]
-            calls = _submit_all(
-                {
-                    n: lambda n=n: self.handle.worker(n).append_replica.remote(table, ref, batch_id)
-                    for n in remaining
-                }
+            replies = _submit_all(
+                {n: partial(self._append_replica, n, table, rows, batch_id) for n in remaining}
             )
-            missing = [n for n in remaining if n not in calls]  # worker gone: try again
+            missing = [n for n in remaining if n not in replies]  # worker gone: try again
             remaining.clear()
             remaining.extend(missing)
-            for node, call in calls.items():
+            for node, reply in replies.items():
                 try:
-                    _unwrap(lambda call=call: ray.get(call))
-                except _Transient:
+                    reply.get()
+                except Retryable:
                     remaining.append(node)
-            return not remaining
+            if remaining:
+                raise _Again(f"replicas on {', '.join(remaining)} still to update")
 
         self._retrying(f"insert into {table}", attempt)
+
+    def _append_replica(self, node: str, table: str, rows: SharedRows, batch_id: str) -> Reply[int]:
+        return self.workers.get(node).append_replica(table, rows, batch_id)
 
     # -- tables -------------------------------------------------------------------------
     def create_table(
@@ -324,34 +382,31 @@ class Session:
             except TypeError as error:
                 raise TableError(str(error)) from None
         kind = "replicated" if replicated else "distributed"
-        preview = Catalog.from_json(
-            _unwrap(
-                lambda: ray.get(
-                    self.handle.coordinator.begin_create.remote(
-                        name,
-                        schema.serialize().to_pybytes(),
-                        kind,
-                        distributed_by or "",
-                        colocate_with,
-                    )
-                )
+        schema_bytes = schema.serialize().to_pybytes()
+        planned: dict[str, Any] = self._coordinator(
+            lambda c: c.begin_create.remote(
+                name, schema_bytes, kind, distributed_by or "", colocate_with
             )
         )
+        preview = Catalog.from_json(planned)
         spec = preview.table(name)
         try:
             rows = self._load(spec, preview, batches, total, progress)
-            catalog = _unwrap(
-                lambda: ray.get(self.handle.coordinator.commit_create.remote(name, rows))
-            )
+            catalog = self._coordinator(lambda c: c.commit_create.remote(name, rows))
         except pa.ArrowException as error:  # rows that do not fit the schema
             self._abort_load(spec, preview)
             raise TableError(f"cannot load {name!r}: {error}") from None
         except BaseException:
             self._abort_load(spec, preview)
             raise
-        ray.get([self.handle.worker(n).finish_load.remote(name, catalog) for n in preview.nodes])
+        for finished in [self.workers.get(n).finish_load(name, catalog) for n in preview.nodes]:
+            finished.get()
         self.refresh()
         return rows
+
+    def _coordinator(self, call: Callable[[CoordinatorHandle], ObjectRef[T]]) -> T:
+        """A step of a load or a drop: its errors are the coordinator's own."""
+        return RayReply(call(self.handle.coordinator), "the coordinator").get()
 
     def _load(
         self,
@@ -368,59 +423,59 @@ class Session:
             for unit in preview.groups[spec.group].units:
                 units_by_node[unit.node].append(unit.unit_id)
         targets = nodes if spec.kind == "replicated" else sorted(units_by_node)
-        ray.get(
-            [
-                self.handle.worker(n).prepare.remote(
-                    spec.to_json(), units_by_node.get(n, []), n == primary
-                )
-                for n in targets
-            ]
-        )
-        in_flight: list[Any] = []
+        prepared = [
+            self.workers.get(n).prepare(spec, units_by_node.get(n, []), n == primary)
+            for n in targets
+        ]
+        for ready in prepared:
+            ready.get()
+        in_flight: list[Reply[int]] = []
         loaded = 0
         for batch in batches:
             table = pa.Table.from_batches([batch]).cast(spec.schema)
             if spec.kind == "replicated":
-                ref = ray.put(table)
+                shared = self.workers.share(table)
                 in_flight += [
-                    self.handle.worker(n).stage.remote(spec.name, [REPLICA], ref) for n in nodes
+                    self.workers.get(n).stage(spec.name, {REPLICA: shared}) for n in nodes
                 ]
             else:
-                by_node: dict[str, dict[int, pa.Table]] = defaultdict(dict)
+                by_node: dict[str, dict[int | str, pa.Table | SharedRows]] = defaultdict(dict)
                 group = preview.group_of(spec.name)
                 for unit_id, part in split_by_unit(table, spec, preview).items():
                     by_node[group.unit(unit_id).node][unit_id] = part
                 in_flight += [
-                    self.handle.worker(n).stage.remote(spec.name, list(parts), *parts.values())
-                    for n, parts in by_node.items()
+                    self.workers.get(n).stage(spec.name, parts) for n, parts in by_node.items()
                 ]
             loaded += table.num_rows
             if len(in_flight) > MAX_IN_FLIGHT_LOADS * len(nodes):
-                ray.get(in_flight)
+                for reply in in_flight:
+                    reply.get()
                 in_flight = []
             if progress is not None:
                 progress(loaded, total)
-        ray.get(in_flight)
-        counts = ray.get([self.handle.worker(n).commit_load.remote(spec.name) for n in targets])
+        for reply in in_flight:
+            reply.get()
+        committed = [self.workers.get(n).commit_load(spec.name) for n in targets]
+        counts = [reply.get() for reply in committed]
         return loaded if spec.kind == "replicated" else sum(counts)
 
     def _abort_load(self, spec: TableSpec, preview: Catalog) -> None:
         for node in preview.nodes:
             try:
-                ray.get(self.handle.worker(node).abort_load.remote(spec.name))
+                self.workers.get(node).abort_load(spec.name).get()
             except Exception as error:  # the abort is best effort; files are removed below
                 log.warning("abort of %s on %s failed: %s", spec.name, node, error)
-        ray.get(self.handle.coordinator.abort_create.remote(spec.name))
+        self._coordinator(lambda c: c.abort_create.remote(spec.name))
 
     def drop_table(self, name: str) -> None:
         self.table_spec(name)
-        catalog, uid = _unwrap(lambda: ray.get(self.handle.coordinator.drop_table.remote(name)))
+        catalog, uid = self._change(f"drop_table {name}", lambda c: c.drop_table.remote(name))
         for node in Catalog.from_json(catalog).nodes:
             try:
-                ray.get(self.handle.worker(node).sync.remote(catalog))
-            except RayActorError:
+                self.workers.get(node).sync(catalog).get()
+            except Retryable:
                 pass  # a restarting worker loads the new catalog anyway
-        ray.get(self.handle.coordinator.delete_files.remote(uid))
+        self._coordinator(lambda c: c.delete_files.remote(uid))
         self.refresh()
 
     # -- cluster operations -------------------------------------------------------------
@@ -452,67 +507,64 @@ class Session:
             raise UnknownShardError(f"{table} has no shard #{unit}; its shards are {listed}")
         return int(unit)
 
-    def coordinator_read(self, method: str, *args: Any) -> Any:
-        """A call that only reads the coordinator's state, retried while the coordinator
-        restarts (up to ``retry_deadline_s``): a restart must not fail a query or a look."""
-        deadline = time.monotonic() + self.settings.retry_deadline_s
-        delay = 0.05
-        while True:
-            call = getattr(self.handle.coordinator, method).remote(*args)
-            try:
-                return _unwrap(lambda call=call: ray.get(call))
-            except _Transient as error:
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"the coordinator did not answer {method} within "
-                        f"{self.settings.retry_deadline_s:g}s (retry_deadline_s): {error}"
-                    ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
+        return self._change("migrate", lambda c: c.migrate.remote(unit_id, to))
 
-    def coordinator_call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        """A call that changes the coordinator's state: not retried, as a restart finishes
-        or rolls back what it was doing (the error says where to look)."""
-        call = getattr(self.handle.coordinator, method).remote(*args)
-        try:
-            result = _unwrap(lambda: ray.get(call, timeout=timeout))
-        except _Transient as error:
-            raise ClusterError(
-                f"the coordinator restarted during {method}; it finished or rolled back what "
-                f"was in progress (see db.cluster.migrations()): {error}"
-            ) from None
-        self.refresh()
-        return result
+    def split(self, unit_id: int) -> dict[str, Any]:
+        return self._change("split", lambda c: c.split.remote(unit_id))
+
+    def merge(self, first: int, second: int) -> dict[str, Any]:
+        return self._change("merge", lambda c: c.merge.remote(first, second))
+
+    def rebalance(self, dry_run: bool) -> dict[str, Any]:
+        if dry_run:  # only looks: retried while the coordinator restarts
+            return self._read("a rebalancing plan", lambda c: c.rebalance.remote(True))
+        return self._change("rebalance", lambda c: c.rebalance.remote(False))
 
     def add_node(self, slowdown: float = 1.0) -> str:
-        node = self.coordinator_call("reserve_node")
+        node = self._change("reserve_node", lambda c: c.reserve_node.remote())
         worker = start_worker(self.handle, node, slowdown)
-        ray.get(worker.info.remote())  # started, replicated tables loaded
-        ray.get(worker.calibrate.remote())
-        self.coordinator_call("node_joined", node)
+        worker.info().get()  # started, replicated tables loaded
+        worker.calibrate().get()
+        self._change("node_joined", lambda c: c.node_joined.remote(node))
         return node
 
-    def drain(self, node: str, deadline_s: float) -> dict[str, Any]:
-        result: dict[str, Any] = self.coordinator_call("drain", node, deadline_s)
-        if result["drained"]:
-            worker = self.handle.workers.pop(node, None)
-            if worker is not None:
-                ray.kill(worker, no_restart=True)
+    def drain(self, node: str, deadline_s: float) -> DrainReport:
+        result = self._change("drain", lambda c: c.drain.remote(node, deadline_s))
+        if result.drained:
+            self.workers.kill(node)
         return result
 
     # -- reporting ----------------------------------------------------------------------
-    def worker_infos(self) -> dict[str, dict[str, Any]]:
+    def migrations(self) -> list[dict[str, Any]]:
+        return self._read("the migrations", lambda c: c.migrations.remote())
+
+    def failovers(self) -> list[dict[str, Any]]:
+        return self._read("the failovers", lambda c: c.failovers.remote())
+
+    def metrics_url(self) -> str:
+        return self._read("the metrics address", lambda c: c.metrics_url.remote())
+
+    def node_loads(self) -> dict[str, NodeLoad]:
+        return self._read("the node loads", lambda c: c.node_loads.remote())
+
+    def shard_loads(self) -> dict[ShardKey, float]:
+        return self._read("the shard loads", lambda c: c.shard_loads.remote())
+
+    def worker_infos(self) -> dict[str, WorkerInfo | None]:
+        """Every node's report; None for a node whose worker does not answer."""
         catalog = self.refresh()
-        calls = _submit_all(
-            {n: lambda n=n: self.handle.worker(n).info.remote() for n in catalog.nodes}
-        )
-        infos: dict[str, dict[str, Any]] = {n: {} for n in catalog.nodes}  # gone: no info
-        for node, call in calls.items():
+        replies = _submit_all({n: partial(self._info, n) for n in catalog.nodes})
+        infos: dict[str, WorkerInfo | None] = {n: None for n in catalog.nodes}
+        for node, reply in replies.items():
             try:
-                infos[node] = ray.get(call, timeout=self.settings.retry_deadline_s)
-            except (RayActorError, ray.exceptions.GetTimeoutError):
-                infos[node] = {}
+                infos[node] = reply.get(timeout=self.settings.retry_deadline_s)
+            except Retryable:
+                infos[node] = None
         return infos
+
+    def _info(self, node: str) -> Reply[WorkerInfo]:
+        return self.workers.get(node).info()
 
     def close(self) -> None:
         self.engine.close()
@@ -524,33 +576,24 @@ def _submit_all(submissions: Mapping[str, Callable[[], T]]) -> dict[str, T]:
     submitted = {}
     for node, submit in submissions.items():
         try:
-            submitted[node] = _unwrap(submit)
-        except _Transient as error:
+            submitted[node] = submit()
+        except Retryable as error:
             log.info("%s: %s; retried with fresh routing", node, error)
     return submitted
-
-
-def _fragment_result(
-    node: str, table_ref: Any, stats: dict[str, Any], submitted: float
-) -> FragmentResult:
-    """A fragment's answer, left in the object store, with what its worker measured."""
-    return FragmentResult(
-        _RayOutput(table_ref), node, stats["seconds"], stats["rows_out"], stats, submitted
-    )
 
 
 @dataclass
 class _RayOutput:
     """A fragment result left in Ray's object store until someone needs its rows."""
 
-    ref: Any
+    ref: ObjectRef[pa.Table]
     _table: pa.Table | None = None
     transfer_seconds: float = 0.0
 
     def table(self) -> pa.Table:
         if self._table is None:
             started = time.perf_counter()
-            self._table = _unwrap(lambda: ray.get(self.ref))
+            self._table = RayReply(self.ref, "a fragment result").get()
             self.transfer_seconds = time.perf_counter() - started
         return self._table
 
@@ -560,13 +603,13 @@ class _RayRunner:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._puts: dict[int, Any] = {}
+        self._puts: dict[int, ObjectRef[pa.Table]] = {}
 
-    def _refs(self, inputs: Mapping[str, Output]) -> tuple[list[str], list[Any]]:
+    def _refs(self, inputs: Mapping[str, Output]) -> tuple[list[str], list[ObjectRef[pa.Table]]]:
         """Every input as object references, a name repeated once per part: results still
         on the workers travel worker to worker; client-side tables are put once per query."""
         names: list[str] = []
-        refs: list[Any] = []
+        refs: list[ObjectRef[pa.Table]] = []
         for name, value in inputs.items():
             for part in _parts(value):
                 if isinstance(part, _RayOutput):
@@ -587,14 +630,12 @@ class _RayRunner:
         bindings: dict[str, list[int]],
         epoch: int,
         names: list[str],
-        refs: list[Any],
-    ) -> tuple[Any, Any, float]:
-        worker = self.session.handle.worker(node)
+        refs: list[ObjectRef[pa.Table]],
+    ) -> tuple[ObjectRef[pa.Table], Reply[FragmentStats], float]:
+        worker = self.session.workers.get(node)
         submitted = time.time()
-        table_ref, stats_ref = worker.execute.options(num_returns=2).remote(
-            sql, bindings, epoch, names, self.session.profiling, *refs
-        )
-        return table_ref, stats_ref, submitted
+        table_ref, stats = worker.execute(sql, bindings, epoch, names, self.session.profiling, refs)
+        return table_ref, stats, submitted
 
     def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
@@ -603,7 +644,7 @@ class _RayRunner:
         assert stage.group is not None
         pending: set[int] | None = None
 
-        def attempt() -> bool:
+        def attempt() -> None:
             nonlocal pending
             catalog = session.catalog
             group = catalog.groups.get(stage.group or "")
@@ -621,7 +662,8 @@ class _RayRunner:
                     by_node[unit.node].append(unit.unit_id)
             calls = _submit_all(
                 {
-                    node: lambda node=node, units=units: self._call(
+                    node: partial(
+                        self._call,
                         node,
                         stage.sql,
                         {t: units for t in stage.tables},
@@ -632,16 +674,17 @@ class _RayRunner:
                     for node, units in by_node.items()
                 }
             )
-            for node, (table_ref, stats_ref, submitted) in calls.items():
+            for node, (table_ref, stats_reply, submitted) in calls.items():
                 try:
-                    stats = _unwrap(lambda ref=stats_ref: ray.get(ref))
-                except _Transient as error:
+                    stats = stats_reply.get()
+                except Retryable as error:
                     log.info("fragment retried after %s failed: %s", node, error)
                     _discard(table_ref)
                     continue
                 results.append(_fragment_result(node, table_ref, stats, submitted))
                 pending -= set(by_node[node])
-            return not pending
+            if pending:
+                raise _Again(f"{len(pending)} unit(s) of the stage still to run")
 
         session._retrying("query", attempt)
         return results
@@ -649,30 +692,31 @@ class _RayRunner:
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         session = self.session
         names, refs = self._refs(inputs)
-        found: list[FragmentResult] = []
 
-        def attempt() -> bool:
+        def attempt() -> FragmentResult:
             nodes = session.catalog.nodes
             node = nodes[next(session._round_robin) % len(nodes)]
+            table_ref, stats_reply, submitted = self._call(node, sql, {}, 0, names, refs)
             try:
-                table_ref, stats_ref, submitted = _unwrap(
-                    lambda: self._call(node, sql, {}, 0, names, refs)
-                )
-            except _Transient:
-                return False
-            try:
-                stats = _unwrap(lambda: ray.get(stats_ref))
-            except _Transient:
+                stats = stats_reply.get()
+            except Retryable:
                 _discard(table_ref)
-                return False
-            found.append(_fragment_result(node, table_ref, stats, submitted))
-            return True
+                raise
+            return _fragment_result(node, table_ref, stats, submitted)
 
-        session._retrying("query", attempt)
-        return found[0]
+        return session._retrying("query", attempt)
 
 
-def _discard(ref: Any) -> None:
+def _fragment_result(
+    node: str, table_ref: ObjectRef[pa.Table], stats: FragmentStats, submitted: float
+) -> FragmentResult:
+    """A fragment's answer, left in the object store, with what its worker measured."""
+    return FragmentResult(
+        _RayOutput(table_ref), node, stats.seconds, stats.rows_out, stats, submitted
+    )
+
+
+def _discard(ref: ObjectRef[pa.Table]) -> None:
     """Collect the error of a failed result we will not use, so Ray does not report it."""
     try:
         ray.get(ref, timeout=0)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +59,16 @@ class Change:
     rows: pa.Table
     buckets: np.ndarray | None
     """The bucket of every row (None for tables without buckets: replicas)."""
+
+
+class BatchStream(Protocol):
+    """A pinned snapshot handed out a batch at a time."""
+
+    def next(self) -> pa.Table | None:
+        """The next batch, or None once every row was handed out."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class RowStore(Protocol):
@@ -272,7 +282,7 @@ class Shard:
                 self._remember(batch_id, buckets)
 
     # -- moving ---------------------------------------------------------------------------
-    def begin_streaming_export(self, batch_rows: int) -> tuple[int, Applied, Any]:
+    def begin_streaming_export(self, batch_rows: int) -> tuple[int, Applied, BatchStream]:
         """Pin a snapshot: its LSN, the batches it holds, and a stream of exactly its rows
         (a batch at a time where the row store can, as DuckDB's). Appends from now on are
         also kept (see :meth:`changes_since`)."""
@@ -280,7 +290,8 @@ class Shard:
             self._tap = []
             stream = getattr(self.data, "stream", None)
             if stream is not None:
-                return self.lsn, dict(self._applied), stream(batch_rows)
+                pinned: BatchStream = stream(batch_rows)
+                return self.lsn, dict(self._applied), pinned
             return self.lsn, dict(self._applied), _OneBatch(self.data.read())
 
     def changes_since(self, lsn: int) -> list[Change]:

@@ -12,7 +12,6 @@ import os
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 CPU_ENGINE = "duckdb"
 GPU_ENGINE = "polars-gpu"
@@ -111,42 +110,51 @@ def discover(gpu_index: int | None = None) -> DeviceInfo:
     return DeviceInfo("cpu", _cpu_model(), _memory_bytes())
 
 
-NO_DEVICE_STATE: Mapping[str, Any] = {
-    "device_utilization": None,
-    "device_memory_used_bytes": None,
-    "device_memory_free_bytes": None,
-}
+@dataclass(frozen=True)
+class DeviceState:
+    """A GPU's utilisation (0..1) and memory now; None where telemetry has nothing (a CPU,
+    or a driver that does not answer)."""
+
+    utilization: float | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
 
 
-def device_state(device: DeviceInfo) -> dict[str, Any]:
-    """The GPU's utilisation (0..1) and memory used and free now, where telemetry has them;
-    None for a CPU (or when the driver does not answer)."""
+@dataclass(frozen=True)
+class MemoryState:
+    """Memory the worker's process uses and the machine has free, in bytes."""
+
+    used_bytes: int = 0
+    free_bytes: int = 0
+
+
+def device_state(device: DeviceInfo) -> DeviceState:
+    """The GPU's utilisation and memory used and free now, where telemetry has them."""
     try:
         if device.vendor == "nvidia":
             import pynvml
 
             handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return {
-                "device_utilization": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
-                "device_memory_used_bytes": int(memory.used),
-                "device_memory_free_bytes": int(memory.free),
-            }
+            return DeviceState(
+                utilization=pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+                memory_used_bytes=int(memory.used),
+                memory_free_bytes=int(memory.free),
+            )
         if device.vendor == "amd":
             import amdsmi
 
             handle = amdsmi.amdsmi_get_processor_handles()[device.index or 0]
             vram = amdsmi.AmdSmiMemoryType.VRAM
             used = int(amdsmi.amdsmi_get_gpu_memory_usage(handle, vram))
-            return {
-                "device_utilization": amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"]
-                / 100.0,
-                "device_memory_used_bytes": used,
-                "device_memory_free_bytes": device.memory_bytes - used,
-            }
+            return DeviceState(
+                utilization=amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"] / 100.0,
+                memory_used_bytes=used,
+                memory_free_bytes=device.memory_bytes - used,
+            )
     except Exception:  # telemetry must never break a worker
         pass
-    return dict(NO_DEVICE_STATE)
+    return DeviceState()
 
 
 def cuda_index(physical: int, visible: str | None = None) -> int:
@@ -174,13 +182,13 @@ def choose_engine(device: DeviceInfo, has: Mapping[str, bool]) -> tuple[str, str
     return CPU_ENGINE, ""
 
 
-def device_model(profile: Mapping[str, Any]) -> str:
+def device_model(profile: NodeProfile) -> str:
     """What counts as one device model in a reported profile: nodes of one model share
     their calibration (a node measured while the machine was busy is not slower)."""
-    return "/".join(str(profile.get(k)) for k in ("vendor", "model", "engine"))
+    return f"{profile.vendor}/{profile.model}/{profile.engine}"
 
 
-def memory_state() -> dict[str, Any]:
+def memory_state() -> MemoryState:
     """Memory the worker's process uses and the machine has free, in bytes."""
     used = free = 0
     try:
@@ -194,4 +202,4 @@ def memory_state() -> dict[str, Any]:
                     free = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return {"memory_used_bytes": used, "memory_free_bytes": free}
+    return MemoryState(used, free)

@@ -1,0 +1,95 @@
+"""The controller without Ray: drains, failover, load observation, capacities and gauges,
+over real in-process workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from shardflow.telemetry.devices import NodeProfile
+from tests.runtime.test_moves import ROWS, assert_serves, events
+from tests.support.local_cluster import LocalCluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "data")
+    local.create_table("events", events(0, ROWS), "id")
+    yield local
+    local.close()
+
+
+def test_a_drain_moves_every_unit_off_live(cluster: LocalCluster) -> None:
+    held = [u.unit_id for u in cluster.units("events") if u.node == "node-0"]
+    report = cluster.controller.drain("node-0", deadline_s=60)
+    assert report.drained and report.remaining == 0 and not report.reason
+    assert sorted(int(m["plan"]["sources"][0]["unit_id"]) for m in report.moved) == sorted(held)
+    assert all(m["phase"] == "done" for m in report.moved)
+    assert "node-0" not in cluster.catalog.nodes
+    assert all(u.node != "node-0" for u in cluster.units("events"))
+    cluster.workers.stop("node-0")  # the session stops it after a drain
+    assert_serves(cluster, events(0, ROWS))
+
+
+def test_a_drain_past_its_deadline_leaves_the_node_serving(cluster: LocalCluster) -> None:
+    report = cluster.controller.drain("node-1", deadline_s=0)
+    assert not report.drained and report.remaining == 2 and "deadline" in report.reason
+    assert "node-1" in cluster.catalog.nodes
+    assert_serves(cluster, events(0, ROWS))
+
+
+def test_load_is_observed_from_typed_reports(cluster: LocalCluster) -> None:
+    cluster.controller.observe()  # opens the window
+    for _ in range(5):
+        cluster.sql("SELECT id % 7 AS k, count(*) FROM events GROUP BY k")
+    nodes, units = cluster.controller.observe()
+    assert {n.node for n in nodes} == set(cluster.catalog.nodes)
+    assert sum(u.load for u in units) > 0 and all(u.bytes > 0 for u in units)
+    shard_load = cluster.controller.shard_load
+    assert shard_load and all(v >= 0 for v in shard_load.values())
+    assert "hash_aggregate" in cluster.state.operator_mix  # the cluster's mix, as observed
+    loads = cluster.controller.node_loads()
+    assert all(load.utilization is not None for load in loads.values())
+    gauges = cluster.controller.gauges()
+    assert sum(n.shards for n in gauges.nodes) == len(cluster.units("events"))
+    assert all(n.memory_used_bytes > 0 for n in gauges.nodes)
+
+
+def profile(node: str, join_rows_per_s: float) -> NodeProfile:
+    calibration = {
+        "scan_filter": 400e6,
+        "hash_aggregate": 100e6,
+        "hash_join": join_rows_per_s,
+        "sort": 12e6,
+    }
+    return NodeProfile(node, "cpu", f"model-{node}", 1 << 30, 4, "duckdb", calibration=calibration)
+
+
+def test_capacity_is_computed_one_way_for_the_current_operator_mix(cluster: LocalCluster) -> None:
+    """node-2 is half as fast at joins: a join-heavy mix gives it less capacity than a scan
+    mix does, for placement and the balancer alike."""
+    state = cluster.state
+    for node, joins in (("node-0", 35e6), ("node-1", 35e6), ("node-2", 17.5e6)):
+        state.report_profile(profile(node, joins))
+    nodes = list(state.catalog.nodes)
+    state.operator_mix = {"scan_filter": 1.0}
+    assert state.capacities(nodes) == {"node-0": 1.0, "node-1": 1.0, "node-2": 1.0}
+    state.operator_mix = {"hash_join": 1.0}
+    joins = state.capacities(nodes)
+    assert joins["node-0"] == 1.0 and joins["node-2"] == pytest.approx(0.5, abs=0.01)
+    loads = cluster.controller.node_loads()  # what db.cluster.nodes() shows
+    assert loads["node-2"].capacity == joins["node-2"]
+    # a new table's units are placed by the same capacities: the slow joiner gets fewer
+    cluster.create_table("joined", events(0, 3_000), "id")
+    held = [u.node for u in cluster.units("joined")]
+    assert held.count("node-2") < held.count("node-0")
+    assert sum(cluster.sql("SELECT count(*) AS n FROM joined").column("n").to_pylist()) == 3_000
+
+
+def test_rows_survive_a_worker_restart(cluster: LocalCluster) -> None:
+    cluster.insert("events", events(ROWS, 10))
+    cluster.restart("node-1")
+    assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 10)]))

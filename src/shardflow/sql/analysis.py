@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -180,6 +181,15 @@ def block_has_aggregates(select: exp.Select) -> bool:
 def block_windows(select: exp.Select) -> list[exp.Window]:
     parts = block_parts(select, ("expressions", "order", "qualify"))
     return [n for part in parts for n in walk_block(part) if isinstance(n, exp.Window)]
+
+
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def identifier(name: str) -> exp.Identifier:
+    """``name`` as an identifier, quoted unless it is a plain lower-case name, so that
+    engines that match names exactly (Polars) see it as it is spelled."""
+    return exp.to_identifier(name, quoted=not _PLAIN_NAME.fullmatch(name))
 
 
 def table_names(query: exp.Expr) -> set[str]:

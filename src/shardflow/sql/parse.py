@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 from sqlglot.optimizer.qualify import qualify
 
-from shardflow.catalog import Catalog
+from shardflow.catalog import Catalog, TableSpec, name_key
 from shardflow.errors import (
     QueryError,
     SqlSyntaxError,
@@ -18,6 +16,7 @@ from shardflow.errors import (
     UnknownTableError,
     UnsupportedError,
 )
+from shardflow.sql import analysis as a
 
 DIALECT = "duckdb"
 QUERY_TYPES = (exp.Select, exp.SetOperation)
@@ -57,8 +56,9 @@ def sql_type(arrow_type: pa.DataType) -> str:
 
 
 def catalog_schema(catalog: Catalog) -> dict[str, object]:
+    """SQLGlot's schema of the catalog, keyed as DuckDB compares names (:func:`name_key`)."""
     return {
-        name: {field.name: sql_type(field.type) for field in spec.schema}
+        name_key(name): {name_key(field.name): sql_type(field.type) for field in spec.schema}
         for name, spec in catalog.tables.items()
     }
 
@@ -88,23 +88,32 @@ def parse(sql: str) -> exp.Expr:
 
 
 def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
-    """Check table and column names against the catalog and qualify every column."""
-    cte_names = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    """Check table and column names against the catalog and qualify every column.
+
+    Names match as DuckDB matches them (:func:`shardflow.catalog.name_key`, which SQLGlot's
+    DuckDB dialect follows too); catalog tables and columns are then written as the
+    catalog spells them, other names (aliases, CTEs) in their normalised form."""
+    ctes = {name_key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
         if not isinstance(table.this, exp.Identifier):
             continue  # a table function such as read_parquet(...) or range(...)
-        name = table.name
         if table.args.get("db") or table.args.get("catalog"):
             raise UnknownTableError(
                 f"unknown table {table.sql(DIALECT)}: shardflow tables have no schema prefix"
             )
-        if name not in catalog.tables and name not in cte_names:
+        if catalog.find_table(table.name) is None and name_key(table.name) not in ctes:
             known = ", ".join(sorted(catalog.tables)) or "none yet"
-            raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
+            raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
+    qualified = _qualify(tree, catalog_schema(catalog))
+    _spell_as_catalog(qualified, catalog, ctes)
+    return qualified
+
+
+def _qualify(tree: exp.Expr, schema: dict[str, object]) -> exp.Expr:
     try:
         return qualify(
             tree,
-            schema=catalog_schema(catalog),
+            schema=schema,
             dialect=DIALECT,
             identify=False,
             validate_qualify_columns=True,
@@ -116,8 +125,43 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
         raise QueryError(f"cannot resolve the query: {message}") from None
 
 
-def schema_mapping(catalog: Catalog) -> Mapping[str, pa.Schema]:
-    return {name: spec.schema for name, spec in catalog.tables.items()}
+def _spell_as_catalog(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:
+    """Write every catalog table, and every column read from one, as the catalog spells it
+    (qualification left them normalised), so that engines matching names exactly see the
+    names the shards carry."""
+    tables: dict[int, TableSpec] = {}  # id(Table node) -> its table
+    sources: dict[int, dict[str, TableSpec]] = {}  # id(SELECT) -> its catalog sources
+    for select in tree.find_all(exp.Select):
+        own: dict[str, TableSpec] = {}
+        for ref in a.sources(select):
+            node = ref.node
+            if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+                continue
+            if name_key(node.name) in ctes:
+                continue
+            spec = catalog.find_table(node.name)
+            if spec is not None:
+                own[ref.alias] = spec
+                tables[id(node)] = spec
+        sources[id(select)] = own
+    for table in tree.find_all(exp.Table):
+        spec = tables.get(id(table))
+        if spec is not None:
+            table.set("this", a.identifier(spec.name))
+    for column in tree.find_all(exp.Column):
+        if not column.table or not isinstance(column.this, exp.Identifier):
+            continue
+        scope: exp.Select | None = column.find_ancestor(exp.Select)
+        while scope is not None:
+            spec = sources.get(id(scope), {}).get(column.table)
+            if spec is not None:
+                field = spec.find_column(column.name)
+                if field is not None:
+                    column.set("this", a.identifier(field.name))
+                break
+            if any(ref.alias == column.table for ref in a.sources(scope)):
+                break  # a source of another kind: its names are its own
+            scope = scope.parent_select
 
 
 def _first_line(error: Exception) -> str:

@@ -184,7 +184,7 @@ class Planner:
     def _settle_recursive(self, query: exp.Expr, env: Env) -> None:
         """A recursive CTE over distributed tables reads them materialized (gathered)."""
         for table in list(query.find_all(exp.Table)):
-            spec = self.catalog.tables.get(table.name)
+            spec = self.catalog.find_table(table.name)
             if spec is not None and spec.distributed and table.name not in env.ctes:
                 parent = table.parent_select
                 if isinstance(parent, exp.Select):
@@ -303,7 +303,7 @@ class Planner:
             if name in env.ctes:
                 dist = env.ctes[name][0]
                 return replace(dist, keys=dist.keys, anchored=False)
-            spec = self.catalog.tables.get(name)
+            spec = self.catalog.find_table(name)
             if spec is None or not spec.distributed:
                 return Dist("replicated", rows=spec.rows if spec else 0)
             keys = frozenset({spec.key}) if spec.key else frozenset()
@@ -348,9 +348,9 @@ class Planner:
         """Replace one source of ``select`` by a stage computing its needed rows/columns."""
         pushed = _pushable_conjuncts(select, ref)
         needed = _needed_columns(select, ref, self._source_columns(ref, env))
-        projections = [exp.column(c, table=ref.alias).as_(c) for c in needed] or [
-            exp.true().as_("__sf_row")
-        ]
+        projections = [
+            exp.column(a.identifier(c), table=ref.alias).as_(a.identifier(c)) for c in needed
+        ] or [exp.true().as_("__sf_row")]
         body = exp.select(*projections).from_(ref.node.copy())
         condition = a.and_all(pushed)
         if condition is not None:
@@ -368,8 +368,8 @@ class Planner:
     def _source_columns(self, ref: a.SourceRef, env: Env) -> list[str]:
         node = ref.node
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-            spec = self.catalog.tables.get(node.name)
-            if spec is not None:
+            spec = self.catalog.find_table(node.name)
+            if spec is not None and node.name not in env.ctes:
                 return [f.name for f in spec.schema]
             if node.name in env.ctes:
                 return [p.alias_or_name for p in env.ctes[node.name][1].this.selects]
@@ -407,7 +407,7 @@ class Planner:
         for ref in a.sources(select):
             node = ref.node
             if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-                spec = self.catalog.tables.get(node.name)
+                spec = self.catalog.find_table(node.name)
                 if spec is not None and not spec.distributed and node.name not in env.ctes:
                     aliases.add(ref.alias)
         return aliases
@@ -417,22 +417,20 @@ class Planner:
             return False
         if table.name in env.ctes:
             return env.ctes[table.name][0].kind != "replicated"
-        spec = self.catalog.tables.get(table.name)
+        spec = self.catalog.find_table(table.name)
         return spec is not None and spec.distributed
 
     def _distributed_tables(self, query: exp.Expr, env: Env) -> tuple[str, ...]:
-        names = a.table_names(query) - env.temps
-        return tuple(
-            sorted(
-                n for n in names if n in self.catalog.tables and self.catalog.table(n).distributed
-            )
-        )
+        """The catalog names of the distributed tables ``query`` reads."""
+        specs = [self.catalog.find_table(n) for n in a.table_names(query) - env.temps]
+        return tuple(sorted({s.name for s in specs if s is not None and s.distributed}))
 
     def _inputs(self, query: exp.Expr, env: Env) -> tuple[str, ...]:
         return tuple(sorted(a.table_names(query) & env.temps))
 
     def _reads_catalog(self, query: exp.Expr, env: Env) -> bool:
-        return bool((a.table_names(query) - env.temps) & set(self.catalog.tables))
+        names = a.table_names(query) - env.temps
+        return any(self.catalog.find_table(n) is not None for n in names)
 
 
 # -- pure helpers ----------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def _split(query: exp.Select) -> Finish:
         return node.copy().transform(visit, copy=False)
 
     merge_projections = [
-        rewrite(p.unalias()).as_(name)
+        rewrite(p.unalias()).as_(a.identifier(name))
         for p, name in zip(query.expressions, output_names(query), strict=True)
     ]
     merge = exp.select(*merge_projections).from_(partials())

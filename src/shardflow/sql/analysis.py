@@ -184,12 +184,49 @@ def block_windows(select: exp.Select) -> list[exp.Window]:
 
 
 _PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_CONSTANT_NODES = (
+    exp.Literal,
+    exp.Null,
+    exp.Boolean,
+    exp.Paren,
+    exp.Neg,
+    exp.Not,
+    exp.Cast,
+    exp.TryCast,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Interval,
+    exp.Var,
+    exp.Binary,
+)
 
 
 def identifier(name: str) -> exp.Identifier:
     """``name`` as an identifier, quoted unless it is a plain lower-case name, so that
     engines that match names exactly (Polars) see it as it is spelled."""
     return exp.to_identifier(name, quoted=not _PLAIN_NAME.fullmatch(name))
+
+
+def unparen(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def is_constant(node: exp.Expr) -> bool:
+    """Built of literals and operators alone (no column, function, aggregate or subquery):
+    the same value on every row.
+
+    >>> is_constant(exp.Neg(this=exp.Literal.number(5))), is_constant(exp.column("x"))
+    (True, False)
+    """
+    return all(isinstance(n, _CONSTANT_NODES) for n in node.walk())
+
+
+def is_position(node: exp.Expr) -> bool:
+    """An integer literal, which DuckDB reads as a position in GROUP BY and ORDER BY."""
+    node = unparen(node)
+    return isinstance(node, exp.Literal) and node.is_int
 
 
 def table_names(query: exp.Expr) -> set[str]:

@@ -17,6 +17,7 @@ from shardflow.errors import (
     UnsupportedError,
 )
 from shardflow.sql import analysis as a
+from shardflow.sql import outputs
 
 DIALECT = "duckdb"
 QUERY_TYPES = (exp.Select, exp.SetOperation)
@@ -88,7 +89,8 @@ def parse(sql: str) -> exp.Expr:
 
 
 def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
-    """Check table and column names against the catalog and qualify every column.
+    """Check table and column names against the catalog, qualify every column, give every
+    SELECT unique output names and settle positional references (:mod:`.outputs`).
 
     Names match as DuckDB matches them (:func:`shardflow.catalog.name_key`, which SQLGlot's
     DuckDB dialect follows too); catalog tables and columns are then written as the
@@ -104,7 +106,15 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
         if catalog.find_table(table.name) is None and name_key(table.name) not in ctes:
             known = ", ".join(sorted(catalog.tables)) or "none yet"
             raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
-    qualified = _qualify(tree, catalog_schema(catalog))
+    schema = catalog_schema(catalog)
+    outputs.hide_positions(tree)
+    qualified = _qualify(tree, schema)
+    # a derived table whose output names repeat keeps SQLGlot from expanding a star over
+    # it; once they are unique (as DuckDB makes them), qualify again to expand it
+    while outputs.unique_output_names(qualified) and outputs.has_unexpanded_star(qualified):
+        qualified = _qualify(qualified, schema)
+    outputs.resolve_positions(qualified)
+    _bind_order_by_names(qualified, catalog, ctes)
     _spell_as_catalog(qualified, catalog, ctes)
     return qualified
 
@@ -123,6 +133,63 @@ def _qualify(tree: exp.Expr, schema: dict[str, object]) -> exp.Expr:
         if "could not be resolved" in message or "Unknown column" in message:
             raise UnknownColumnError(f"unknown column: {message}") from None
         raise QueryError(f"cannot resolve the query: {message}") from None
+
+
+def _bind_order_by_names(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:
+    """Bind names inside ORDER BY expressions as DuckDB does: a bare ``ORDER BY x`` names
+    an output first, but in ``ORDER BY x + 0`` a column of the FROM clause comes first and
+    an output name only when no source has one. SQLGlot binds both to the output; an output
+    name left is replaced by its expression, so that rewrites see the grouped expression:
+    ``SELECT -col1 AS col0 FROM t ORDER BY col0 + 0`` orders by ``t.col0``, not ``-t.col1``.
+    """
+    bodies = {name_key(c.alias_or_name): c.this for c in tree.find_all(exp.CTE)}
+    for select in list(tree.find_all(exp.Select)):
+        order = select.args.get("order")
+        if order is None:
+            continue
+        outputs_by_key = {name_key(p.alias_or_name): p for p in select.expressions}
+        for ordered in order.expressions:
+            if isinstance(a.unparen(ordered.this), exp.Column):
+                continue  # ORDER BY x: the output x, as SQLGlot has it
+            for column in list(a.walk_block(ordered.this)):
+                if not isinstance(column, exp.Column) or column.table:
+                    continue
+                source = _source_with_column(select, column.name, catalog, ctes, bodies)
+                if source is not None:
+                    column.set("table", a.identifier(source))
+                elif name_key(column.name) in outputs_by_key:
+                    output = outputs_by_key[name_key(column.name)].unalias()
+                    column.replace(exp.paren(output.copy(), copy=False))
+
+
+def _source_with_column(
+    select: exp.Select, name: str, catalog: Catalog, ctes: set[str], bodies: dict[str, exp.Expr]
+) -> str | None:
+    """The alias of the source of ``select`` that has a column ``name``, if one has."""
+    key = name_key(name)
+    for ref in a.sources(select):
+        node = ref.node
+        names: list[str] = []
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+            body = bodies.get(name_key(node.name)) if name_key(node.name) in ctes else None
+            spec = catalog.find_table(node.name) if body is None else None
+            if spec is not None:
+                names = spec.schema.names
+            elif body is not None:
+                names = _output_names(body)
+        elif isinstance(node, exp.Subquery):
+            names = _output_names(node.this)
+        if any(name_key(n) == key for n in names):
+            return ref.alias
+    return None
+
+
+def _output_names(query: exp.Expr) -> list[str]:
+    while isinstance(query, exp.SetOperation):
+        query = query.left
+    while isinstance(query, exp.Subquery):
+        query = query.this
+    return [p.alias_or_name for p in query.selects] if isinstance(query, exp.Query) else []
 
 
 def _spell_as_catalog(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:

@@ -556,8 +556,11 @@ def _nonlocal_reason(select: exp.Select, key_ids: set[a.ColumnId]) -> str:
             return "aggregate"
     elif a.block_has_aggregates(select):
         return "aggregate"
-    if select.args.get("distinct") and group is None:
-        if not any(on_key(p) for p in select.expressions):
+    distinct = select.args.get("distinct")
+    if distinct is not None:  # after any grouping: a key in the groups may not be in the rows
+        on = distinct.args.get("on")
+        keys = on.expressions if isinstance(on, exp.Tuple) else [on] if on else select.expressions
+        if not any(on_key(k) for k in keys):
             return "aggregate"
     for window in a.block_windows(select):
         if not any(on_key(p) for p in window.args.get("partition_by") or []):

@@ -47,23 +47,67 @@ def sources(select: exp.Select) -> list[SourceRef]:
 
 
 def conjuncts(condition: exp.Expr | None) -> list[exp.Expr]:
-    """Split ``a AND (b AND c)`` into ``[a, b, c]``."""
+    """Split ``a AND (b AND c)`` into ``[a, b, c]`` (in order, without recursion: a
+    generated filter may AND thousands of terms)."""
     if condition is None:
         return []
     if isinstance(condition, exp.Where):
         condition = condition.this
-    while isinstance(condition, exp.Paren):
-        condition = condition.this
-    if isinstance(condition, exp.And):
-        return conjuncts(condition.left) + conjuncts(condition.right)
-    return [condition]
+    found: list[exp.Expr] = []
+    stack = [condition]
+    while stack:
+        part = stack.pop()
+        while isinstance(part, exp.Paren):
+            part = part.this
+        if isinstance(part, exp.And):
+            stack += [part.right, part.left]
+        else:
+            found.append(part)
+    return found
 
 
 def and_all(parts: Iterable[exp.Expr]) -> exp.Expr | None:
-    parts = list(parts)
-    if not parts:
-        return None
-    return exp.and_(*[p.copy() for p in parts], copy=False)
+    parts = [p.copy() for p in parts]
+    return balanced(exp.And, parts) if parts else None
+
+
+def balanced(connector: type[exp.Connector], parts: list[exp.Expr]) -> exp.Expr:
+    """``parts`` joined by ``connector`` (AND, OR) as a tree of logarithmic depth.
+
+    Both are associative, so the shape changes nothing but the depth, and it prints as the
+    same SQL; SQLGlot's scope analysis walks from every column to its SELECT, which costs
+    the depth: ``a OR b OR ...`` parsed left-deep made planning quadratic in its length.
+
+    >>> balanced(exp.Or, [exp.column(c) for c in "abcde"]).sql()
+    'a OR b OR c OR d OR e'
+    """
+    if len(parts) == 1:
+        return parts[0]
+    middle = len(parts) // 2
+    return connector(
+        this=balanced(connector, parts[:middle]), expression=balanced(connector, parts[middle:])
+    )
+
+
+def balance_connectors(tree: exp.Expr) -> None:
+    """Rebuild every chain of three or more ANDs or ORs in ``tree`` as a balanced tree, in
+    place (see :func:`balanced`)."""
+    roots = [
+        node
+        for node in tree.walk()
+        if isinstance(node, exp.And | exp.Or) and type(node.parent) is not type(node)
+    ]
+    for root in roots:
+        operands: list[exp.Expr] = []
+        stack: list[exp.Expr] = [root]
+        while stack:
+            node = stack.pop()
+            if type(node) is type(root):
+                stack += [node.expression, node.this]
+            else:
+                operands.append(node)
+        if len(operands) > 2:
+            root.replace(balanced(type(root), operands))
 
 
 def column_id(column: exp.Column) -> ColumnId:

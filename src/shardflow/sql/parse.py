@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pyarrow as pa
-import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 from sqlglot.optimizer.qualify import qualify
+from sqlglot.tokenizer_core import Token, TokenType
 
 from shardflow.catalog import Catalog, TableSpec, name_key
 from shardflow.errors import (
@@ -64,12 +65,28 @@ def catalog_schema(catalog: Catalog) -> dict[str, object]:
     }
 
 
+MAX_NESTING = 30
+"""Deepest nesting of brackets and CASE expressions the planner accepts (DuckDB's own
+limit is 1,000). SQLGlot parses recursively, about 25 Python frames a level, under
+Python's default limit of 1,000 frames: 30 levels plan even when the caller is 150 frames
+deep (measured for parentheses, function calls, scalar subqueries and arithmetic)."""
+
+
 def parse(sql: str) -> exp.Expr:
     """Parse one SELECT statement (with CTEs, set operations, subqueries)."""
     if not isinstance(sql, str):
         raise SqlSyntaxError(f"a query must be a string, not {type(sql).__name__}")
+    dialect = Dialect.get_or_raise(DIALECT)
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect=DIALECT) if s is not None]
+        tokens = dialect.tokenize(sql)
+        depth = _nesting(tokens)
+        if depth > MAX_NESTING:
+            raise UnsupportedError(
+                f"the query nests brackets or CASE expressions {depth} levels deep; "
+                f"shardflow plans at most {MAX_NESTING} (flatten the expression, e.g. "
+                "drop redundant parentheses)"
+            )
+        statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
     except (ParseError, TokenError) as error:
         raise SqlSyntaxError(f"cannot parse the query: {_first_line(error)}") from None
     if not statements:
@@ -85,7 +102,23 @@ def parse(sql: str) -> exp.Expr:
             f"db.sql() runs queries (SELECT); {kind} statements are not supported: "
             "use db.create_table(), db.insert() and db.drop_table() to change data"
         )
+    a.balance_connectors(tree)
     return tree
+
+
+_OPENING = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
+_CLOSING = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
+
+
+def _nesting(tokens: list[Token]) -> int:
+    depth = deepest = 0
+    for token in tokens:
+        if token.token_type in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.token_type in _CLOSING:
+            depth -= 1
+    return deepest
 
 
 def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:

@@ -27,9 +27,10 @@ from typing import Literal
 from sqlglot import exp
 
 from shardflow.catalog import Catalog
+from shardflow.errors import UnsupportedError
 from shardflow.sql import analysis as a
 from shardflow.sql.decorrelate import decorrelate, mark, semijoin_reduction
-from shardflow.sql.parse import DIALECT, parse, resolve
+from shardflow.sql.parse import DIALECT, MAX_NESTING, parse, resolve
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.rules import FINISHING_RULES, Finish
 
@@ -74,9 +75,15 @@ class _Source:
 
 def plan(sql: str, catalog: Catalog) -> DistributedPlan:
     """Plan ``sql`` against ``catalog``. Raises :class:`shardflow.QueryError` subclasses."""
-    tree = resolve(parse(sql), catalog)
-    planner = Planner(catalog)
-    planner.plan_query(tree, Env(), output="")
+    try:
+        resolved = resolve(parse(sql), catalog)
+        planner = Planner(catalog)
+        planner.plan_query(resolved, Env(), output="")
+    except RecursionError:  # a nesting the token count does not see (NOT NOT NOT ...)
+        raise UnsupportedError(
+            "the query is nested too deeply for the planner: flatten it (at most "
+            f"{MAX_NESTING} levels of brackets or CASE expressions are supported)"
+        ) from None
     return DistributedPlan(sql, tuple(planner.stages))
 
 
@@ -193,8 +200,17 @@ class Planner:
                             self._materialize_source(parent, ref, env)
 
     def _settle_set_operation(self, query: exp.SetOperation, env: Env, outer: Frame | None) -> Dist:
-        left = self.settle_query(query.left, env, outer)
-        right = self.settle_query(query.right, env, outer)
+        """Settle ``a UNION b UNION c ...`` step by step from the innermost operation (a loop,
+        not a recursion: generated queries chain thousands of them)."""
+        chain = [query]
+        while isinstance(chain[-1].left, exp.SetOperation):
+            chain.append(chain[-1].left)
+        dist = self.settle_query(chain[-1].left, env, outer)
+        for node in reversed(chain):
+            dist = self._settle_set_step(node, dist, self.settle_query(node.right, env, outer), env)
+        return dist
+
+    def _settle_set_step(self, query: exp.SetOperation, left: Dist, right: Dist, env: Env) -> Dist:
         if left.kind == right.kind == "replicated":
             return REPLICATED
         union_all = isinstance(query, exp.Union) and not query.args.get("distinct")
@@ -206,8 +222,8 @@ class Planner:
                 rows=left.rows + right.rows,
                 reason="" if local else "limit",
             )
-        for side in (query.left, query.right):
-            if self.settle_query(side, env, outer).kind != "replicated":
+        for side, dist in ((query.left, left), (query.right, right)):
+            if dist.kind != "replicated":
                 temp = self.materialize(side, env)
                 side.replace(exp.select("*").from_(temp))
         return REPLICATED
@@ -317,8 +333,6 @@ class Planner:
                 node.replace(_temp_table(temp, ref.alias))
             return dist
         if any(self._reads_distributed(t, env) for t in node.find_all(exp.Table)):
-            from shardflow.errors import UnsupportedError
-
             raise UnsupportedError(
                 f"{node.key.upper()} sources over distributed tables are not supported"
             )

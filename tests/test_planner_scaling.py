@@ -52,6 +52,22 @@ def test_five_thousand_ors_answer_like_duckdb(small: Small) -> None:
     same_as_duckdb(*small, ors(5_000))
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # rebuilt conditions keep their parentheses (the tree has no precedence of its own)
+        "SELECT count(*), sum(t1.col1) FROM t1 CROSS JOIN t3 WHERE t1.col0 > 5 "
+        "AND (t1.col1 > 0 OR t1.col2 IS NULL) AND t1.col1 < 40 AND t3.col0 < 9",
+        "SELECT count(*) FROM t1, t3 WHERE (t1.col1 > 0 OR t1.col2 IS NULL) AND t1.col0 > 5 "
+        "AND t3.col2 IS NULL AND (t3.col1 < 0 OR t3.col0 = 3 OR t3.col0 = 4)",
+        "SELECT col1 FROM t WHERE col0 > 1 AND (col1 > 0 OR col2 = -43) AND col1 < 30 "
+        "OR col0 = 3 AND (col2 IS NULL OR col1 = 0)",
+    ],
+)
+def test_split_and_rebuilt_conditions_keep_their_meaning(small: Small, sql: str) -> None:
+    same_as_duckdb(*small, sql)
+
+
 def test_a_long_union_all_chain_answers_like_duckdb(small: Small) -> None:
     sql = " UNION ALL ".join(f"SELECT col1 FROM t WHERE col2 = {i - 50}" for i in range(600))
     same_as_duckdb(*small, sql)

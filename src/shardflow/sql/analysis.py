@@ -80,9 +80,14 @@ def balanced(connector: type[exp.Connector], parts: list[exp.Expr]) -> exp.Expr:
 
     >>> balanced(exp.Or, [exp.column(c) for c in "abcde"]).sql()
     'a OR b OR c OR d OR e'
+    >>> balanced(exp.And, [exp.column("a"), exp.or_("b", "c")]).sql()
+    'a AND (b OR c)'
     """
     if len(parts) == 1:
-        return parts[0]
+        part = parts[0]
+        if isinstance(part, exp.Connector) and not isinstance(part, connector):
+            return exp.paren(part, copy=False)  # SQL is printed from the tree: keep a OR b whole
+        return part
     middle = len(parts) // 2
     return connector(
         this=balanced(connector, parts[:middle]), expression=balanced(connector, parts[middle:])

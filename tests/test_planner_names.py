@@ -52,6 +52,21 @@ def test_names_in_order_by_expressions_bind_as_in_duckdb(small: Small, sql: str)
     same_as_duckdb(*small, sql)
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT col0 AS a, -col1 AS a FROM t ORDER BY a NULLS FIRST, 1 NULLS FIRST",
+        "SELECT -col1 AS a, col2 AS a FROM t ORDER BY a DESC NULLS LAST, 1 LIMIT 6",
+        "SELECT col0 AS a, -col1 AS A FROM t ORDER BY a + 0, 1 NULLS FIRST",
+        "SELECT * FROM (SELECT col2 AS a, -col1 AS a FROM t3 ORDER BY a LIMIT 5) s",
+        "SELECT col2 AS a, count(*) AS a FROM t GROUP BY col2 ORDER BY a, 1 NULLS FIRST",
+    ],
+)
+def test_order_by_a_repeated_name_means_the_last_output_of_it(small: Small, sql: str) -> None:
+    """As in DuckDB: ``SELECT x AS a, y AS a ... ORDER BY a`` orders by ``y``."""
+    same_as_duckdb(*small, sql)
+
+
 def test_a_position_never_becomes_a_constant_key(small: Small) -> None:
     cluster, _ = small
     text = explain(plan("SELECT col0 AS a, col1 AS a FROM t ORDER BY 1 LIMIT 3", cluster.catalog))
@@ -77,6 +92,9 @@ def test_a_position_never_becomes_a_constant_key(small: Small) -> None:
         "SELECT col0 FROM t WHERE EXISTS (SELECT col1, col1 FROM t3 WHERE t3.col2 = t.col2)",
         "SELECT * FROM t1 JOIN t3 ON t1.col2 = t3.col2",
         "SELECT s.col1 FROM (SELECT 51 AS col1, col1 FROM t3) s",
+        # a derived table's repeated names as DuckDB renames them, used by the outer query
+        "SELECT x_1 FROM (SELECT col1 AS x, col2 AS x FROM t3) s ORDER BY 1 NULLS FIRST",
+        "SELECT * FROM (SELECT col1, col1, col2 AS COL1 FROM t) s WHERE col1_1 > 0",
         # names that differ only in case are one name
         "SELECT * FROM (SELECT o_orderkey AS A, o_custkey AS a FROM orders) s ORDER BY 1",
         "SELECT o_custkey AS Col, o_orderkey AS col FROM orders ORDER BY 2 LIMIT 3",

@@ -23,36 +23,53 @@ from shardflow.errors import QueryError
 from shardflow.sql import analysis as a
 
 
-def unique_output_names(tree: exp.Expr) -> bool:
+def unique_output_names(tree: exp.Expr, *, root: bool = True) -> bool:
     """Rename the repeated output names of every SELECT in ``tree`` as DuckDB names the
     columns of a derived table: the first keeps its name, a repeat of ``x`` becomes the
-    first free ``x_1``, ``x_2``, ... (names compared as DuckDB compares them). Returns
-    whether a block whose outputs another block reads was renamed (``SELECT *`` over it
-    then needs qualifying again).
+    first free ``x_1``, ``x_2``, ... (names compared as DuckDB compares them). Outputs
+    without a name yet (unqualified expressions) are left alone; with ``root=False`` the
+    outermost SELECT too. ``ORDER BY x`` of a repeated name meant the last output of that
+    name in DuckDB, and keeps meaning it. Returns whether a nested block was renamed (a
+    ``SELECT *`` over it then needs qualifying again).
 
-    >>> tree = exp.select("1 AS a", "2 AS a_1", "3 AS A").from_("t")
+    >>> tree = exp.select("1 AS a", "2 AS a_1", "3 AS A").from_("t").order_by("a")
     >>> unique_output_names(tree), tree.sql()
-    (False, 'SELECT 1 AS a, 2 AS a_1, 3 AS A_2 FROM t')
+    (False, 'SELECT 1 AS a, 2 AS a_1, 3 AS "A_2" FROM t ORDER BY "A_2"')
     """
     nested_renamed = False
     for select in list(tree.find_all(exp.Select)):
-        if any(_is_star(p) for p in select.expressions):
+        if (select is tree and not root) or any(_is_star(p) for p in select.expressions):
             continue  # its names are not known (yet)
         used: set[str] = set()
-        renamed = False
+        last: dict[str, str] = {}  # name -> what the last output of that name is called now
+        repeated: set[str] = set()
         for projection in select.expressions:
             name = projection.alias_or_name
+            if not name:
+                continue
             unique = name
             suffix = 0
             while name_key(unique) in used:
                 suffix += 1
                 unique = f"{name}_{suffix}"
             used.add(name_key(unique))
+            if name_key(name) in last:
+                repeated.add(name_key(name))
+            last[name_key(name)] = unique
             if unique != name:
                 projection.replace(exp.alias_(projection.unalias().copy(), a.identifier(unique)))
-                renamed = True
-        nested_renamed |= renamed and select is not tree
+        if repeated:
+            _order_by_last(select, repeated, last)
+        nested_renamed |= bool(repeated) and select is not tree
     return nested_renamed
+
+
+def _order_by_last(select: exp.Select, repeated: set[str], last: dict[str, str]) -> None:
+    order = select.args.get("order")
+    for ordered in order.expressions if order is not None else []:
+        key = a.unparen(ordered.this)
+        if isinstance(key, exp.Column) and not key.table and name_key(key.name) in repeated:
+            key.set("this", a.identifier(last[name_key(key.name)]))
 
 
 def has_unexpanded_star(tree: exp.Expr) -> bool:

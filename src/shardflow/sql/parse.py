@@ -140,14 +140,19 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
             known = ", ".join(sorted(catalog.tables)) or "none yet"
             raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
     schema = catalog_schema(catalog)
+    # DuckDB names a derived table's repeated outputs x, x_1: the query may say x_1
+    outputs.unique_output_names(tree, root=False)
     outputs.hide_positions(tree)
     qualified = _qualify(tree, schema)
     # a derived table whose output names repeat keeps SQLGlot from expanding a star over
     # it; once they are unique (as DuckDB makes them), qualify again to expand it
-    while outputs.unique_output_names(qualified) and outputs.has_unexpanded_star(qualified):
+    while outputs.unique_output_names(qualified, root=False) and outputs.has_unexpanded_star(
+        qualified
+    ):
         qualified = _qualify(qualified, schema)
-    outputs.resolve_positions(qualified)
     _bind_order_by_names(qualified, catalog, ctes)
+    outputs.unique_output_names(qualified)
+    outputs.resolve_positions(qualified)
     _spell_as_catalog(qualified, catalog, ctes)
     return qualified
 

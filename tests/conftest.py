@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -60,4 +61,51 @@ def tiny_oracle(tpch_tiny: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     con.execute("CREATE TABLE customer_d AS SELECT * FROM customer")
     con.execute("CREATE TABLE orders_rr AS SELECT * FROM orders")
     yield con
+    con.close()
+
+
+def _small_tables() -> dict[str, tuple[pa.Table, str | None, str | None, bool]]:
+    """name -> (rows, distributed_by, colocate_with, replicated): small tables in the style
+    of SQL logic tests (integers with NULLs), and mixed-case and non-ASCII names."""
+    n = 40
+    ints = {
+        "col0": pa.array([i if i % 9 else None for i in range(n)], pa.int64()),
+        "col1": pa.array([(i * 37) % 97 - 48 for i in range(n)], pa.int64()),
+        "col2": pa.array([(i * 11) % 13 - 43 if i % 7 else None for i in range(n)], pa.int64()),
+    }
+    t = pa.table(ints)
+    mixed = pa.table(
+        {
+            "O_OrderKey": pa.array(range(1, n + 1), pa.int64()),
+            "O_CustKey": pa.array([i % 7 for i in range(n)], pa.int64()),
+            "Straße": pa.array([f"s{i % 3}" for i in range(n)]),
+            "STRASSE": pa.array([i % 5 for i in range(n)], pa.int64()),
+        }
+    )
+    apples = pa.table(
+        {"Äpfel": pa.array(range(7), pa.int64()), "name": [f"n{i}" for i in range(7)]}
+    )
+    return {
+        "t": (t, "col0", None, False),
+        "t1": (t, "col0", None, False),
+        "t2": (t.rename_columns(["col0", "x", "col2"]), "col0", "t1", False),
+        "t3": (t, "col1", None, False),
+        "r": (t, None, None, True),
+        "Orders": (mixed, "O_OrderKey", None, False),
+        "Äpfel": (apples, None, None, True),
+        "äpfel": (apples.rename_columns(["äpfel", "NAME"]), None, None, True),
+    }
+
+
+@pytest.fixture(scope="session")
+def small() -> Iterator[tuple[InMemoryCluster, duckdb.DuckDBPyConnection]]:
+    """An in-memory cluster (2 nodes, 2 units each) over :func:`_small_tables`, and DuckDB
+    over the same rows."""
+    cluster = InMemoryCluster(nodes=2, units_per_node=2)
+    con = duckdb.connect()
+    for name, (rows, key, colocate, replicated) in _small_tables().items():
+        cluster.create_table(name, rows, key, colocate, replicated)
+        con.register(f"__{name}", rows)
+        con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM "__{name}"')
+    yield cluster, con
     con.close()

@@ -55,10 +55,4 @@ def test_random_selects_match_duckdb(
     sql: str, inmemory: InMemoryCluster, tiny_oracle: duckdb.DuckDBPyConnection
 ) -> None:
     expected = tiny_oracle.sql(sql).to_arrow_table()
-    assert_same_result(
-        run(sql, inmemory),  # type: ignore[arg-type]
-        expected,
-        ordered=query_is_ordered(sql),
-        check_names=False,
-        context=sql,
-    )
+    assert_same_result(inmemory.sql(sql), expected, ordered=query_is_ordered(sql), context=sql)

@@ -295,9 +295,10 @@ def test_limit_always_has_full_order_by(data: st.DataObject) -> None:
         order = node.args.get("order")
         assert order is not None, sql
         assert len(order.expressions) >= len(node.expressions), sql
-    # joins always carry an equi-join condition
+    # joins always carry an equi-join condition, cross joins excepted
     for join in tree.find_all(sqlglot.exp.Join):
-        assert join.args.get("on") is not None or " WHERE " in sql, sql
+        cross = (join.args.get("kind") or "").upper() == "CROSS"
+        assert cross or join.args.get("on") is not None or " WHERE " in sql.upper(), sql
     lowered = sql.lower()
     assert "random(" not in lowered and "now(" not in lowered, sql
 
@@ -316,6 +317,9 @@ def test_shape_names() -> None:
         "exists_subquery",
         "scalar_subquery",
         "derived_table",
+        "cross_join",
+        "correlated_subquery",
+        "names",
     ):
         assert required in names
     with pytest.raises(ValueError):

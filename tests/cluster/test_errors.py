@@ -155,3 +155,20 @@ def test_drop_and_recreate(db: shardflow.Database) -> None:
     db.create_table("people_drop", _people().slice(0, 1), distributed_by="id")
     assert db.sql("SELECT count(*) FROM people_drop")[0][0].as_py() == 1
     db.drop_table("people_drop")
+
+
+def test_the_api_names_tables_and_columns_by_duckdbs_rule(db: shardflow.Database) -> None:
+    db.create_table("People_Names", _people(), distributed_by="ID")
+    try:
+        assert db.tables().column("name").to_pylist().count("People_Names") == 1
+        upper = _people().rename_columns([n.upper() for n in _people().column_names])
+        assert db.insert("PEOPLE_NAMES", upper) == 3
+        assert db.sql("SELECT count(*) AS n FROM people_names").to_pylist() == [{"n": 6}]
+        with pytest.raises(shardflow.TableExistsError, match="already exists as 'People_Names'"):
+            db.create_table("people_names", _people(), replicated=True)
+        with pytest.raises(shardflow.SchemaMismatchError, match="duplicate"):
+            db.insert("people_names", pa.table({"id": [1], "ID": [2], "name": ["x"]}))
+    finally:
+        db.drop_table("PEOPLE_NAMES")
+    with pytest.raises(shardflow.UnknownTableError):
+        db.sql("SELECT * FROM People_Names")

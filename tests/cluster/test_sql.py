@@ -45,6 +45,64 @@ def test_random_selects(
     assert_same_result(result, expected, ordered=query_is_ordered(sql), context=sql)
 
 
+ISSUE_QUERIES = [
+    # DISTINCT after a GROUP BY on the key: one row, not one per worker
+    "SELECT DISTINCT -53 FROM orders GROUP BY o_orderkey",
+    # a position that points at a repeated name
+    "SELECT o_orderkey AS a, o_custkey AS a FROM orders ORDER BY 1 LIMIT 3",
+    # names as DuckDB matches and spells them
+    "SELECT O_ORDERKEY FROM orders ORDER BY 1 LIMIT 3",
+    'SELECT count(*) FROM "ORDERS"',
+    'SELECT "N_Name", count(*) FROM NATION n JOIN "customer" c ON c.C_NATIONKEY = n.n_nationkey '
+    "GROUP BY 1 ORDER BY 1",
+    # repeated output names: distributed, replicated, joined, in a subquery
+    "SELECT 51 AS o_custkey, o_custkey FROM orders WHERE o_orderkey < 100",
+    "SELECT * FROM orders o1 JOIN orders o2 ON o1.o_orderkey = o2.o_orderkey "
+    "WHERE o1.o_orderkey < 50",
+    "SELECT * FROM nation n1 CROSS JOIN nation n2 WHERE n1.n_regionkey = 1",
+    "SELECT n_name AS x, r_name AS x FROM nation, region",
+    "SELECT * FROM (SELECT o_custkey AS k, o_orderkey AS k FROM orders WHERE o_orderkey < 40) s",
+    "SELECT o_orderstatus AS s, count(*) AS s FROM orders GROUP BY o_orderstatus",
+    # constants: DISTINCT, GROUP BY, aggregates
+    "SELECT DISTINCT 83 FROM orders WHERE o_custkey IN (-43)",
+    "SELECT DISTINCT 83 FROM orders WHERE o_custkey IN (1)",
+    "SELECT SUM(DISTINCT 11) FROM orders",
+    "SELECT DISTINCT -o_custkey AS o_orderkey, -5 FROM orders WHERE o_orderkey < 200",
+    "SELECT 83, count(*) FROM lineitem GROUP BY 1",
+    # many terms
+    "SELECT count(*) FROM orders WHERE " + " OR ".join(f"o_custkey = {i}" for i in range(5000)),
+]
+
+
+@pytest.mark.parametrize("sql", ISSUE_QUERIES)
+def test_issue_queries_answer_like_duckdb(
+    sql: str, db: shardflow.Database, small_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    expected = small_oracle.sql(sql).to_arrow_table()
+    result = db.sql(sql)
+    assert_same_result(
+        result,
+        expected,
+        ordered=query_is_ordered(sql),
+        sort_keys=sort_key_indexes(sql, expected.column_names),
+        context=sql[:300],
+    )
+    assert result.schema.names == expected.schema.names
+
+
+def test_too_deep_a_nesting_is_a_clear_error(db: shardflow.Database) -> None:
+    with pytest.raises(shardflow.UnsupportedError, match="500 levels deep"):
+        db.sql("SELECT * FROM orders WHERE " + "(" * 500 + "o_orderkey = 1" + ")" * 500)
+
+
+def test_a_table_named_like_another_is_refused(db: shardflow.Database) -> None:
+    import pyarrow as pa
+
+    with pytest.raises(shardflow.TableExistsError):
+        db.create_table("ORDERS", pa.table({"k": [1]}), replicated=True)
+    assert db.sql('SELECT count(*) AS n FROM "Orders"').to_pylist() == [{"n": 150_000}]
+
+
 def test_explain_says_where_each_part_runs(db: shardflow.Database) -> None:
     text = db.explain(tpch.query(13))
     assert "on every worker, over its shards" in text

@@ -7,6 +7,7 @@ Ray workers.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Mapping
@@ -24,9 +25,15 @@ from shardflow.runtime.executor import (
     Materialized,
     Output,
     concat,
+    execute,
 )
-from shardflow.sql import Stage
+from shardflow.sql import Stage, plan
 from shardflow.storage.partition import split_by_unit
+
+
+@functools.cache
+def _binder() -> DuckDBEngine:
+    return DuckDBEngine(threads=1)
 
 
 class InMemoryCluster:
@@ -70,6 +77,20 @@ class InMemoryCluster:
             self.shards[(name, unit.unit_id)] = data.schema.empty_table()
         for unit_id, part in split_by_unit(data, spec, self.catalog).items():
             self.shards[(name, unit_id)] = part
+
+    def sql(self, query: str, client: Any = None) -> pa.Table:
+        """The answer as ``Database.sql`` gives it: planned, run over the shards, and named
+        and typed by position as DuckDB binds the query over empty tables of the catalog."""
+        client = client or self.engine
+        result, _ = execute(plan(query, self.catalog), self, client)
+        empties = {name: spec.schema.empty_table() for name, spec in self.catalog.tables.items()}
+        schema = _binder().run(query, empties).schema
+        assert result.num_columns == len(schema), (result.schema, schema)
+        result = result.rename_columns(schema.names)
+        try:
+            return result.cast(schema, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return result
 
     def _tables_on(self, node: str, names: tuple[str, ...]) -> dict[str, pa.Table]:
         tables = dict(self.replicated)

@@ -50,13 +50,34 @@ Shapes (see :func:`sql_strategy_names`; pick a subset with ``select_queries(shap
     queries over replicated tables only (customer, part, partsupp, supplier, nation,
     region, and customer-nation-region / supplier-nation joins): their result must not be
     multiplied by the number of nodes.
+``cross_join``
+    ``A CROSS JOIN B`` (replicated x replicated, distributed x replicated, and two
+    distributed tables that are not joined on their key), distributed sides cut to a small
+    window of keys; projected, grouped (sometimes DISTINCT after GROUP BY) or aggregated.
+``correlated_subquery``
+    subqueries correlated on other columns than the distribution key (decorrelated into
+    grouped joins; TPC-H Q17 style), a replicated outer query over a distributed inner one,
+    nested subqueries (``IN (... IN (...))``, an IN inside a correlated EXISTS), and
+    correlated scalar subqueries in the SELECT list.
+``names``
+    outputs that share a name (``SELECT 51 AS l_orderkey, l_orderkey``), constants, and
+    DISTINCT after GROUP BY.
+
+Across the shapes, now and then: constants in SELECT (unaliased too, so DuckDB names them
+by their text), in DISTINCT, as GROUP BY keys (non-integer as written, any by position)
+and as ORDER BY keys (by position or alias); aggregates of constants (``sum(DISTINCT 11)``);
+predicates with a NULL literal (``= NULL``, ``IN (.., NULL)``, ``NOT IN (.., NULL)``);
+a derived table whose outputs share a name, read by DuckDB's renamed ``v0_1``; and table,
+column and alias names in other cases, some quoted (:func:`_recase`).
 
 Determinism rules honoured by every query: a LIMIT/OFFSET always comes with an ORDER BY
 that lists every output column (so ties only occur between identical rows; every ORDER BY
-does, so a strict ordered comparison is valid); no random or time-dependent functions;
+does, so a strict ordered comparison is valid) -- an output whose name is shared, or a
+constant, by position; an AVG (which may differ from DuckDB's in the last bit) is ordered
+after every GROUP BY key and never under DISTINCT; no random or time-dependent functions;
 SUM/AVG only aggregate exact (integer/decimal) expressions; no division by a column that
-can be zero; every join has an equi-join condition; expressions (not bare columns) in the
-SELECT list always carry an alias (x0, x1, ...), so the output names are predictable.
+can be zero; every join but a CROSS JOIN has an equi-join condition; expressions (not bare
+columns or constants) in the SELECT list always carry an alias (x0, x1, ...).
 NULLs arise only from expressions (CASE without ELSE, NULLIF), which also exercises
 three-valued logic in WHERE/NOT and COUNT(expr) vs COUNT(*). Literal ranges cover scale
 factors 0.01-0.1.
@@ -68,6 +89,8 @@ no HAVING, ...), so minimal and shrunk examples stay small and readable.
 from __future__ import annotations
 
 import datetime as _dt
+import random
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -382,6 +405,8 @@ class Expr:
     kind: str  # "int", "dec", "float", "date", "str", "bool"
     nullable: bool = False
     bare: str | None = None  # column name when the expression is a bare column
+    constant: bool = False  # a literal: never an ORDER BY / GROUP BY key as written
+    aggregate: bool = False
 
     @property
     def exact_numeric(self) -> bool:
@@ -401,6 +426,27 @@ def _q(s: str) -> str:
 def _fmt_cents(cents: int) -> str:
     sign = "-" if cents < 0 else ""
     return f"{sign}{abs(cents) // 100}.{abs(cents) % 100:02d}"
+
+
+CONSTANTS: tuple[tuple[str, str], ...] = (
+    # (literal, kind); integers are positions in GROUP BY / ORDER BY, so only ever
+    # referred to there by position or alias
+    ("83", "int"),
+    ("-53", "int"),
+    ("0", "int"),
+    ("2.5", "dec"),
+    ("-0.75", "dec"),
+    ("'k'", "str"),
+    ("NULL", "int"),
+    ("TRUE", "bool"),
+)
+
+
+def _constant(draw: Draw, *, integers: bool = True) -> Expr:
+    """A literal; with ``integers=False`` never an integer (safe as a GROUP BY key)."""
+    choices = [c for c in CONSTANTS if integers or c[1] != "int" or c[0] == "NULL"]
+    literal, kind = draw(st.sampled_from(choices))
+    return Expr(literal, kind, nullable=literal == "NULL", constant=True)
 
 
 def _expr_kind(col: Col) -> str:
@@ -499,7 +545,7 @@ def _atom(draw: Draw, cols: Sequence[Col], nest: int = 1) -> str:
         options += ["like", "like"]
     if col.kind == "text":
         options = ["like", "like", "cmp_text"]
-    options += ["null", "colcol", "nullable_cmp"]
+    options += ["null", "colcol", "nullable_cmp", "null_literal"]
     choice = draw(st.sampled_from(options))
     if choice == "cmp":
         return f"{name} {_cmp_op(draw, col)} {_lit(draw, col)}"
@@ -522,6 +568,20 @@ def _atom(draw: Draw, cols: Sequence[Col], nest: int = 1) -> str:
         if ne is None:  # TPC-H columns are never NULL: mostly the always-true form
             return f"{name} IS {draw(st.sampled_from(('NOT ', 'NOT ', '')))}NULL"
         return f"{ne[0].sql} IS {draw(st.sampled_from(('', 'NOT ')))}NULL"
+    if choice == "null_literal":
+        # three-valued logic with a NULL literal: = NULL is never true, NOT IN (..., NULL)
+        # never true, IN (..., NULL) true where the others match
+        if col.kind == "text":
+            return f"{name} {draw(st.sampled_from(('=', '<>')))} NULL"
+        lits = sorted({_lit(draw, col) for _ in range(draw(st.integers(1, 3)))})
+        form = draw(st.integers(0, 4))
+        if form == 0:
+            return f"{name} {draw(st.sampled_from(('=', '<>', '<')))} NULL"
+        if form == 1:
+            return f"{name} NOT IN ({', '.join([*lits, 'NULL'])})"
+        if form == 2:
+            return f"NULL IS {draw(st.sampled_from(('', 'NOT ')))}NULL"
+        return f"{name} IN ({', '.join(['NULL', *lits])})"
     if choice == "colcol":
         same = [c for c in cols if _comparable(col, c)]
         if same:
@@ -634,13 +694,30 @@ def scalar_expr(draw: Draw, cols: Sequence[Col], *, allow_float: bool = True) ->
     return _col_expr(draw(st.sampled_from(list(cols))))
 
 
-def _agg(draw: Draw, cols: Sequence[Col]) -> Expr:
-    """A random aggregate; SUM/AVG only over exact numeric expressions."""
+def _agg(draw: Draw, cols: Sequence[Col], *, allow_float: bool = True) -> Expr:
+    """A random aggregate; SUM/AVG only over exact numeric expressions. Without
+    ``allow_float`` no AVG: DISTINCT over a DOUBLE compares values that may differ in the
+    last bit between engines (AVG of a DECIMAL divides in another order than DuckDB)."""
     choice = draw(
         st.sampled_from(
             ("sum", "sum", "count_star", "count", "avg", "min", "max", "count_distinct", "sum_case")
         )
     )
+    if _one_in(draw, 8):  # an aggregate of a constant
+        return draw(
+            st.sampled_from(
+                (
+                    Expr("sum(7)", "int"),
+                    Expr("count(3)", "int"),
+                    Expr("sum(DISTINCT 11)", "int"),
+                    Expr("count(DISTINCT 'a')", "int"),
+                    Expr("min(-2)", "int"),
+                    Expr("max(2.5)", "dec"),
+                    Expr("avg(2)", "float"),
+                    Expr("count(NULL)", "int"),
+                )
+            )
+        )
     if choice == "count_star":
         return Expr("count(*)", "int")
     if choice == "count":
@@ -662,8 +739,8 @@ def _agg(draw: Draw, cols: Sequence[Col]) -> Expr:
         n = _num_expr(draw, cols)
         return Expr(f"sum(CASE WHEN {predicate(draw, cols, 1)} THEN {n.sql} ELSE 0 END)", n.kind)
     n = _num_expr(draw, cols)
-    if choice == "avg":
-        return Expr(f"avg({n.sql})", "float")
+    if choice == "avg" and allow_float:
+        return Expr(f"avg({n.sql})", "float", aggregate=True)
     return Expr(f"sum({n.sql})", n.kind)
 
 
@@ -781,6 +858,23 @@ class Block:
     extra_items: list[Expr] = field(default_factory=list)  # e.g. scalar subqueries
     pred: bool | None = None  # None: random
     restrict: bool = True  # allow restricting unbounded scans of big tables
+    repeat_names: bool = False  # two outputs of one name (else now and then)
+
+
+def _repeat_a_name(
+    draw: Draw, items: list[tuple[Expr, str | None]], cols: Sequence[Col], mode: str
+) -> None:
+    """Add an output named like an earlier one (DuckDB allows it: ``SELECT 51 AS col1,
+    col1``): the same item again, a constant, or (row-wise queries) another expression."""
+    e, alias = items[draw(st.integers(0, len(items) - 1))]
+    name = alias or e.bare
+    choice = draw(st.integers(0, 2))
+    if name is None or choice == 0:
+        items.append((e, alias))  # the same output twice
+    elif choice == 1 or mode != "plain":
+        items.append((_constant(draw), name))
+    else:
+        items.append((scalar_expr(draw, cols, allow_float=False), name))
 
 
 def _pick_group_keys(draw: Draw, cols: Sequence[Col]) -> list[Expr]:
@@ -802,7 +896,11 @@ def _pick_group_keys(draw: Draw, cols: Sequence[Col]) -> list[Expr]:
                 else _col_expr(draw(st.sampled_from(list(cols))))
             )
         elif choice == 8:
-            e = scalar_expr(draw, cols, allow_float=False)
+            e = (
+                _constant(draw, integers=False)
+                if _one_in(draw, 3)
+                else scalar_expr(draw, cols, allow_float=False)
+            )
         else:
             e = _col_expr(draw(st.sampled_from(list(cols))))
         if all(e.sql != k.sql for k in keys):
@@ -832,16 +930,25 @@ def _order_limit(
     if mode == "none":
         return ""
     positions = draw(st.permutations(range(len(items))))
+    # aggregates that are DOUBLE (AVG) last: they may differ from DuckDB's in the last bit
+    floats = [p for p in positions if items[p][0].kind == "float" and items[p][0].aggregate]
+    positions = [p for p in positions if p not in floats] + floats
+    names = [(alias or e.bare or "").lower() for e, alias in items]
     keys = []
     for pos in positions:
         e, alias = items[pos]
+        name = alias or e.bare
+        # a name two outputs share (or one shared with a column used by another output)
+        # is ambiguous, and a literal is a position or an error: such keys are positions
+        unique = name is not None and names.count(name.lower()) == 1
+        as_written = not e.sql.startswith("(SELECT") and not e.constant
         how = draw(st.integers(0, 3))
-        if how == 0:
-            ref = str(pos + 1)
-        elif how == 1 and not e.sql.startswith("(SELECT"):
+        if how == 1 and as_written and (unique or e.bare is None):
             ref = e.sql
+        elif how != 0 and unique:
+            ref = name or str(pos + 1)
         else:
-            ref = alias or e.bare or str(pos + 1)
+            ref = str(pos + 1)
         direction = draw(st.sampled_from(("", " ASC", " DESC")))
         nulls = draw(st.sampled_from(("", "", "", " NULLS FIRST", " NULLS LAST")))
         keys.append(f"{ref}{direction}{nulls}")
@@ -869,23 +976,34 @@ def _select(draw: Draw, rel: Relation, opts: Block) -> str:
             e.bare is not None
             and not force_alias
             and all((x.bare != e.bare) or a for x, a in items)
-        ):
-            items.append((e, None))
+        ) or (e.constant and not force_alias):
+            items.append((e, None))  # a constant without alias: DuckDB names it by its text
         else:
             items.append((e, f"x{alias_no}"))
             alias_no += 1
+
+    def add_constants() -> None:
+        for _ in range(draw(st.integers(1, 2))):
+            add(_constant(draw), force_alias=draw(st.booleans()))
 
     if opts.mode == "group":
         keys = _pick_group_keys(draw, cols)
         for k in keys:
             if not _one_in(draw, 6) or not items:  # usually output every key
                 add(k)
+        # an AVG may differ from DuckDB's in the last bit: never DISTINCT over one, and
+        # ordered only after all the keys (then it never decides the order)
+        avg_ok = not opts.distinct and len(items) == len(keys)
         for _ in range(draw(st.integers(1, 4))):
-            add(_agg(draw, cols), force_alias=True)
+            add(_agg(draw, cols, allow_float=avg_ok), force_alias=True)
+        if _one_in(draw, 5):
+            add_constants()
         if _one_in(draw, 5):
             refs = [str(i + 1) for i, (e, _) in enumerate(items) if any(e is k for k in keys)]
             if len(refs) == len(keys):
-                group_sql = " GROUP BY " + ", ".join(refs)
+                # by position, constant outputs too (an integer there is a position)
+                refs += [str(i + 1) for i, (e, _) in enumerate(items) if e.constant]
+                group_sql = " GROUP BY " + ", ".join(sorted(set(refs), key=int))
         if not group_sql:
             group_sql = " GROUP BY " + ", ".join(k.sql for k in keys)
         if _one_in(draw, 3):
@@ -893,6 +1011,8 @@ def _select(draw: Draw, rel: Relation, opts: Block) -> str:
     elif opts.mode == "global":
         for _ in range(draw(st.integers(1, 4))):
             add(_agg(draw, cols), force_alias=True)
+        if _one_in(draw, 6):
+            add_constants()
     elif rel.star_ok and not opts.distinct and not opts.extra_items and _one_in(draw, 15):
         star = True
         items.extend((_col_expr(c), None) for c in cols)
@@ -900,8 +1020,12 @@ def _select(draw: Draw, rel: Relation, opts: Block) -> str:
         for _ in range(draw(st.integers(1, 5))):
             e = scalar_expr(draw, cols, allow_float=not opts.distinct)
             add(e, force_alias=e.bare is None)
+        if _one_in(draw, 5):
+            add_constants()
     for e in opts.extra_items:
         add(e, force_alias=True)
+    if not star and (opts.repeat_names or _one_in(draw, 8)):
+        _repeat_a_name(draw, items, cols, opts.mode)
 
     where = list(rel.where)
     if opts.pred is True or (opts.pred is None and draw(st.integers(0, 4)) > 0):
@@ -1148,6 +1272,12 @@ def _derived_table(draw: Draw) -> str:
         inner_items.append((e, name))
         src = _col(e.bare) if e.bare else Col(name, "dec" if e.kind == "dec" else "int", 0, 1000)
         out_cols.append(replace(src, name=name, table=""))
+    if _one_in(draw, 4):
+        # an output named like an earlier one: DuckDB calls it v<i>_1 outside
+        j = draw(st.integers(0, len(inner_items) - 1))
+        e = _num_expr(draw, base.cols)
+        inner_items.append((e, inner_items[j][1]))
+        out_cols.append(Col(f"{inner_items[j][1]}_1", "dec" if e.kind == "dec" else "int", 0, 1000))
     inner_where = ""
     if draw(st.integers(0, 3)) > 0:
         inner_where = f" WHERE {predicate(draw, base.cols, 1)}"
@@ -1182,6 +1312,109 @@ def _replicated(draw: Draw) -> str:
     return _select(draw, rel, Block(mode=mode, distinct=mode == "plain" and _one_in(draw, 4)))
 
 
+CROSS_JOINS: tuple[tuple[tuple[str, str], tuple[str, ...]], ...] = (
+    # (tables, distributed keys cut to a small window: a cross join multiplies rows)
+    (("orders", "region"), ("o_orderkey",)),
+    (("nation", "region"), ()),
+    (("supplier", "region"), ()),
+    (("lineitem", "nation"), ("l_orderkey",)),
+    (("region", "lineitem"), ("l_orderkey",)),
+    (("orders", "lineitem"), ("o_orderkey", "l_orderkey")),
+)
+
+
+def _cross_join(draw: Draw) -> str:
+    tables, keys = draw(st.sampled_from(CROSS_JOINS))
+    where = []
+    for key in keys:
+        lo = draw(st.integers(1, 60_000))
+        where.append(f"{key} BETWEEN {lo} AND {lo + draw(st.integers(0, 200))}")
+    rel = Relation(f"{tables[0]} CROSS JOIN {tables[1]}", _tables_cols(*tables), where=where)
+    mode = draw(st.sampled_from(("plain", "group", "global")))
+    distinct = mode != "global" and _one_in(draw, 4)
+    return _select(draw, rel, Block(mode=mode, distinct=distinct))
+
+
+def _correlated_subquery(draw: Draw) -> str:
+    """Subqueries correlated on other columns than the distribution key (decorrelated into
+    grouped joins), nested subqueries, and correlated scalar subqueries in the SELECT list."""
+    choice = draw(st.integers(0, 6))
+    op = draw(st.sampled_from(("<", ">")))
+    neg = "NOT " if _one_in(draw, 3) else ""
+    extra_items: list[Expr] = []
+    if choice == 0:
+        rel = _single("orders")
+        cond = (
+            f"o_totalprice {op} (SELECT avg(o2.o_totalprice) FROM orders AS o2 "
+            "WHERE o2.o_custkey = orders.o_custkey)"
+        )
+    elif choice == 1:  # TPC-H Q17
+        rel = _single("lineitem")
+        cond = (
+            f"l_quantity {op} (SELECT 0.5 * avg(l2.l_quantity) FROM lineitem AS l2 "
+            "WHERE l2.l_partkey = lineitem.l_partkey)"
+        )
+    elif choice == 2:  # a replicated outer query, a distributed inner one
+        rel = _single(draw(st.sampled_from(("part", "supplier"))))
+        key = "p_partkey" if rel.from_sql == "part" else "s_suppkey"
+        column = "l_partkey" if rel.from_sql == "part" else "l_suppkey"
+        cond = (
+            f"{neg}EXISTS (SELECT 1 FROM lineitem WHERE {column} = {key} "
+            f"AND l_quantity > {draw(st.integers(1, 50))})"
+        )
+    elif choice == 3:  # nested, uncorrelated
+        rel = _single("lineitem")
+        cond = (
+            f"l_suppkey {neg}IN (SELECT s_suppkey FROM supplier WHERE s_nationkey IN "
+            f"(SELECT n_nationkey FROM nation WHERE n_regionkey = {draw(st.integers(0, 4))}))"
+        )
+    elif choice == 4:  # correlated on the key, with a nested subquery inside
+        rel = _single("orders")
+        cond = (
+            f"{neg}EXISTS (SELECT 1 FROM lineitem WHERE l_orderkey = o_orderkey AND l_partkey "
+            f"IN (SELECT p_partkey FROM part WHERE p_size < {draw(st.integers(1, 50))}))"
+        )
+    else:  # a correlated scalar subquery in the SELECT list
+        rel = _single("orders")
+        cond = ""
+        extra_items.append(
+            draw(
+                st.sampled_from(
+                    (
+                        Expr(
+                            "(SELECT count(*) FROM lineitem WHERE l_orderkey = o_orderkey "
+                            "AND l_quantity > 25)",
+                            "int",
+                        ),
+                        Expr("(SELECT c_acctbal FROM customer WHERE c_custkey = o_custkey)", "dec"),
+                        Expr(
+                            "(SELECT count(*) FROM orders AS o2 "
+                            "WHERE o2.o_custkey = orders.o_custkey)",
+                            "int",
+                        ),
+                    )
+                )
+            )
+        )
+    modes = ("plain",) if extra_items else ("plain", "group", "global")
+    mode = draw(st.sampled_from(modes))
+    return _select(
+        draw,
+        rel,
+        Block(mode=mode, extra_where=[cond] if cond else [], extra_items=extra_items),
+    )
+
+
+def _names(draw: Draw) -> str:
+    """Outputs that share a name, constants in SELECT, DISTINCT, GROUP BY and ORDER BY."""
+    rel = _single(draw(st.sampled_from(DISTRIBUTED)))
+    if _one_in(draw, 3):
+        rel = _join_relation(draw, JOINS)
+    mode = draw(st.sampled_from(("plain", "group", "group", "global")))
+    distinct = mode != "global" and draw(st.booleans())  # DISTINCT after GROUP BY too
+    return _select(draw, rel, Block(mode=mode, distinct=distinct, repeat_names=True))
+
+
 _BUILDERS: dict[str, Callable[[Draw], str]] = {
     "scan": _scan,
     "group_by": _group_by,
@@ -1194,8 +1427,48 @@ _BUILDERS: dict[str, Callable[[Draw], str]] = {
     "scalar_subquery": _scalar_subquery,
     "derived_table": _derived_table,
     "replicated": _replicated,
+    "cross_join": _cross_join,
+    "correlated_subquery": _correlated_subquery,
+    "names": _names,
 }
 SHAPES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+_SHAPE_ALIASES = ("d", "t", "k", "q", "cnt", "o2", "l2")
+_IDENTIFIERS = frozenset(
+    [*TABLES, *(c.name for cols in TABLES.values() for c in cols), *_SHAPE_ALIASES]
+)
+_ALIAS = re.compile(r"(x|v)[0-9]+(_1)?")
+_STRING = re.compile(r"'(?:[^']|'')*'")
+_WORD = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+
+
+def _recase(sql: str, seed: int) -> str:
+    """``sql`` with its table, column and alias names spelled in other cases, some quoted:
+    DuckDB matches names case-insensitively, quoted or not, and keeps an alias as written.
+    String literals are left alone."""
+    rng = random.Random(seed)
+
+    def spell(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if word not in _IDENTIFIERS and not _ALIAS.fullmatch(word):
+            return word
+        style = rng.randrange(5)
+        if style == 0:
+            return word
+        if style == 1:
+            return word.upper()
+        mixed = "".join(c.upper() if rng.random() < 0.5 else c for c in word)
+        return f'"{mixed}"' if style >= 3 else mixed
+
+    pieces = []
+    last = 0
+    for literal in _STRING.finditer(sql):
+        pieces.append(_WORD.sub(spell, sql[last : literal.start()]))
+        pieces.append(literal.group(0))
+        last = literal.end()
+    pieces.append(_WORD.sub(spell, sql[last:]))
+    return "".join(pieces)
 
 
 def sql_strategy_names() -> tuple[str, ...]:
@@ -1215,7 +1488,10 @@ def labelled_select_queries(
     @st.composite
     def _strategy(draw: Draw) -> tuple[str, str]:
         shape = draw(st.sampled_from(names))
-        return shape, _BUILDERS[shape](draw)
+        sql = _BUILDERS[shape](draw)
+        if _one_in(draw, 5):
+            sql = _recase(sql, draw(st.integers(0, 2**16)))
+        return shape, sql
 
     return _strategy()
 

@@ -9,6 +9,7 @@ from shardflow.catalog.model import (
     TableSpec,
     Unit,
 )
+from shardflow.catalog.names import find_name, name_key
 from shardflow.catalog.store import CatalogStore, DataDir, OwnerToken
 
 __all__ = [
@@ -22,4 +23,6 @@ __all__ = [
     "TableKind",
     "TableSpec",
     "Unit",
+    "find_name",
+    "name_key",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import itertools
 import uuid
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,8 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from shardflow.catalog.buckets import key_family, split_range
+from shardflow.catalog.names import duplicate_names, find_name, name_key
+from shardflow.errors import TableError, TableExistsError
 
 TableKind = Literal["distributed", "replicated"]
 ROUND_ROBIN = ""
@@ -92,6 +95,11 @@ class TableSpec:
     def round_robin(self) -> bool:
         return self.kind == "distributed" and self.key == ROUND_ROBIN
 
+    def find_column(self, name: str) -> pa.Field | None:
+        """The column ``name`` refers to under DuckDB's rule (:func:`name_key`), or None."""
+        found = find_name(self.schema.names, name)
+        return self.schema.field(found) if found is not None else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -140,11 +148,26 @@ class Catalog:
     next_node_index: int = 0
 
     # -- reading -------------------------------------------------------------------------
+    def find_table(self, name: str) -> TableSpec | None:
+        """The table ``name`` refers to, or None. Names match as in DuckDB: ASCII letters
+        case-insensitively, quoted or not, every other character exactly
+        (:func:`shardflow.catalog.name_key`); the spec keeps the spelling it was created
+        with. Every lookup of a user-given table name goes through here."""
+        return self._tables_by_key.get(name_key(name))
+
     def table(self, name: str) -> TableSpec:
-        return self.tables[name]
+        """Like :meth:`find_table`, but a missing table is a ``KeyError``."""
+        spec = self.find_table(name)
+        if spec is None:
+            raise KeyError(name)
+        return spec
+
+    @functools.cached_property
+    def _tables_by_key(self) -> Mapping[str, TableSpec]:
+        return {name_key(name): spec for name, spec in self.tables.items()}
 
     def group_of(self, table: str) -> Group:
-        spec = self.tables[table]
+        spec = self.table(table)
         if spec.group is None:
             raise KeyError(f"table {table} is replicated and has no units")
         return self.groups[spec.group]
@@ -256,11 +279,29 @@ class Catalog:
         )
 
     def with_table(self, spec: TableSpec) -> Catalog:
-        return self._next(tables=MappingProxyType({**self.tables, spec.name: spec}))
+        """Add a table, or replace a table by a newer spec of itself (same ``uid``).
+
+        Raises :class:`shardflow.TableExistsError` when another table has the same name
+        under DuckDB's rule (``LINEITEM`` beside ``lineitem``), and
+        :class:`shardflow.TableError` when two of its columns have the same name."""
+        existing = self.find_table(spec.name)
+        if existing is not None and existing.uid != spec.uid:
+            raise TableExistsError(
+                f"table {spec.name!r} already exists as {existing.name!r} (names match "
+                "case-insensitively, as in DuckDB); drop it first or choose another name"
+            )
+        repeated = duplicate_names(spec.schema.names)
+        if repeated:
+            raise TableError(
+                f"table {spec.name!r} has more than one column named {repeated[0]!r} "
+                "(names match case-insensitively, as in DuckDB)"
+            )
+        tables = {k: v for k, v in self.tables.items() if existing is None or k != existing.name}
+        return self._next(tables=MappingProxyType({**tables, spec.name: spec}))
 
     def without_table(self, name: str) -> Catalog:
-        spec = self.tables[name]
-        tables = {k: v for k, v in self.tables.items() if k != name}
+        spec = self.table(name)
+        tables = {k: v for k, v in self.tables.items() if k != spec.name}
         groups = dict(self.groups)
         if spec.group is not None and not any(t.group == spec.group for t in tables.values()):
             del groups[spec.group]  # the last table of a group takes the group with it

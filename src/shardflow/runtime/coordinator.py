@@ -16,7 +16,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec, Unit, lease
+from shardflow.catalog import (
+    Catalog,
+    CatalogStore,
+    DataDir,
+    OwnerToken,
+    TableSpec,
+    Unit,
+    lease,
+    name_key,
+)
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
@@ -254,8 +263,14 @@ class CoordinatorState:
                     f"invalid table name {name!r}: use letters, digits and underscores, "
                     "not starting with a digit"
                 )
-            if name in self.catalog.tables or name in self.pending:
-                raise TableExistsError(f"table {name!r} already exists; drop it first")
+            existing = self.catalog.find_table(name)
+            if existing is None and name_key(name) in self.pending:
+                existing = self.pending[name_key(name)].spec
+            if existing is not None:
+                raise TableExistsError(
+                    f"table {name!r} already exists as {existing.name!r} (names match "
+                    "case-insensitively, as in DuckDB); drop it first or choose another name"
+                )
             catalog = self.catalog
             group = None
             if kind == "distributed":
@@ -284,7 +299,7 @@ class CoordinatorState:
                 group,
             )
             catalog = catalog.with_table(spec)
-            self.pending[name] = PendingTable(spec, catalog)
+            self.pending[name_key(name)] = PendingTable(spec, catalog)
             return catalog.to_json()
 
     def _past_taken_ids(self) -> Catalog:
@@ -294,7 +309,7 @@ class CoordinatorState:
         return dataclasses.replace(self.catalog, next_unit_id=self._unit_ids_taken)
 
     def _colocation_group(self, other: str, schema: pa.Schema, key: str | None) -> str:
-        spec = self.catalog.tables.get(other)
+        spec = self.catalog.find_table(other)
         if spec is None:
             raise UnknownTableError(f"colocate_with names unknown table {other!r}")
         if not spec.distributed or spec.group is None:
@@ -313,7 +328,7 @@ class CoordinatorState:
 
     def commit_create(self, name: str, rows: int) -> dict[str, Any]:
         with self._lock:
-            pending = self.pending.pop(name)
+            pending = self.pending.pop(name_key(name))
             catalog = self.catalog
             spec = pending.spec
             if spec.group is not None and spec.group not in catalog.groups:
@@ -324,16 +339,16 @@ class CoordinatorState:
 
     def abort_create(self, name: str) -> None:
         with self._lock:
-            pending = self.pending.pop(name, None)
+            pending = self.pending.pop(name_key(name), None)
         if pending is not None:
             self.data_dir.delete_dir(self.data_dir.path("tables", pending.spec.uid))
 
     def drop_table(self, name: str) -> tuple[dict[str, Any], str]:
         with self._lock:
-            if name not in self.catalog.tables:
+            spec = self.catalog.find_table(name)
+            if spec is None:
                 raise UnknownTableError(f"unknown table {name!r}")
-            uid = self.catalog.table(name).uid
-            return self._save(self.catalog.without_table(name)), uid
+            return self._save(self.catalog.without_table(spec.name)), spec.uid
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

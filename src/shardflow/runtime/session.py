@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import ray
 
-from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog import Catalog, TableSpec, find_name
 from shardflow.catalog.buckets import key_family
 from shardflow.catalog.types import storage_schema
 from shardflow.engine import DuckDBEngine
@@ -148,9 +148,9 @@ class Session:
     def table_spec(self, name: str) -> TableSpec:
         if not isinstance(name, str):
             raise UnknownTableError(f"a table name must be a string, not {type(name).__name__}")
-        spec = self.catalog.tables.get(name)
+        spec = self.catalog.find_table(name)
         if spec is None:
-            spec = self.refresh().tables.get(name)
+            spec = self.refresh().find_table(name)
         if spec is None:
             known = ", ".join(sorted(self.catalog.tables)) or "none yet"
             raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
@@ -372,6 +372,7 @@ class Session:
         schema, total, batches = _open_source(source, self.settings.load_batch_rows)
         schema = storage_schema(schema)
         if distributed_by is not None:
+            distributed_by = find_name(schema.names, distributed_by) or distributed_by
             if schema.get_field_index(distributed_by) < 0:
                 raise UnknownColumnError(
                     f"distributed_by names {distributed_by!r}, which is not a column of the "
@@ -494,7 +495,7 @@ class Session:
                 f"{shard!r} is not a shard id: use a name like 'lineitem#3' from "
                 "db.cluster.shards()"
             )
-        spec = catalog.tables.get(table)
+        spec = catalog.find_table(table)
         if spec is None:
             raise UnknownShardError(f"{shard!r} names no table: there is no table {table!r}")
         if spec.group is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -46,23 +47,72 @@ def sources(select: exp.Select) -> list[SourceRef]:
 
 
 def conjuncts(condition: exp.Expr | None) -> list[exp.Expr]:
-    """Split ``a AND (b AND c)`` into ``[a, b, c]``."""
+    """Split ``a AND (b AND c)`` into ``[a, b, c]`` (in order, without recursion: a
+    generated filter may AND thousands of terms)."""
     if condition is None:
         return []
     if isinstance(condition, exp.Where):
         condition = condition.this
-    while isinstance(condition, exp.Paren):
-        condition = condition.this
-    if isinstance(condition, exp.And):
-        return conjuncts(condition.left) + conjuncts(condition.right)
-    return [condition]
+    found: list[exp.Expr] = []
+    stack = [condition]
+    while stack:
+        part = stack.pop()
+        while isinstance(part, exp.Paren):
+            part = part.this
+        if isinstance(part, exp.And):
+            stack += [part.right, part.left]
+        else:
+            found.append(part)
+    return found
 
 
 def and_all(parts: Iterable[exp.Expr]) -> exp.Expr | None:
-    parts = list(parts)
-    if not parts:
-        return None
-    return exp.and_(*[p.copy() for p in parts], copy=False)
+    parts = [p.copy() for p in parts]
+    return balanced(exp.And, parts) if parts else None
+
+
+def balanced(connector: type[exp.Connector], parts: list[exp.Expr]) -> exp.Expr:
+    """``parts`` joined by ``connector`` (AND, OR) as a tree of logarithmic depth.
+
+    Both are associative, so the shape changes nothing but the depth, and it prints as the
+    same SQL; SQLGlot's scope analysis walks from every column to its SELECT, which costs
+    the depth: ``a OR b OR ...`` parsed left-deep made planning quadratic in its length.
+
+    >>> balanced(exp.Or, [exp.column(c) for c in "abcde"]).sql()
+    'a OR b OR c OR d OR e'
+    >>> balanced(exp.And, [exp.column("a"), exp.or_("b", "c")]).sql()
+    'a AND (b OR c)'
+    """
+    if len(parts) == 1:
+        part = parts[0]
+        if isinstance(part, exp.Connector) and not isinstance(part, connector):
+            return exp.paren(part, copy=False)  # SQL is printed from the tree: keep a OR b whole
+        return part
+    middle = len(parts) // 2
+    return connector(
+        this=balanced(connector, parts[:middle]), expression=balanced(connector, parts[middle:])
+    )
+
+
+def balance_connectors(tree: exp.Expr) -> None:
+    """Rebuild every chain of three or more ANDs or ORs in ``tree`` as a balanced tree, in
+    place (see :func:`balanced`)."""
+    roots = [
+        node
+        for node in tree.walk()
+        if isinstance(node, exp.And | exp.Or) and type(node.parent) is not type(node)
+    ]
+    for root in roots:
+        operands: list[exp.Expr] = []
+        stack: list[exp.Expr] = [root]
+        while stack:
+            node = stack.pop()
+            if type(node) is type(root):
+                stack += [node.expression, node.this]
+            else:
+                operands.append(node)
+        if len(operands) > 2:
+            root.replace(balanced(type(root), operands))
 
 
 def column_id(column: exp.Column) -> ColumnId:
@@ -180,6 +230,52 @@ def block_has_aggregates(select: exp.Select) -> bool:
 def block_windows(select: exp.Select) -> list[exp.Window]:
     parts = block_parts(select, ("expressions", "order", "qualify"))
     return [n for part in parts for n in walk_block(part) if isinstance(n, exp.Window)]
+
+
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_CONSTANT_NODES = (
+    exp.Literal,
+    exp.Null,
+    exp.Boolean,
+    exp.Paren,
+    exp.Neg,
+    exp.Not,
+    exp.Cast,
+    exp.TryCast,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Interval,
+    exp.Var,
+    exp.Binary,
+)
+
+
+def identifier(name: str) -> exp.Identifier:
+    """``name`` as an identifier, quoted unless it is a plain lower-case name, so that
+    engines that match names exactly (Polars) see it as it is spelled."""
+    return exp.to_identifier(name, quoted=not _PLAIN_NAME.fullmatch(name))
+
+
+def unparen(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def is_constant(node: exp.Expr) -> bool:
+    """Built of literals and operators alone (no column, function, aggregate or subquery):
+    the same value on every row.
+
+    >>> is_constant(exp.Neg(this=exp.Literal.number(5))), is_constant(exp.column("x"))
+    (True, False)
+    """
+    return all(isinstance(n, _CONSTANT_NODES) for n in node.walk())
+
+
+def is_position(node: exp.Expr) -> bool:
+    """An integer literal, which DuckDB reads as a position in GROUP BY and ORDER BY."""
+    node = unparen(node)
+    return isinstance(node, exp.Literal) and node.is_int
 
 
 def table_names(query: exp.Expr) -> set[str]:

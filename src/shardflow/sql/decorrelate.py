@@ -83,7 +83,7 @@ def semijoin_reduction(
             if key is None:
                 continue
             probe = (
-                exp.select(exp.column(theirs[2], table=theirs[1]))
+                exp.select(exp.column(a.identifier(theirs[2]), table=theirs[1]))
                 .from_(other.node.copy())
                 .where(a.and_all(filters))
             )

@@ -42,5 +42,8 @@ def _stage_lines(index: int, stage: Stage) -> list[str]:
 
 
 def _indent(sql: str) -> list[str]:
-    pretty = sqlglot.transpile(sql, read=DIALECT, write=DIALECT, pretty=True)[0]
+    try:
+        pretty = sqlglot.transpile(sql, read=DIALECT, write=DIALECT, pretty=True)[0]
+    except RecursionError:  # nested too deeply to parse again: shown as planned
+        pretty = sql
     return ["      " + line for line in pretty.splitlines()]

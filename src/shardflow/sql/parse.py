@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pyarrow as pa
-import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 from sqlglot.optimizer.qualify import qualify
+from sqlglot.tokenizer_core import Token, TokenType
 
-from shardflow.catalog import Catalog
+from shardflow.catalog import Catalog, TableSpec, name_key
 from shardflow.errors import (
     QueryError,
     SqlSyntaxError,
@@ -18,6 +17,8 @@ from shardflow.errors import (
     UnknownTableError,
     UnsupportedError,
 )
+from shardflow.sql import analysis as a
+from shardflow.sql import outputs
 
 DIALECT = "duckdb"
 QUERY_TYPES = (exp.Select, exp.SetOperation)
@@ -57,18 +58,35 @@ def sql_type(arrow_type: pa.DataType) -> str:
 
 
 def catalog_schema(catalog: Catalog) -> dict[str, object]:
+    """SQLGlot's schema of the catalog, keyed as DuckDB compares names (:func:`name_key`)."""
     return {
-        name: {field.name: sql_type(field.type) for field in spec.schema}
+        name_key(name): {name_key(field.name): sql_type(field.type) for field in spec.schema}
         for name, spec in catalog.tables.items()
     }
+
+
+MAX_NESTING = 30
+"""Deepest nesting of brackets and CASE expressions the planner accepts (DuckDB's own
+limit is 1,000). SQLGlot parses recursively, about 25 Python frames a level, under
+Python's default limit of 1,000 frames: 30 levels plan even when the caller is 150 frames
+deep (measured for parentheses, function calls, scalar subqueries and arithmetic)."""
 
 
 def parse(sql: str) -> exp.Expr:
     """Parse one SELECT statement (with CTEs, set operations, subqueries)."""
     if not isinstance(sql, str):
         raise SqlSyntaxError(f"a query must be a string, not {type(sql).__name__}")
+    dialect = Dialect.get_or_raise(DIALECT)
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect=DIALECT) if s is not None]
+        tokens = dialect.tokenize(sql)
+        depth = _nesting(tokens)
+        if depth > MAX_NESTING:
+            raise UnsupportedError(
+                f"the query nests brackets or CASE expressions {depth} levels deep; "
+                f"shardflow plans at most {MAX_NESTING} (flatten the expression, e.g. "
+                "drop redundant parentheses)"
+            )
+        statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
     except (ParseError, TokenError) as error:
         raise SqlSyntaxError(f"cannot parse the query: {_first_line(error)}") from None
     if not statements:
@@ -84,27 +102,66 @@ def parse(sql: str) -> exp.Expr:
             f"db.sql() runs queries (SELECT); {kind} statements are not supported: "
             "use db.create_table(), db.insert() and db.drop_table() to change data"
         )
+    a.balance_connectors(tree)
     return tree
 
 
+_OPENING = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
+_CLOSING = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
+
+
+def _nesting(tokens: list[Token]) -> int:
+    depth = deepest = 0
+    for token in tokens:
+        if token.token_type in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.token_type in _CLOSING:
+            depth -= 1
+    return deepest
+
+
 def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
-    """Check table and column names against the catalog and qualify every column."""
-    cte_names = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    """Check table and column names against the catalog, qualify every column, give every
+    SELECT unique output names and settle positional references (:mod:`.outputs`).
+
+    Names match as DuckDB matches them (:func:`shardflow.catalog.name_key`, which SQLGlot's
+    DuckDB dialect follows too); catalog tables and columns are then written as the
+    catalog spells them, other names (aliases, CTEs) in their normalised form."""
+    ctes = {name_key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
         if not isinstance(table.this, exp.Identifier):
             continue  # a table function such as read_parquet(...) or range(...)
-        name = table.name
         if table.args.get("db") or table.args.get("catalog"):
             raise UnknownTableError(
                 f"unknown table {table.sql(DIALECT)}: shardflow tables have no schema prefix"
             )
-        if name not in catalog.tables and name not in cte_names:
+        if catalog.find_table(table.name) is None and name_key(table.name) not in ctes:
             known = ", ".join(sorted(catalog.tables)) or "none yet"
-            raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
+            raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
+    schema = catalog_schema(catalog)
+    # DuckDB names a derived table's repeated outputs x, x_1: the query may say x_1
+    outputs.unique_output_names(tree, root=False)
+    outputs.hide_positions(tree)
+    qualified = _qualify(tree, schema)
+    # a derived table whose output names repeat keeps SQLGlot from expanding a star over
+    # it; once they are unique (as DuckDB makes them), qualify again to expand it
+    while outputs.unique_output_names(qualified, root=False) and outputs.has_unexpanded_star(
+        qualified
+    ):
+        qualified = _qualify(qualified, schema)
+    _bind_order_by_names(qualified, catalog, ctes)
+    outputs.unique_output_names(qualified)
+    outputs.resolve_positions(qualified)
+    _spell_as_catalog(qualified, catalog, ctes)
+    return qualified
+
+
+def _qualify(tree: exp.Expr, schema: dict[str, object]) -> exp.Expr:
     try:
         return qualify(
             tree,
-            schema=catalog_schema(catalog),
+            schema=schema,
             dialect=DIALECT,
             identify=False,
             validate_qualify_columns=True,
@@ -116,8 +173,100 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
         raise QueryError(f"cannot resolve the query: {message}") from None
 
 
-def schema_mapping(catalog: Catalog) -> Mapping[str, pa.Schema]:
-    return {name: spec.schema for name, spec in catalog.tables.items()}
+def _bind_order_by_names(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:
+    """Bind names inside ORDER BY expressions as DuckDB does: a bare ``ORDER BY x`` names
+    an output first, but in ``ORDER BY x + 0`` a column of the FROM clause comes first and
+    an output name only when no source has one. SQLGlot binds both to the output; an output
+    name left is replaced by its expression, so that rewrites see the grouped expression:
+    ``SELECT -col1 AS col0 FROM t ORDER BY col0 + 0`` orders by ``t.col0``, not ``-t.col1``.
+    """
+    bodies = {name_key(c.alias_or_name): c.this for c in tree.find_all(exp.CTE)}
+    for select in list(tree.find_all(exp.Select)):
+        order = select.args.get("order")
+        if order is None:
+            continue
+        outputs_by_key = {name_key(p.alias_or_name): p for p in select.expressions}
+        for ordered in order.expressions:
+            if isinstance(a.unparen(ordered.this), exp.Column):
+                continue  # ORDER BY x: the output x, as SQLGlot has it
+            for column in list(a.walk_block(ordered.this)):
+                if not isinstance(column, exp.Column) or column.table:
+                    continue
+                source = _source_with_column(select, column.name, catalog, ctes, bodies)
+                if source is not None:
+                    column.set("table", a.identifier(source))
+                elif name_key(column.name) in outputs_by_key:
+                    output = outputs_by_key[name_key(column.name)].unalias()
+                    column.replace(exp.paren(output.copy(), copy=False))
+
+
+def _source_with_column(
+    select: exp.Select, name: str, catalog: Catalog, ctes: set[str], bodies: dict[str, exp.Expr]
+) -> str | None:
+    """The alias of the source of ``select`` that has a column ``name``, if one has."""
+    key = name_key(name)
+    for ref in a.sources(select):
+        node = ref.node
+        names: list[str] = []
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+            body = bodies.get(name_key(node.name)) if name_key(node.name) in ctes else None
+            spec = catalog.find_table(node.name) if body is None else None
+            if spec is not None:
+                names = spec.schema.names
+            elif body is not None:
+                names = _output_names(body)
+        elif isinstance(node, exp.Subquery):
+            names = _output_names(node.this)
+        if any(name_key(n) == key for n in names):
+            return ref.alias
+    return None
+
+
+def _output_names(query: exp.Expr) -> list[str]:
+    while isinstance(query, exp.SetOperation):
+        query = query.left
+    while isinstance(query, exp.Subquery):
+        query = query.this
+    return [p.alias_or_name for p in query.selects] if isinstance(query, exp.Query) else []
+
+
+def _spell_as_catalog(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:
+    """Write every catalog table, and every column read from one, as the catalog spells it
+    (qualification left them normalised), so that engines matching names exactly see the
+    names the shards carry."""
+    tables: dict[int, TableSpec] = {}  # id(Table node) -> its table
+    sources: dict[int, dict[str, TableSpec]] = {}  # id(SELECT) -> its catalog sources
+    for select in tree.find_all(exp.Select):
+        own: dict[str, TableSpec] = {}
+        for ref in a.sources(select):
+            node = ref.node
+            if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+                continue
+            if name_key(node.name) in ctes:
+                continue
+            spec = catalog.find_table(node.name)
+            if spec is not None:
+                own[ref.alias] = spec
+                tables[id(node)] = spec
+        sources[id(select)] = own
+    for table in tree.find_all(exp.Table):
+        spec = tables.get(id(table))
+        if spec is not None:
+            table.set("this", a.identifier(spec.name))
+    for column in tree.find_all(exp.Column):
+        if not column.table or not isinstance(column.this, exp.Identifier):
+            continue
+        scope: exp.Select | None = column.find_ancestor(exp.Select)
+        while scope is not None:
+            spec = sources.get(id(scope), {}).get(column.table)
+            if spec is not None:
+                field = spec.find_column(column.name)
+                if field is not None:
+                    column.set("this", a.identifier(field.name))
+                break
+            if any(ref.alias == column.table for ref in a.sources(scope)):
+                break  # a source of another kind: its names are its own
+            scope = scope.parent_select
 
 
 def _first_line(error: Exception) -> str:

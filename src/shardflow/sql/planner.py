@@ -27,9 +27,10 @@ from typing import Literal
 from sqlglot import exp
 
 from shardflow.catalog import Catalog
+from shardflow.errors import UnsupportedError
 from shardflow.sql import analysis as a
 from shardflow.sql.decorrelate import decorrelate, mark, semijoin_reduction
-from shardflow.sql.parse import DIALECT, parse, resolve
+from shardflow.sql.parse import DIALECT, MAX_NESTING, parse, resolve
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.rules import FINISHING_RULES, Finish
 
@@ -74,9 +75,15 @@ class _Source:
 
 def plan(sql: str, catalog: Catalog) -> DistributedPlan:
     """Plan ``sql`` against ``catalog``. Raises :class:`shardflow.QueryError` subclasses."""
-    tree = resolve(parse(sql), catalog)
-    planner = Planner(catalog)
-    planner.plan_query(tree, Env(), output="")
+    try:
+        resolved = resolve(parse(sql), catalog)
+        planner = Planner(catalog)
+        planner.plan_query(resolved, Env(), output="")
+    except RecursionError:  # a nesting the token count does not see (NOT NOT NOT ...)
+        raise UnsupportedError(
+            "the query is nested too deeply for the planner: flatten it (at most "
+            f"{MAX_NESTING} levels of brackets or CASE expressions are supported)"
+        ) from None
     return DistributedPlan(sql, tuple(planner.stages))
 
 
@@ -184,7 +191,7 @@ class Planner:
     def _settle_recursive(self, query: exp.Expr, env: Env) -> None:
         """A recursive CTE over distributed tables reads them materialized (gathered)."""
         for table in list(query.find_all(exp.Table)):
-            spec = self.catalog.tables.get(table.name)
+            spec = self.catalog.find_table(table.name)
             if spec is not None and spec.distributed and table.name not in env.ctes:
                 parent = table.parent_select
                 if isinstance(parent, exp.Select):
@@ -193,8 +200,17 @@ class Planner:
                             self._materialize_source(parent, ref, env)
 
     def _settle_set_operation(self, query: exp.SetOperation, env: Env, outer: Frame | None) -> Dist:
-        left = self.settle_query(query.left, env, outer)
-        right = self.settle_query(query.right, env, outer)
+        """Settle ``a UNION b UNION c ...`` step by step from the innermost operation (a loop,
+        not a recursion: generated queries chain thousands of them)."""
+        chain = [query]
+        while isinstance(chain[-1].left, exp.SetOperation):
+            chain.append(chain[-1].left)
+        dist = self.settle_query(chain[-1].left, env, outer)
+        for node in reversed(chain):
+            dist = self._settle_set_step(node, dist, self.settle_query(node.right, env, outer), env)
+        return dist
+
+    def _settle_set_step(self, query: exp.SetOperation, left: Dist, right: Dist, env: Env) -> Dist:
         if left.kind == right.kind == "replicated":
             return REPLICATED
         union_all = isinstance(query, exp.Union) and not query.args.get("distinct")
@@ -206,8 +222,8 @@ class Planner:
                 rows=left.rows + right.rows,
                 reason="" if local else "limit",
             )
-        for side in (query.left, query.right):
-            if self.settle_query(side, env, outer).kind != "replicated":
+        for side, dist in ((query.left, left), (query.right, right)):
+            if dist.kind != "replicated":
                 temp = self.materialize(side, env)
                 side.replace(exp.select("*").from_(temp))
         return REPLICATED
@@ -303,7 +319,7 @@ class Planner:
             if name in env.ctes:
                 dist = env.ctes[name][0]
                 return replace(dist, keys=dist.keys, anchored=False)
-            spec = self.catalog.tables.get(name)
+            spec = self.catalog.find_table(name)
             if spec is None or not spec.distributed:
                 return Dist("replicated", rows=spec.rows if spec else 0)
             keys = frozenset({spec.key}) if spec.key else frozenset()
@@ -317,8 +333,6 @@ class Planner:
                 node.replace(_temp_table(temp, ref.alias))
             return dist
         if any(self._reads_distributed(t, env) for t in node.find_all(exp.Table)):
-            from shardflow.errors import UnsupportedError
-
             raise UnsupportedError(
                 f"{node.key.upper()} sources over distributed tables are not supported"
             )
@@ -348,9 +362,9 @@ class Planner:
         """Replace one source of ``select`` by a stage computing its needed rows/columns."""
         pushed = _pushable_conjuncts(select, ref)
         needed = _needed_columns(select, ref, self._source_columns(ref, env))
-        projections = [exp.column(c, table=ref.alias).as_(c) for c in needed] or [
-            exp.true().as_("__sf_row")
-        ]
+        projections = [
+            exp.column(a.identifier(c), table=ref.alias).as_(a.identifier(c)) for c in needed
+        ] or [exp.true().as_("__sf_row")]
         body = exp.select(*projections).from_(ref.node.copy())
         condition = a.and_all(pushed)
         if condition is not None:
@@ -368,8 +382,8 @@ class Planner:
     def _source_columns(self, ref: a.SourceRef, env: Env) -> list[str]:
         node = ref.node
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-            spec = self.catalog.tables.get(node.name)
-            if spec is not None:
+            spec = self.catalog.find_table(node.name)
+            if spec is not None and node.name not in env.ctes:
                 return [f.name for f in spec.schema]
             if node.name in env.ctes:
                 return [p.alias_or_name for p in env.ctes[node.name][1].this.selects]
@@ -407,7 +421,7 @@ class Planner:
         for ref in a.sources(select):
             node = ref.node
             if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-                spec = self.catalog.tables.get(node.name)
+                spec = self.catalog.find_table(node.name)
                 if spec is not None and not spec.distributed and node.name not in env.ctes:
                     aliases.add(ref.alias)
         return aliases
@@ -417,22 +431,20 @@ class Planner:
             return False
         if table.name in env.ctes:
             return env.ctes[table.name][0].kind != "replicated"
-        spec = self.catalog.tables.get(table.name)
+        spec = self.catalog.find_table(table.name)
         return spec is not None and spec.distributed
 
     def _distributed_tables(self, query: exp.Expr, env: Env) -> tuple[str, ...]:
-        names = a.table_names(query) - env.temps
-        return tuple(
-            sorted(
-                n for n in names if n in self.catalog.tables and self.catalog.table(n).distributed
-            )
-        )
+        """The catalog names of the distributed tables ``query`` reads."""
+        specs = [self.catalog.find_table(n) for n in a.table_names(query) - env.temps]
+        return tuple(sorted({s.name for s in specs if s is not None and s.distributed}))
 
     def _inputs(self, query: exp.Expr, env: Env) -> tuple[str, ...]:
         return tuple(sorted(a.table_names(query) & env.temps))
 
     def _reads_catalog(self, query: exp.Expr, env: Env) -> bool:
-        return bool((a.table_names(query) - env.temps) & set(self.catalog.tables))
+        names = a.table_names(query) - env.temps
+        return any(self.catalog.find_table(n) is not None for n in names)
 
 
 # -- pure helpers ----------------------------------------------------------------------------
@@ -558,8 +570,11 @@ def _nonlocal_reason(select: exp.Select, key_ids: set[a.ColumnId]) -> str:
             return "aggregate"
     elif a.block_has_aggregates(select):
         return "aggregate"
-    if select.args.get("distinct") and group is None:
-        if not any(on_key(p) for p in select.expressions):
+    distinct = select.args.get("distinct")
+    if distinct is not None:  # after any grouping: a key in the groups may not be in the rows
+        on = distinct.args.get("on")
+        keys = on.expressions if isinstance(on, exp.Tuple) else [on] if on else select.expressions
+        if not any(on_key(k) for k in keys):
             return "aggregate"
     for window in a.block_windows(select):
         if not any(on_key(p) for p in window.args.get("partition_by") or []):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from shardflow.catalog.names import duplicate_names, find_name
 from shardflow.catalog.types import storage_type
 from shardflow.errors import SchemaMismatchError
 
@@ -38,7 +39,8 @@ _IMPLICIT = {
 
 
 def conform(data: object, schema: pa.Schema, table: str) -> pa.Table:
-    """``data`` as a table of exactly ``schema``; raises :class:`SchemaMismatchError`."""
+    """``data`` as a table of exactly ``schema``; raises :class:`SchemaMismatchError`.
+    Columns are matched by name under DuckDB's rule (``O_ORDERKEY`` is ``o_orderkey``)."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
@@ -46,11 +48,12 @@ def conform(data: object, schema: pa.Schema, table: str) -> pa.Table:
             f"insert into {table} takes a pyarrow.Table or RecordBatch, not {type(data).__name__}"
         )
     names = data.column_names
-    duplicated = sorted({n for n in names if names.count(n) > 1})
+    duplicated = sorted(set(duplicate_names(names)))
     if duplicated:
         raise SchemaMismatchError(f"insert into {table}: duplicate column(s) {duplicated}")
-    missing = [f.name for f in schema if f.name not in names]
-    extra = [n for n in names if schema.get_field_index(n) < 0]
+    given = {f.name: find_name(names, f.name) for f in schema}
+    missing = [name for name, found in given.items() if found is None]
+    extra = [n for n in names if find_name(schema.names, n) is None]
     if missing or extra:
         parts = []
         if missing:
@@ -62,7 +65,7 @@ def conform(data: object, schema: pa.Schema, table: str) -> pa.Table:
         )
     columns = []
     for field in schema:
-        column = data.column(field.name)
+        column = data.column(given[field.name])
         source, target = column.type, field.type
         if source != target:
             families = (_family(source), _family(target))

@@ -27,7 +27,7 @@ def gather(query: exp.Expr, local: bool, reason: str) -> Finish:
         fragment.set(key, None)
     fragment.set(
         "expressions",
-        [exp.column(c, table=t).as_(name) for (t, c), name in columns.items()]
+        [exp.column(a.identifier(c), table=t).as_(name) for (t, c), name in columns.items()]
         or [exp.true().as_("_x")],
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from shardflow.sql import analysis as a
 from shardflow.sql.rules.finish import Finish, limit_value, output_names, partials
 
 
@@ -52,9 +53,9 @@ def pushdown(query: exp.Expr, local: bool, reason: str) -> Finish | None:
         fragment.set("limit", exp.Limit(expression=exp.Literal.number(limit_n + offset_n)))
         strategy, why = "top-k", f"each shard keeps its first {limit_n + offset_n} rows"
 
-    merge = exp.select(*[exp.column(f"_c{i}").as_(name) for i, name in enumerate(names)]).from_(
-        partials()
-    )
+    merge = exp.select(
+        *[exp.column(f"_c{i}").as_(a.identifier(name)) for i, name in enumerate(names)]
+    ).from_(partials())
     if keys:
         merge.set("order", exp.Order(expressions=keys))
     if limit is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from shardflow.sql import analysis as a
+from shardflow.sql.outputs import group_by
 from shardflow.sql.rules.finish import Finish, output_names, partials
 
 _COMBINE_AS_ITSELF = (exp.Sum, exp.Min, exp.Max, exp.AnyValue, exp.LogicalAnd, exp.LogicalOr)
@@ -42,6 +43,9 @@ class _FragmentColumns:
 def split_aggregates(query: exp.Expr, local: bool, reason: str) -> Finish | None:
     if reason != "aggregate" or not isinstance(query, exp.Select):
         return None
+    distinct = query.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        return None  # DISTINCT ON keeps one whole row per key: gathered
     group = query.args.get("group")
     if group is not None and (
         group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets")
@@ -123,7 +127,7 @@ def _split(query: exp.Select) -> Finish:
         return node.copy().transform(visit, copy=False)
 
     merge_projections = [
-        rewrite(p.unalias()).as_(name)
+        rewrite(p.unalias()).as_(a.identifier(name))
         for p, name in zip(query.expressions, output_names(query), strict=True)
     ]
     merge = exp.select(*merge_projections).from_(partials())
@@ -152,7 +156,7 @@ def _split(query: exp.Select) -> Finish:
     if not fragment.expressions:
         fragment.set("expressions", [exp.Count(this=exp.Star()).as_("_n")])
     keys = group_exprs + [d.this for d in distinct_columns.projections()]
-    fragment.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
+    fragment.set("group", group_by(keys))
     reason = "GROUP BY not on the distribution key" if group is not None else "global aggregate"
     if distinct_columns.projections():
         reason += "; DISTINCT arguments kept exact in the partial GROUP BY"

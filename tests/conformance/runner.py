@@ -671,6 +671,10 @@ class _PassState:
                 self._skip(index, record, "setting", detail)
                 return
         self._compare(index, record, shardflow_sql, facts, expected, layout)
+        if shardflow_sql != sql:
+            case = self.run_.report.cases[-1]
+            note = f"{NULL_ORDER}={self.null_order}: NULLS FIRST/LAST written out"
+            case.note = f"{case.note}; {note}" if case.note else note
 
     def _with_null_order(self, facts: QueryFacts, expected: pa.Table) -> str | None:
         """The query with the session's null order written out, if DuckDB answers it the

@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a real local cluster (default) or the in-process one (faster)",
     )
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--query-timeout",
+        type=float,
+        default=60.0,
+        help="seconds before a shardflow query counts as wrong and the cluster restarts",
+    )
     parser.add_argument("--sample", action="store_true", help="only the fast sample of files")
     parser.add_argument(
         "--files",
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(fnmatch.fnmatch(f.relative_to(root).as_posix(), p) for p in args.files)
         ]
     started = time.perf_counter()
-    backend = make_backend(args.backend, args.workers)
+    backend = make_backend(args.backend, args.workers, args.query_timeout)
     try:
         if args.no_progress:
             seen = 0

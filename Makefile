@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench conformance clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,15 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# DuckDB's sqllogictest corpus (../shared/peer-sql, or $$SHARDFLOW_PEER_SQL) on a real
+# 3-worker cluster; fails if any answer is wrong. The full report goes to CONFORMANCE_JSON.
+CONFORMANCE_JSON ?= .conformance/report.json
+conformance: $(STAMP)
+	$(BIN)/python -m tests.conformance --json $(CONFORMANCE_JSON) $(ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python bench/tpch.py --sf 1 --workers 4
 
 clean:
-	rm -rf $(VENV) .shardflow .shardflow-demo .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .shardflow .shardflow-demo .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+		.conformance

@@ -10,6 +10,9 @@ Public API:
 * :func:`query_is_ordered` -- does the outermost query have an ORDER BY?
 * :func:`sort_key_indexes` -- best-effort mapping of the outer ORDER BY items to output
   column indexes, suitable for ``sort_keys``.
+* :func:`assert_same_values` -- sqllogictest's ``valuesort``: equal multisets of cells.
+* :func:`assert_limited_result` -- a LIMIT/OFFSET answer, where rows tying at the cut (or
+  every row, without ORDER BY) may be any rows of the answer without the LIMIT.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import sqlglot
 from sqlglot import exp
 
 __all__ = [
+    "assert_limited_result",
     "assert_same_result",
+    "assert_same_values",
     "cells_equal",
     "order_insensitive_within_ties",
     "query_is_ordered",
@@ -629,3 +634,158 @@ def sort_key_indexes(sql: str, column_names: Sequence[str]) -> list[int]:
             break
         keys.append(idx)
     return keys
+
+
+# --------------------------------------------------------------------------------------
+# answers that are not unique: sort-mode "valuesort", and LIMIT over ties or no ORDER BY
+
+
+def _bucket_key(row: Row, abs_tol: float) -> tuple[Any, ...]:
+    return tuple(_cell_key(v, abs_tol) for v in row)
+
+
+def _unmatched(
+    rows: Sequence[Row], pool: Sequence[Row], rel_tol: float, abs_tol: float
+) -> list[Row]:
+    """The rows of ``rows`` left over after pairing each with a distinct equal row of
+    ``pool`` (equal within tolerance): empty iff ``rows`` is a sub-multiset of ``pool``."""
+    buckets: dict[tuple[Any, ...], list[Row]] = {}
+    for row in pool:
+        buckets.setdefault(_bucket_key(row, abs_tol), []).append(row)
+    left: list[Row] = []
+    for row in rows:
+        bucket = buckets.get(_bucket_key(row, abs_tol), [])
+        for k, cand in enumerate(bucket):
+            if _rows_equal(row, cand, rel_tol, abs_tol):
+                bucket.pop(k)
+                break
+        else:
+            left.append(row)
+    if not left:
+        return []
+    rest = [r for bucket in buckets.values() for r in bucket]
+    if len(left) > _FALLBACK_MATCH_LIMIT:
+        return left
+    still: list[Row] = []
+    for row in left:  # the rounded key may separate values equal within tolerance
+        for k, cand in enumerate(rest):
+            if _rows_equal(row, cand, rel_tol, abs_tol):
+                rest[k] = rest[-1]
+                rest.pop()
+                break
+        else:
+            still.append(row)
+    return still
+
+
+def _rows_of(table: pa.Table) -> list[Row]:
+    cols = _columns(table)
+    return list(zip(*cols, strict=True)) if cols else [() for _ in range(table.num_rows)]
+
+
+def assert_same_values(
+    actual: pa.Table,
+    expected: pa.Table,
+    *,
+    rel_tol: float = 1e-9,
+    abs_tol: float = 1e-6,
+    context: str = "",
+) -> None:
+    """sqllogictest's ``valuesort``: the same shape, and the same multiset of cell values
+    (every value sorted independently of its row)."""
+    actual, expected = _as_table(actual), _as_table(expected)
+    common = {"context": context, "actual": actual, "expected": expected}
+    if actual.num_columns != expected.num_columns:
+        _fail(f"column count differs: {actual.num_columns} != {expected.num_columns}", **common)
+    if actual.num_rows != expected.num_rows:
+        _fail(f"row count differs: {actual.num_rows} != {expected.num_rows}", **common)
+    a_vals = [(v,) for row in _rows_of(actual) for v in row]
+    e_vals = [(v,) for row in _rows_of(expected) for v in row]
+    left = _unmatched(a_vals, e_vals, rel_tol, abs_tol)
+    if left:
+        _fail(
+            f"values differ (valuesort): {len(left)} actual values unmatched, first {left[0][0]!r}",
+            **common,
+        )
+
+
+def assert_limited_result(
+    actual: pa.Table,
+    expected: pa.Table,
+    full: pa.Table,
+    *,
+    sort_keys: Sequence[int],
+    ordered: bool,
+    rel_tol: float = 1e-9,
+    abs_tol: float = 1e-6,
+    context: str = "",
+) -> None:
+    """A LIMIT/OFFSET answer, which is not unique when rows tie on the ORDER BY keys at a
+    cut (or when there is no ORDER BY at all). ``expected`` is the oracle's limited
+    answer, ``full`` its answer without LIMIT and OFFSET, ``sort_keys`` the output columns
+    of the ORDER BY keys (a resolved prefix; ``[]`` without ORDER BY).
+
+    * the row counts must be equal;
+    * with ``ordered``, the key values must be equal row by row (they are unique);
+    * rows are grouped by their key values: a group that ``expected`` holds completely
+      (as many rows as ``full`` has with those keys) must be equal as a multiset; a group
+      cut by the LIMIT or OFFSET must be a sub-multiset of ``full``'s rows with those keys,
+      of the same size.
+
+    Without ORDER BY this is: as many rows as expected, all drawn from the full answer.
+    """
+    actual, expected, full = _as_table(actual), _as_table(expected), _as_table(full)
+    common = {"context": context, "actual": actual, "expected": expected}
+    if actual.num_columns != expected.num_columns:
+        _fail(f"column count differs: {actual.num_columns} != {expected.num_columns}", **common)
+    a_rows, e_rows, f_rows = _rows_of(actual), _rows_of(expected), _rows_of(full)
+    if len(a_rows) != len(e_rows):
+        _fail(
+            f"row count differs: {len(a_rows)} != {len(e_rows)} (LIMIT)",
+            **common,
+            actual_rows=a_rows,
+            expected_rows=e_rows,
+        )
+    keys = list(sort_keys)
+    if ordered:
+        for i, (ra, re_) in enumerate(zip(a_rows, e_rows, strict=True)):
+            if not all(cells_equal(ra[k], re_[k], rel_tol=rel_tol, abs_tol=abs_tol) for k in keys):
+                _fail(
+                    f"ORDER BY key values differ at row {i} (LIMIT)",
+                    **common,
+                    actual_rows=a_rows,
+                    expected_rows=e_rows,
+                    index=i,
+                )
+
+    def group(rows: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
+        out: dict[tuple[Any, ...], list[Row]] = {}
+        for row in rows:
+            out.setdefault(tuple(_cell_key(row[k], abs_tol) for k in keys), []).append(row)
+        return out
+
+    a_groups, e_groups, f_groups = group(a_rows), group(e_rows), group(f_rows)
+    if sorted(map(len, a_groups.values())) != sorted(map(len, e_groups.values())) or len(
+        a_groups
+    ) != len(e_groups):
+        _fail("rows per ORDER BY key value differ (LIMIT)", **common, actual_rows=a_rows)
+    for key, e_group in e_groups.items():
+        a_group = a_groups.get(key, [])
+        pool = e_group if len(e_group) == len(f_groups.get(key, [])) else f_groups.get(key, [])
+        left = (
+            _unmatched(a_group, pool, rel_tol, abs_tol) if len(a_group) == len(e_group) else a_group
+        )
+        if left or len(a_group) != len(e_group):
+            complete = pool is e_group
+            _fail(
+                "rows differ (LIMIT): "
+                + (
+                    "a group of rows tied on the ORDER BY keys differs"
+                    if complete
+                    else "rows are not drawn from the answer without LIMIT"
+                )
+                + (f"; first unmatched {_fmt_row(left[0])}" if left else ""),
+                **common,
+                actual_rows=a_rows,
+                expected_rows=e_rows,
+            )

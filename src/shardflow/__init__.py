@@ -9,6 +9,7 @@ with shardflow.connect(workers=4) as db:
 from shardflow.api import Cluster, Database, MigrationRecord, NodeInfo, connect
 from shardflow.config import Settings
 from shardflow.errors import (
+    ClosedError,
     ClusterError,
     ConfigError,
     DataDirInUseError,
@@ -32,6 +33,7 @@ from shardflow.telemetry.profile import QueryProfile
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClosedError",
     "Cluster",
     "ClusterError",
     "ConfigError",

@@ -3,17 +3,20 @@ what runs where."""
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow as pa
 
 from shardflow.catalog import DataDir
 from shardflow.config import Settings
-from shardflow.errors import ConfigError, DrainTimeoutError, Error, MigrationError
+from shardflow.errors import ClosedError, ConfigError, DrainTimeoutError, MigrationError
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.profiling import build_profile
@@ -22,6 +25,35 @@ from shardflow.runtime.session import Session
 from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
+CLOSED = "the database is closed; call shardflow.connect() again"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _while_open(
+    method: Callable[Concatenate[Any, P], R],
+) -> Callable[Concatenate[Any, P], R]:
+    """A public call of a :class:`Database` (or of its ``cluster``): refused with
+    :class:`ClosedError` once the database is closed, and whatever it fails with while
+    ``close()`` tears the cluster down under it also ends as a ``ClosedError`` (the cause
+    chained), not as the Ray or DuckDB error the teardown caused."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        db: Database = self if isinstance(self, Database) else self._db
+        if db._closing.is_set():
+            raise ClosedError(CLOSED)
+        try:
+            return method(self, *args, **kwargs)
+        except ClosedError:
+            raise
+        except BaseException as error:
+            if db._closing.is_set():
+                raise ClosedError(f"{CLOSED} (it was closed during this call)") from error
+            raise
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -164,27 +196,32 @@ class Cluster:
         self._db = database
 
     # -- live operations ------------------------------------------------------------------
+    @_while_open
     def migrate(self, shard: str | int, to: str) -> MigrationRecord:
         """Move a shard — with every shard co-located with it — to node ``to``, live.
         Raises :class:`MigrationError` if the move had to be rolled back."""
         session = self._db._session_or_raise()
         return _finished(session.migrate(session.unit_of(shard), to))
 
+    @_while_open
     def split(self, shard: str | int) -> MigrationRecord:
         """Halve a shard's bucket range (and its co-located shards'), live."""
         session = self._db._session_or_raise()
         return _finished(session.split(session.unit_of(shard)))
 
+    @_while_open
     def merge(self, first: str | int, second: str | int) -> MigrationRecord:
         """Join two adjacent shards (and their co-located shards) into one, live."""
         session = self._db._session_or_raise()
         return _finished(session.merge(session.unit_of(first), session.unit_of(second)))
 
+    @_while_open
     def migrations(self) -> list[MigrationRecord]:
         """Every move so far, oldest first, with the time spent in each phase."""
         session = self._db._session_or_raise()
         return [MigrationRecord.from_dict(r) for r in session.migrations()]
 
+    @_while_open
     def add_node(self, *, simulate_slowdown: float = 1.0) -> str:
         """Start a new worker; it joins the cluster and the balancer moves load to it.
         ``simulate_slowdown`` above 1 makes it a simulated slower device (tests, demos),
@@ -193,6 +230,7 @@ class Cluster:
             raise ConfigError("simulate_slowdown must be a number >= 1")
         return self._db._session_or_raise().add_node(simulate_slowdown)
 
+    @_while_open
     def drain(self, node: str, deadline: float = 300.0) -> list[MigrationRecord]:
         """Move every shard off ``node`` live, then stop it. If that cannot be done within
         ``deadline`` seconds, :class:`DrainTimeoutError` says so and the node keeps
@@ -203,26 +241,31 @@ class Cluster:
             raise DrainTimeoutError(result.reason, list(moved))
         return moved
 
+    @_while_open
     def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
         """What the balancer would do now (``dry_run``), or do it. The plan lists splits,
         merges and moves with their reasons, what was balanced (load, or bytes while the
         cluster is idle), the current spread of load/capacity and the projected one."""
         return dict(self._db._session_or_raise().rebalance(dry_run))
 
+    @_while_open
     def metrics_url(self) -> str:
         """Where the coordinator serves Prometheus metrics (always on 127.0.0.1)."""
         return self._db._session_or_raise().metrics_url()
 
+    @_while_open
     def failovers(self) -> list[dict[str, Any]]:
         """Workers declared dead, with how long until their shards were served again."""
         return list(self._db._session_or_raise().failovers())
 
+    @_while_open
     def nodes(self) -> list[NodeInfo]:
         session = self._db._session_or_raise()
         infos = session.worker_infos()
         loads = session.node_loads()
         return [_node_info(node_id, info, loads.get(node_id)) for node_id, info in infos.items()]
 
+    @_while_open
     def shards(self) -> pa.Table:
         """One row per shard (and per replica of a replicated table). ``load`` is the
         shard's execution seconds per second on its node over the balancer's last observed
@@ -285,26 +328,31 @@ class Database:
     def __init__(self, handle: ClusterHandle, session: Session) -> None:
         self._handle = handle
         self._session: Session | None = session
+        self._closing = threading.Event()
         self.cluster = Cluster(self)
         self.last_report: ExecutionReport | None = None
         """How the last ``sql()`` ran: planning time, per-stage fragments and merges."""
 
     def _session_or_raise(self) -> Session:
-        if self._session is None:
-            raise Error("the database is closed; call shardflow.connect() again")
-        return self._session
+        session = self._session
+        if session is None:
+            raise ClosedError(CLOSED)
+        return session
 
     # -- queries ------------------------------------------------------------------------
+    @_while_open
     def sql(self, query: str) -> pa.Table:
         """Run a SELECT over the cluster and return its answer."""
         result, report = self._session_or_raise().query(query)
         self.last_report = report
         return result
 
+    @_while_open
     def explain(self, query: str) -> str:
         """Where each part of ``query`` would run, and why."""
         return self._session_or_raise().explain(query)
 
+    @_while_open
     def profile(self, query: str) -> tuple[pa.Table, QueryProfile]:
         """Run ``query`` and say where its time went: planning, and per fragment the
         worker, device, engine, queue wait, execution, rows and bytes in and out, transfer;
@@ -320,6 +368,7 @@ class Database:
         return result, build_profile(query, report)
 
     # -- tables -------------------------------------------------------------------------
+    @_while_open
     def create_table(
         self,
         name: str,
@@ -356,13 +405,16 @@ class Database:
                 name, source, distributed_by, replicated, colocate_with, report
             )
 
+    @_while_open
     def insert(self, name: str, data: pa.Table | pa.RecordBatch) -> int:
         """Append rows; durable on every owner before it returns. Returns the row count."""
         return self._session_or_raise().insert(name, data)
 
+    @_while_open
     def drop_table(self, name: str) -> None:
         self._session_or_raise().drop_table(name)
 
+    @_while_open
     def tables(self) -> pa.Table:
         """One row per table: how it is distributed, its shards and its rows now."""
         session = self._session_or_raise()
@@ -395,8 +447,9 @@ class Database:
         """Stop what ``connect`` started. Safe to call twice."""
         if self._session is None:
             return
-        self._session.close()
-        self._session = None
+        self._closing.set()  # calls in flight end with ClosedError (see _while_open)
+        session, self._session = self._session, None
+        session.close()
         shutdown(self._handle)
 
     def __enter__(self) -> Database:

@@ -85,6 +85,11 @@ class ClusterError(Error):
     """The cluster could not serve the request (workers unreachable past the retry deadline)."""
 
 
+class ClosedError(Error):
+    """The database was closed: calls in flight when ``close()`` ran, and every call after,
+    end with this. Call ``shardflow.connect()`` again."""
+
+
 class DataDirInUseError(Error):
     """``connect`` found the data directory served by another live shardflow cluster (a
     data directory has one owner at a time); the message names it."""

@@ -8,6 +8,7 @@ import shardflow
 
 def test_exported_members() -> None:
     assert sorted(shardflow.__all__) == [
+        "ClosedError",
         "Cluster",
         "ClusterError",
         "ConfigError",
@@ -105,3 +106,19 @@ def test_settings_document_every_field() -> None:
     doc = shardflow.Settings.__doc__ or ""
     for field in dataclasses.fields(shardflow.Settings):
         assert f"{field.name}:" in doc, f"setting {field.name} is not documented"
+
+
+def test_the_readme_lists_every_error_class() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    errors = [
+        name
+        for name in shardflow.__all__
+        if isinstance(getattr(shardflow, name), type)
+        and issubclass(getattr(shardflow, name), shardflow.Error)
+        and name != "Error"
+    ]
+    assert len(errors) >= 15
+    missing = [name for name in errors if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not list {missing}"

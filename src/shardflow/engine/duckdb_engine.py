@@ -6,10 +6,14 @@ view with the table's name, so fragments run as written."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 
 import duckdb
 import pyarrow as pa
+
+CLOSE_ATTEMPTS = 50
+CLOSE_RETRY_S = 0.02
 
 
 def quote(name: str) -> str:
@@ -92,6 +96,16 @@ class DuckDBEngine:
             self.execute(f"DROP TABLE IF EXISTS {quote(physical)}")
 
     def close(self) -> None:
+        """Close the database; calls still running on other threads fail (DuckDB's
+        ``ConnectionException``). DuckDB refuses a close that meets another call on the
+        connection (``ResourceInUseException``) even though the connection then closes, so
+        the close is asked again until it goes through."""
+        for _ in range(CLOSE_ATTEMPTS - 1):
+            try:
+                self._database.close()
+                return
+            except duckdb.ResourceInUseException:
+                time.sleep(CLOSE_RETRY_S)
         self._database.close()
 
 

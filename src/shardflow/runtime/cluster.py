@@ -160,7 +160,20 @@ def _release_ray() -> None:
     _local_databases -= 1
     if _local_databases <= 0 and ray.is_initialized():
         _local_databases = 0
+        _no_auto_init()
         ray.shutdown()
+
+
+def _no_auto_init() -> None:
+    """Turn off Ray's auto-init in this process. Without it, a Ray call still in flight on
+    another thread when shardflow shuts its Ray down would start a fresh, empty local Ray
+    and wait on it for ever; with it off the call fails at once (and ends as a
+    ``ClosedError``). shardflow always starts Ray itself. Ray reads the switch
+    (``RAY_ENABLE_AUTO_CONNECT=0``) when it is imported, so the loaded flag is set too."""
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def _launch_actors(

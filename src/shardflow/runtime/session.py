@@ -28,6 +28,7 @@ from shardflow.catalog.buckets import key_family
 from shardflow.catalog.types import storage_schema
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import (
+    ClosedError,
     ClusterError,
     Error,
     QueryError,
@@ -91,18 +92,22 @@ def retrying(
     attempt: Callable[[], T],
     deadline_s: float,
     between: Callable[[], object] | None = None,
+    closed: threading.Event | None = None,
 ) -> T:
     """The one retry loop: call ``attempt`` until it returns. What a retry can cure — a
     ``Retryable`` error (a shard moved, a worker or the coordinator gone or slow) or work
     left undone — is tried again after a back-off (50 ms, doubling up to 1 s), with
     ``between`` run before each new attempt (the session refreshes its routing there),
-    until ``deadline_s`` (``retry_deadline_s``) has passed."""
+    until ``deadline_s`` (``retry_deadline_s``) has passed, or until ``closed`` is set (the
+    session was closed under the call: :class:`ClosedError`)."""
     deadline = time.monotonic() + deadline_s
     delay = FIRST_RETRY_DELAY_S
     while True:
         try:
             return attempt()
         except (Retryable, _Again) as error:
+            if closed is not None and closed.is_set():
+                raise ClosedError(f"{what}: the database was closed") from error
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"{what}: no success within {deadline_s:g}s (retry_deadline_s): {error};"
@@ -127,6 +132,8 @@ class Session:
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
         self._validator: tuple[int, dict[str, pa.Table]] | None = None
+        self.closed = threading.Event()
+        """Set by :meth:`close`: retries stop, and calls in flight end."""
         self.profiling = self.settings.profile_queries
         """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
         self.catalog = Catalog()
@@ -143,7 +150,7 @@ class Session:
 
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Work on the workers, retried with fresh routing (see :func:`retrying`)."""
-        return retrying(what, attempt, self.settings.retry_deadline_s, self.refresh)
+        return retrying(what, attempt, self.settings.retry_deadline_s, self.refresh, self.closed)
 
     def table_spec(self, name: str) -> TableSpec:
         if not isinstance(name, str):
@@ -164,7 +171,9 @@ class Session:
         def attempt() -> T:
             return RayReply(call(self.handle.coordinator), "the coordinator").get()
 
-        return retrying(f"reading {what}", attempt, self.settings.retry_deadline_s)
+        return retrying(
+            f"reading {what}", attempt, self.settings.retry_deadline_s, closed=self.closed
+        )
 
     def _change(
         self,
@@ -568,6 +577,7 @@ class Session:
         return self.workers.get(node).info()
 
     def close(self) -> None:
+        self.closed.set()
         self.engine.close()
 
 

@@ -1,0 +1,69 @@
+"""close() while calls are in flight: each of them, and every call after, ends with a
+``ClosedError`` within a second or two — never a Ray exception, never a hang, and Ray is
+not started again behind the user's back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import shardflow
+
+pytestmark = pytest.mark.cluster
+
+BUSY_THREADS = 4
+SETTLE_S = 3.0  # every in-flight call has ended this long after close() returned
+
+
+def test_calls_in_flight_at_close_and_after_raise_closed_error(tmp_path: Path) -> None:
+    import ray
+
+    db = shardflow.connect(workers=2, data_dir=tmp_path / "data")
+    rows = pa.table({"k": pa.array(range(1_000), pa.int64()), "v": [1.0] * 1_000})
+    db.create_table("t", rows, distributed_by="k")
+    outcomes: list[BaseException | None] = [None] * BUSY_THREADS
+    started = threading.Barrier(BUSY_THREADS + 1)
+
+    def busy(i: int) -> None:
+        started.wait()
+        try:
+            while True:  # inserts and queries until close() stops them
+                if i % 2:
+                    db.insert("t", rows.slice(0, 10))
+                else:
+                    db.sql("SELECT k % 7 AS g, sum(v) FROM t GROUP BY g")
+        except BaseException as error:
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    time.sleep(1.0)
+    session = db._session  # a call that passed the open check just before close() ran
+    db.close()
+    closed_at = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=max(0.1, closed_at + SETTLE_S - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a call in flight at close() still hangs"
+    for error in outcomes:
+        assert isinstance(error, shardflow.ClosedError), repr(error)
+        assert "closed" in str(error)
+    for call in (
+        lambda: db.sql("SELECT 1"),
+        lambda: db.insert("t", rows),
+        lambda: db.tables(),
+        lambda: db.cluster.nodes(),
+    ):
+        with pytest.raises(shardflow.ClosedError, match="connect"):
+            call()
+    assert not ray.is_initialized(), "a call after close() started Ray again"
+    assert session is not None
+    with pytest.raises(Exception):  # noqa: B017 -- any error, but no hang and no new Ray
+        session.insert("t", rows)
+    assert not ray.is_initialized(), "a call in flight at close() started Ray again"
+    db.close()  # a second close is harmless

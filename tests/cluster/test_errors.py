@@ -17,8 +17,13 @@ pytestmark = pytest.mark.cluster
 @pytest.mark.parametrize(
     ("sql", "error", "message"),
     [
-        ("SELEC * FROM orders", shardflow.SqlSyntaxError, "parse"),
-        ("SELECT FROM WHERE", shardflow.SqlSyntaxError, "parse"),
+        ("SELEC * FROM orders", shardflow.SqlSyntaxError, r'near "SELEC"\n\nLINE 1: SELEC'),
+        ("SELECT FROM WHERE", shardflow.SqlSyntaxError, 'near "WHERE"'),
+        (
+            "SELECT o_orderkey,, o_custkey FROM orders",
+            shardflow.SqlSyntaxError,
+            r'near ","\n\nLINE 1',
+        ),
         ("", shardflow.SqlSyntaxError, "empty"),
         ("SELECT * FROM no_such_table", shardflow.UnknownTableError, "no_such_table"),
         ("SELECT no_such_column FROM orders", shardflow.UnknownColumnError, "no_such_column"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 import pyarrow as pa
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
@@ -22,6 +23,7 @@ from shardflow.sql import outputs
 
 DIALECT = "duckdb"
 QUERY_TYPES = (exp.Select, exp.SetOperation)
+CHANGES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Merge)
 
 
 def sql_type(arrow_type: pa.DataType) -> str:
@@ -88,7 +90,7 @@ def parse(sql: str) -> exp.Expr:
             )
         statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
     except (ParseError, TokenError) as error:
-        raise SqlSyntaxError(f"cannot parse the query: {_first_line(error)}") from None
+        raise syntax_error(sql, error) from None
     if not statements:
         raise SqlSyntaxError("the query is empty")
     if len(statements) > 1:
@@ -98,9 +100,13 @@ def parse(sql: str) -> exp.Expr:
         tree = tree.this
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
-        raise UnsupportedError(
-            f"db.sql() runs queries (SELECT); {kind} statements are not supported: "
+        hint = (
             "use db.create_table(), db.insert() and db.drop_table() to change data"
+            if isinstance(tree, CHANGES)
+            else "write it as a SELECT"
+        )
+        raise UnsupportedError(
+            f"db.sql() runs queries (SELECT); {kind} statements are not supported: {hint}"
         )
     a.balance_connectors(tree)
     return tree
@@ -267,6 +273,32 @@ def _spell_as_catalog(tree: exp.Expr, catalog: Catalog, ctes: set[str]) -> None:
             if any(ref.alias == column.table for ref in a.sources(scope)):
                 break  # a source of another kind: its names are its own
             scope = scope.parent_select
+
+
+def syntax_error(sql: str, error: ParseError | TokenError) -> QueryError:
+    """The error for text SQLGlot cannot parse. DuckDB's parser is the judge of DuckDB's
+    syntax and points at the mistake itself (``LINE n:`` and a caret under the token), so a
+    :class:`SqlSyntaxError` carries its message; text DuckDB reads but SQLGlot does not is an
+    :class:`UnsupportedError` that shows where SQLGlot stopped."""
+    try:
+        duckdb.extract_statements(sql)
+    except duckdb.Error as refused:
+        return SqlSyntaxError(str(refused).strip())
+    return UnsupportedError(
+        f"shardflow's SQL parser cannot read this query, though DuckDB can: {_where(sql, error)}"
+    )
+
+
+def _where(sql: str, error: ParseError | TokenError) -> str:
+    """SQLGlot's complaint, with the line it stopped on and a caret under the column."""
+    found = error.errors[0] if isinstance(error, ParseError) and error.errors else None
+    if not found or not found.get("line"):
+        return _first_line(error)
+    line, col = int(found["line"]), int(found["col"])
+    text = sql.splitlines()[line - 1] if line <= len(sql.splitlines()) else ""
+    highlight = max(1, len(str(found.get("highlight") or "")))
+    caret = " " * max(0, col - highlight) + "^" * highlight
+    return f"{found['description']} (line {line}, column {col})\n  {text}\n  {caret}"
 
 
 def _first_line(error: Exception) -> str:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlglot
 
+from shardflow.catalog import name_key
 from shardflow.engine.duckdb_engine import DuckDBEngine
 from shardflow.engine.polars_dialect import inputs, polars_sql, schema_key
 
@@ -67,6 +68,10 @@ class PolarsEngine:
             frames[name] = self.storage.run(select)
         try:
             read, columns = inputs(sql)
+            spelled = {name_key(name): name for name in frames}
+            for name in read - frames.keys():  # the query may spell a name otherwise
+                if name_key(name) in spelled:
+                    frames[name] = frames[spelled[name_key(name)]]
             for name in read - frames.keys():  # replicated tables: the node's standing views
                 frames[name] = self.storage.run(f'SELECT * FROM "{name}"')
             used = {}

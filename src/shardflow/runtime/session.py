@@ -4,6 +4,7 @@ and refreshes it when a worker answers ``Moved`` or dies, then retries what fail
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -38,6 +39,7 @@ from shardflow.errors import (
     UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
+    UnsupportedError,
 )
 from shardflow.runtime.cluster import ClusterHandle, start_worker
 from shardflow.runtime.executor import (
@@ -58,7 +60,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA
-from shardflow.sql import DistributedPlan, Stage, explain, plan
+from shardflow.sql import DistributedPlan, Stage, explain, gather_plan, plan
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route, split_by_unit
 
@@ -81,6 +83,11 @@ class PlannedQuery:
     schema: pa.Schema
     """The result schema DuckDB gives the query: the answer is returned with these names."""
     plan_seconds: float
+
+
+def _gathers_whole(plan: DistributedPlan) -> bool:
+    """Whether ``plan`` is :func:`gather_plan`'s: the last stage runs the query as written."""
+    return plan.result.sql == plan.sql and plan.result.placement == "client"
 
 
 class _Again(Exception):
@@ -203,14 +210,26 @@ class Session:
                 self._plans.move_to_end(key)
                 return cached
         started = time.perf_counter()
-        distributed = plan(sql, catalog)
+        try:
+            distributed = plan(sql, catalog)
+        except (UnknownTableError, UnsupportedError):
+            raise
+        except QueryError as error:
+            # the planner could not read the query; if DuckDB binds it, it runs as written
+            # over gathered tables (else DuckDB's verdict stands: _validate raises it)
+            self._validate(sql, catalog)
+            log.info("query gathered whole: the planner could not distribute it: %s", error)
+            distributed = gather_plan(sql, catalog, f"the planner could not read it ({error})")
         schema = self._validate(sql, catalog)
         planned = PlannedQuery(distributed, schema, time.perf_counter() - started)
+        self._remember(key, planned)
+        return planned
+
+    def _remember(self, key: tuple[str, int], planned: PlannedQuery) -> None:
         with self._lock:
             self._plans[key] = planned
             while len(self._plans) > self.settings.plan_cache_size:
                 self._plans.popitem(last=False)
-        return planned
 
     def _validate(self, sql: str, catalog: Catalog) -> pa.Schema:
         """Bind the query in DuckDB over empty tables: type errors, unknown functions and
@@ -244,13 +263,26 @@ class Session:
         planning_started = time.perf_counter()
         planned = self.plan(sql)
         planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
-        for attempt in range(QUERY_ATTEMPTS):
+        lost = 0
+        while True:
             try:
                 result, report = execute(planned.plan, _RayRunner(self), self.engine)
                 break
+            except QueryError as error:
+                if isinstance(error, UnsupportedError) or _gathers_whole(planned.plan):
+                    raise
+                # DuckDB bound the query, so a stage DuckDB refused is the planner's fault:
+                # run the query as written over gathered tables instead, from now on
+                log.warning("query gathered whole: a distributed stage failed: %s", error)
+                planned = dataclasses.replace(
+                    planned,
+                    plan=gather_plan(sql, self.catalog, f"a distributed stage failed ({error})"),
+                )
+                self._remember((sql, self.catalog.version), planned)
             except ResultLost:
                 # an intermediate result died with its node: run the whole plan again
-                if attempt == QUERY_ATTEMPTS - 1:
+                lost += 1
+                if lost == QUERY_ATTEMPTS:
                     raise ClusterError("intermediate results were lost repeatedly") from None
                 self.refresh()
         report.plan_seconds = planning

@@ -2,6 +2,6 @@
 
 from shardflow.sql.explain import explain
 from shardflow.sql.plan import PARTIALS, DistributedPlan, Stage
-from shardflow.sql.planner import plan
+from shardflow.sql.planner import gather_plan, plan
 
-__all__ = ["PARTIALS", "DistributedPlan", "Stage", "explain", "plan"]
+__all__ = ["PARTIALS", "DistributedPlan", "Stage", "explain", "gather_plan", "plan"]

@@ -134,17 +134,8 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
     Names match as DuckDB matches them (:func:`shardflow.catalog.name_key`, which SQLGlot's
     DuckDB dialect follows too); catalog tables and columns are then written as the
     catalog spells them, other names (aliases, CTEs) in their normalised form."""
-    ctes = {name_key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
-    for table in tree.find_all(exp.Table):
-        if not isinstance(table.this, exp.Identifier):
-            continue  # a table function such as read_parquet(...) or range(...)
-        if table.args.get("db") or table.args.get("catalog"):
-            raise UnknownTableError(
-                f"unknown table {table.sql(DIALECT)}: shardflow tables have no schema prefix"
-            )
-        if catalog.find_table(table.name) is None and name_key(table.name) not in ctes:
-            known = ", ".join(sorted(catalog.tables)) or "none yet"
-            raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
+    ctes = tables_read(tree, catalog)[1]
+    refuse_row_ids(tree, catalog)
     schema = catalog_schema(catalog)
     # DuckDB names a derived table's repeated outputs x, x_1: the query may say x_1
     outputs.unique_output_names(tree, root=False)
@@ -161,6 +152,40 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
     outputs.resolve_positions(qualified)
     _spell_as_catalog(qualified, catalog, ctes)
     return qualified
+
+
+def tables_read(tree: exp.Expr, catalog: Catalog) -> tuple[list[TableSpec], set[str]]:
+    """The catalog tables ``tree`` reads, and the keys of the CTE names it defines. Raises
+    :class:`UnknownTableError` for a table that is neither."""
+    ctes = {name_key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
+    read: dict[str, TableSpec] = {}
+    for table in tree.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier):
+            continue  # a table function such as read_parquet(...) or range(...)
+        if table.args.get("db") or table.args.get("catalog"):
+            raise UnknownTableError(
+                f"unknown table {table.sql(DIALECT)}: shardflow tables have no schema prefix"
+            )
+        spec = catalog.find_table(table.name)
+        if spec is None and name_key(table.name) not in ctes:
+            known = ", ".join(sorted(catalog.tables)) or "none yet"
+            raise UnknownTableError(f"unknown table {table.name!r} (tables: {known})")
+        if spec is not None and name_key(table.name) not in ctes:
+            read.setdefault(spec.name, spec)
+    return sorted(read.values(), key=lambda spec: spec.name), ctes
+
+
+def refuse_row_ids(tree: exp.Expr, catalog: Catalog) -> None:
+    """DuckDB's ``rowid`` pseudo-column numbers a table's rows as stored in one file; a
+    table cut into shards has no such numbering, so no answer could match DuckDB's."""
+    if not any(name_key(column.name) == "rowid" for column in tree.find_all(exp.Column)):
+        return
+    columns = {name_key(n) for spec in catalog.tables.values() for n in spec.schema.names}
+    if "rowid" not in columns:
+        raise UnsupportedError(
+            "rowid: shardflow tables are cut into shards and have no DuckDB row ids; "
+            "add an id column to the table instead"
+        )
 
 
 def _qualify(tree: exp.Expr, schema: dict[str, object]) -> exp.Expr:

@@ -20,19 +20,32 @@ hard to distribute: it is answered more slowly.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokenizer_core import TokenType
 
-from shardflow.catalog import Catalog
-from shardflow.errors import UnsupportedError
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.errors import QueryError, UnsupportedError
 from shardflow.sql import analysis as a
 from shardflow.sql.decorrelate import decorrelate, mark, semijoin_reduction
-from shardflow.sql.parse import DIALECT, MAX_NESTING, parse, resolve
+from shardflow.sql.parse import (
+    DIALECT,
+    MAX_NESTING,
+    parse,
+    refuse_row_ids,
+    resolve,
+    tables_read,
+)
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.rules import FINISHING_RULES, Finish
+from shardflow.sql.verbatim import whole_query_reason
+
+log = logging.getLogger(__name__)
 
 DistKind = Literal["replicated", "partitioned", "nonlocal"]
 MAX_SETTLE_ROUNDS = 32
@@ -76,7 +89,17 @@ class _Source:
 def plan(sql: str, catalog: Catalog) -> DistributedPlan:
     """Plan ``sql`` against ``catalog``. Raises :class:`shardflow.QueryError` subclasses."""
     try:
-        resolved = resolve(parse(sql), catalog)
+        tree = parse(sql)
+        read, _ = tables_read(tree, catalog)
+        refuse_row_ids(tree, catalog)
+        if not any(spec.distributed for spec in read):
+            if read:
+                _check_names(tree, catalog)
+            return _as_written(sql, read)
+        whole = whole_query_reason(tree)
+        if whole is not None:
+            return gather_plan(sql, catalog, whole)
+        resolved = resolve(tree, catalog)
         planner = Planner(catalog)
         planner.plan_query(resolved, Env(), output="")
     except RecursionError:  # a nesting the token count does not see (NOT NOT NOT ...)
@@ -85,6 +108,68 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
             f"{MAX_NESTING} levels of brackets or CASE expressions are supported)"
         ) from None
     return DistributedPlan(sql, tuple(planner.stages))
+
+
+def _check_names(tree: exp.Expr, catalog: Catalog) -> None:
+    """The planner's name errors for a query it will not take apart (an unknown column says
+    which); what else its resolution stumbles on is left to DuckDB, which runs it as written."""
+    try:
+        resolve(tree.copy(), catalog)
+    except QueryError:
+        raise
+    except Exception as error:
+        log.debug("name check of a query run as written stopped: %r", error)
+
+
+def _as_written(sql: str, read: list[TableSpec]) -> DistributedPlan:
+    """A query that reads no distributed table runs as written in one place: on a worker
+    (which holds every replicated table) or, reading no table at all, on the client."""
+    placement: Placement = "worker" if read else "client"
+    reason = "reads only replicated tables" if read else "reads no table"
+    return DistributedPlan(sql, (Stage("", sql, placement, "replicated", reason=reason),))
+
+
+def gather_plan(sql: str, catalog: Catalog, reason: str) -> DistributedPlan:
+    """The plan that is right for any query DuckDB answers: every table the text names is
+    gathered whole (a distributed one from its shards, a replicated one from a worker) and
+    ``sql`` runs unchanged on the client, over tables of the same names. The fallback for a
+    query the planner cannot distribute as written; slow for big tables, never wrong."""
+    tables = _named_tables(sql, catalog)
+    stages = [
+        Stage(
+            spec.name,
+            f"SELECT * FROM {exp.to_identifier(spec.name, quoted=True).sql(DIALECT)}",
+            "shards" if spec.distributed else "worker",
+            "gather" if spec.distributed else "replicated",
+            reason=f"{spec.name} gathered whole",
+            group=spec.group,
+            tables=(spec.name,) if spec.distributed else (),
+        )
+        for spec in tables
+    ]
+    stages.append(
+        Stage(
+            "",
+            sql,
+            "client",
+            "gather",
+            reason=f"runs as written over the gathered tables: {reason}",
+            inputs=tuple(spec.name for spec in tables),
+        )
+    )
+    return DistributedPlan(sql, tuple(stages))
+
+
+def _named_tables(sql: str, catalog: Catalog) -> list[TableSpec]:
+    """The catalog tables whose names appear in ``sql`` as identifiers (a superset of those
+    it reads: a column or CTE named like a table adds that table; nothing is missed)."""
+    found: dict[str, TableSpec] = {}
+    for token in Dialect.get_or_raise(DIALECT).tokenize(sql):
+        if token.token_type in (TokenType.VAR, TokenType.IDENTIFIER) or token.text.isidentifier():
+            spec = catalog.find_table(token.text)
+            if spec is not None:
+                found.setdefault(spec.name, spec)
+    return sorted(found.values(), key=lambda spec: spec.name)
 
 
 class Planner:

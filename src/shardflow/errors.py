@@ -38,6 +38,11 @@ class UnsupportedError(QueryError):
     """A valid construct shardflow does not run (yet); the message names it."""
 
 
+class StageRefused(QueryError):
+    """Internal: DuckDB refused the SQL of a stage the planner wrote (a parser, binder or
+    catalog error, not an error in the data); the session runs the query as written."""
+
+
 class TableError(Error):
     """A table definition is invalid (bad source, bad distribution column, ...)."""
 

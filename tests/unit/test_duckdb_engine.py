@@ -36,3 +36,21 @@ def test_close_while_queries_run_goes_through() -> None:
         thread.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert len(errors) == 2 and all("closed" in str(e) for e in errors), errors
+
+
+def test_duckdbs_refusal_of_a_stage_is_told_from_an_error_in_the_data() -> None:
+    from shardflow.errors import QueryError, StageRefused
+    from shardflow.runtime.executor import query_error
+
+    con = duckdb.connect()
+    refusals = ["SELECT nosuch FROM range(3)", "SELEC 1", "SELECT * FROM nosuch"]
+    for sql in refusals:
+        try:
+            con.sql(sql)
+        except duckdb.Error as error:
+            assert isinstance(query_error(error), StageRefused), sql
+    try:
+        con.sql("SELECT 'abc'::INTEGER").fetchall()
+    except duckdb.Error as error:
+        mapped = query_error(error)
+        assert type(mapped) is QueryError and "abc" in str(mapped)

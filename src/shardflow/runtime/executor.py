@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import duckdb
 import pyarrow as pa
 
 from shardflow.engine import DuckDBEngine
+from shardflow.errors import QueryError, StageRefused
 from shardflow.sql import PARTIALS, DistributedPlan, Stage
 
 
@@ -155,7 +157,7 @@ def execute(
                 if stage.merge_on == "client":
                     tables = {PARTIALS: output.table()}
                     tables.update({name: value.table() for name, value in inputs.items()})
-                    output = Materialized(engine.run(stage.merge_sql, tables))
+                    output = Materialized(_run(engine, stage.merge_sql, tables))
                 else:
                     merged = runner.run_on_worker(stage.merge_sql, {PARTIALS: output, **inputs})
                     output = merged.output
@@ -169,7 +171,7 @@ def execute(
             stage_report.merge_started_at = time.time()
             stage_report.merge_on = "client"
             tables = {name: value.table() for name, value in inputs.items()}
-            output = Materialized(engine.run(stage.sql, tables))
+            output = Materialized(_run(engine, stage.sql, tables))
             stage_report.merge_seconds = time.perf_counter() - merge_started
         stage_report.wall_seconds = time.perf_counter() - stage_started
         if isinstance(output, Materialized):
@@ -184,3 +186,19 @@ def execute(
     report.wall_seconds = time.perf_counter() - started
     report.rows = answer.num_rows
     return answer, report
+
+
+def query_error(error: duckdb.Error) -> QueryError:
+    """DuckDB's error as shardflow's: a refusal of the SQL itself (parser, binder, catalog)
+    is a :class:`StageRefused`, any other (a value that does not convert, an overflow) a
+    :class:`QueryError`; DuckDB's message is kept."""
+    refused = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+    kind = StageRefused if isinstance(error, refused) else QueryError
+    return kind(str(error).strip())
+
+
+def _run(engine: DuckDBEngine, sql: str, tables: dict[str, pa.Table]) -> pa.Table:
+    try:
+        return engine.run(sql, tables)
+    except duckdb.Error as error:
+        raise query_error(error) from None

@@ -35,6 +35,7 @@ from shardflow.errors import (
     QueryError,
     Retryable,
     SqlSyntaxError,
+    StageRefused,
     TableError,
     UnknownColumnError,
     UnknownShardError,
@@ -212,12 +213,15 @@ class Session:
         started = time.perf_counter()
         try:
             distributed = plan(sql, catalog)
-        except (UnknownTableError, UnsupportedError):
+        except (SqlSyntaxError, UnknownTableError, UnsupportedError):
             raise
         except QueryError as error:
             # the planner could not read the query; if DuckDB binds it, it runs as written
-            # over gathered tables (else DuckDB's verdict stands: _validate raises it)
-            self._validate(sql, catalog)
+            # over gathered tables (else the planner's error stands)
+            try:
+                self._validate(sql, catalog)
+            except QueryError:
+                raise error from None
             log.info("query gathered whole: the planner could not distribute it: %s", error)
             distributed = gather_plan(sql, catalog, f"the planner could not read it ({error})")
         schema = self._validate(sql, catalog)
@@ -268,9 +272,9 @@ class Session:
             try:
                 result, report = execute(planned.plan, _RayRunner(self), self.engine)
                 break
-            except QueryError as error:
-                if isinstance(error, UnsupportedError) or _gathers_whole(planned.plan):
-                    raise
+            except StageRefused as error:
+                if _gathers_whole(planned.plan):
+                    raise QueryError(str(error)) from None
                 # DuckDB bound the query, so a stage DuckDB refused is the planner's fault:
                 # run the query as written over gathered tables instead, from now on
                 log.warning("query gathered whole: a distributed stage failed: %s", error)

@@ -28,8 +28,8 @@ from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
-from shardflow.errors import Moved, QueryError
-from shardflow.runtime.executor import FragmentStats
+from shardflow.errors import Moved
+from shardflow.runtime.executor import FragmentStats, query_error
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
@@ -345,7 +345,7 @@ class WorkerNode:
         try:
             result = _distinct_names(self.executor.run(sql, inputs, views))
         except duckdb.Error as error:
-            raise QueryError(str(error).strip()) from None
+            raise query_error(error) from None
         finally:
             elapsed = time.perf_counter() - started
             with self.lock:

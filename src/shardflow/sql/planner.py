@@ -92,6 +92,7 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
         tree = parse(sql)
         read, _ = tables_read(tree, catalog)
         refuse_row_ids(tree, catalog)
+        _refuse_tables_by_name(tree, catalog)
         if not any(spec.distributed for spec in read):
             if read:
                 _check_names(tree, catalog)
@@ -108,6 +109,21 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
             f"{MAX_NESTING} levels of brackets or CASE expressions are supported)"
         ) from None
     return DistributedPlan(sql, tuple(planner.stages))
+
+
+def _refuse_tables_by_name(tree: exp.Expr, catalog: Catalog) -> None:
+    """A table function that reads a table named in its arguments (``histogram(t, x)``)
+    would look for it in DuckDB's catalog, where shardflow tables are not."""
+    for table in tree.find_all(exp.Table):
+        if isinstance(table.this, exp.Identifier):
+            continue
+        for name in table.this.find_all(exp.Column, exp.Identifier):
+            spec = catalog.find_table(name.name)
+            if spec is not None:
+                raise UnsupportedError(
+                    f"a table function reads table {spec.name!r} by name; shardflow tables "
+                    "are read only in FROM and JOIN"
+                )
 
 
 def _check_names(tree: exp.Expr, catalog: Catalog) -> None:

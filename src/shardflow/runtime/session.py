@@ -213,18 +213,18 @@ class Session:
         started = time.perf_counter()
         try:
             distributed = plan(sql, catalog)
+            schema = self._validate(sql, catalog)
         except (SqlSyntaxError, UnknownTableError, UnsupportedError):
             raise
         except QueryError as error:
             # the planner could not read the query; if DuckDB binds it, it runs as written
             # over gathered tables (else the planner's error stands)
             try:
-                self._validate(sql, catalog)
+                schema = self._validate(sql, catalog)
             except QueryError:
                 raise error from None
             log.info("query gathered whole: the planner could not distribute it: %s", error)
             distributed = gather_plan(sql, catalog, f"the planner could not read it ({error})")
-        schema = self._validate(sql, catalog)
         planned = PlannedQuery(distributed, schema, time.perf_counter() - started)
         self._remember(key, planned)
         return planned

@@ -58,6 +58,11 @@ def schema_key(tables: Mapping[str, pa.Schema]) -> SchemaKey:
 def polars_sql(sql: str, schema: SchemaKey = ()) -> str:
     """``sql`` (DuckDB) as Polars SQL with DuckDB's decimal and division semantics."""
     tree = sqlglot.parse_one(sql, read="duckdb")
+    for aggregate in tree.find_all(exp.AggFunc):
+        counts_rows = isinstance(aggregate, exp.Count) and isinstance(aggregate.this, exp.Star)
+        if not counts_rows and aggregate.find(exp.Column) is None:
+            # Polars folds min(-2) to -2 even over no rows, where DuckDB gives NULL
+            raise sqlglot.errors.UnsupportedError(f"{aggregate.sql('duckdb')} of a constant")
     mapping = MappingSchema({table: dict(columns) for table, columns in schema}, dialect="duckdb")
     try:  # columns need their tables for their types (the planner's fragments have them)
         tree = qualify_columns(tree, mapping, expand_stars=False, allow_partial_qualification=True)

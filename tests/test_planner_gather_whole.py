@@ -4,12 +4,24 @@ when the planner cannot read a query, or DuckDB refuses a stage the planner made
 
 from __future__ import annotations
 
+import dataclasses
+
 import duckdb
 import pyarrow as pa
 import pytest
 
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import (
+    QueryError,
+    StageRefused,
+    UnknownTableError,
+    UnreadableSql,
+    UnsupportedError,
+)
 from shardflow.runtime.executor import execute
-from shardflow.sql import gather_plan
+from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
+from shardflow.sql import explain, gather_plan
+from shardflow.sql.parse import parse
 from tests.support.inmemory import InMemoryCluster
 
 
@@ -64,3 +76,73 @@ def test_only_the_tables_the_text_names_are_gathered(
     ]
     assert planned.result.sql == "SELECT * FROM QUOTES q, Syms"
     assert planned.result.inputs == ("Quotes", "syms")
+
+
+def _bound(memory: InMemoryCluster, sql: str) -> PlannedQuery:
+    return plan_query(sql, memory.catalog, Binder(DuckDBEngine(threads=1)))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # text DuckDB parses and SQLGlot does not: it runs as written, not refused
+        "SELECT sym, finalize(sum(px) EXPORT_STATE) AS s FROM trades GROUP BY sym ORDER BY sym",
+        "SELECT finalize(count(*) EXPORT_STATE) AS n FROM trades JOIN quotes USING (sym)",
+    ],
+)
+def test_text_only_duckdb_reads_runs_as_written(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection], sql: str
+) -> None:
+    memory, oracle = cluster
+    with pytest.raises(UnreadableSql):
+        parse(sql)
+    planned = _bound(memory, sql)
+    assert planned.plan.result.sql == sql, explain(planned.plan)
+    assert memory.sql(sql).to_pylist() == oracle.sql(sql).to_arrow_table().to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("sql", "error", "match"),
+    [
+        # a command DuckDB reads is no query, whatever the parser makes of it
+        (
+            "COPY (SELECT finalize(sum(t) EXPORT_STATE) FROM trades) TO 'x.csv'",
+            UnsupportedError,
+            "cannot read",
+        ),
+        ("SELECT finalize(sum(t) EXPORT_STATE) FROM nosuch", UnknownTableError, "nosuch"),
+        ("SELECT finalize(sum(rowid) EXPORT_STATE) FROM trades", UnsupportedError, "rowid"),
+    ],
+)
+def test_text_only_duckdb_reads_is_still_checked(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+    sql: str,
+    error: type[Exception],
+    match: str,
+) -> None:
+    memory, _ = cluster
+    with pytest.raises(error, match=match):
+        _bound(memory, sql)
+
+
+def test_a_stage_duckdb_refuses_falls_back_to_running_the_query_as_written(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+) -> None:
+    memory, oracle = cluster
+    sql = "SELECT sym, count(*) AS n FROM trades GROUP BY sym ORDER BY sym"
+    planned = _bound(memory, sql)
+    assert planned.plan.result.sql != sql  # distributed
+    # fault: the planner wrote a stage DuckDB cannot bind
+    broken = [dataclasses.replace(s, sql="SELECT nosuch FROM trades") for s in planned.plan.stages]
+    faulty = dataclasses.replace(
+        planned, plan=dataclasses.replace(planned.plan, stages=tuple(broken))
+    )
+    result, _, answered = answer(sql, faulty, memory.catalog, memory, memory.engine)
+    assert answered.plan.result.sql == sql  # gathered whole, for the caller to keep
+    assert result.to_pylist() == oracle.sql(sql).to_arrow_table().to_pylist()
+    # a query run as written that DuckDB refuses is the query's error, not another fallback
+    bad = "SELECT nosuch FROM trades"
+    whole = dataclasses.replace(planned, plan=gather_plan(bad, memory.catalog, "test"))
+    with pytest.raises(QueryError, match="nosuch") as refused:
+        answer(bad, whole, memory.catalog, memory, memory.engine)
+    assert not isinstance(refused.value, StageRefused)

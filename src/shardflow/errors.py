@@ -38,6 +38,16 @@ class UnsupportedError(QueryError):
     """A valid construct shardflow does not run (yet); the message names it."""
 
 
+class UnreadableSql(UnsupportedError):
+    """Internal: text DuckDB parses but shardflow's SQL parser cannot read. A SELECT that
+    DuckDB binds runs as written over gathered tables; anything else stays unsupported."""
+
+
+class NotDistributable(UnsupportedError):
+    """Internal: the planner cannot take the query apart over shards (the message names
+    the construct); a query DuckDB binds runs as written over gathered tables instead."""
+
+
 class StageRefused(QueryError):
     """Internal: DuckDB refused the SQL of a stage the planner wrote (a parser, binder or
     catalog error, not an error in the data); the session runs the query as written."""

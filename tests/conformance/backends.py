@@ -163,11 +163,7 @@ class InMemoryBackend:
             del self.cluster.shards[key]
 
     def sql(self, query: str) -> pa.Table:
-        from shardflow.runtime.executor import execute
-        from shardflow.sql import plan
-
-        result, _ = execute(plan(query, self.cluster.catalog), self.cluster, self.engine)
-        return result if isinstance(result, pa.Table) else pa.table(result)
+        return self.cluster.sql(query, self.engine)
 
     def close(self) -> None:
         pass

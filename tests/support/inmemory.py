@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec
@@ -25,15 +26,17 @@ from shardflow.runtime.executor import (
     Materialized,
     Output,
     concat,
-    execute,
+    distinct_names,
+    query_error,
 )
-from shardflow.sql import Stage, plan
+from shardflow.runtime.queries import Binder, answer, plan_query
+from shardflow.sql import Stage
 from shardflow.storage.partition import split_by_unit
 
 
 @functools.cache
-def _binder() -> DuckDBEngine:
-    return DuckDBEngine(threads=1)
+def _binder() -> Binder:
+    return Binder(DuckDBEngine(threads=1))
 
 
 class InMemoryCluster:
@@ -79,18 +82,11 @@ class InMemoryCluster:
             self.shards[(name, unit_id)] = part
 
     def sql(self, query: str, client: Any = None) -> pa.Table:
-        """The answer as ``Database.sql`` gives it: planned, run over the shards, and named
-        and typed by position as DuckDB binds the query over empty tables of the catalog."""
-        client = client or self.engine
-        result, _ = execute(plan(query, self.catalog), self, client)
-        empties = {name: spec.schema.empty_table() for name, spec in self.catalog.tables.items()}
-        schema = _binder().run(query, empties).schema
-        assert result.num_columns == len(schema), (result.schema, schema)
-        result = result.rename_columns(schema.names)
-        try:
-            return result.cast(schema, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return result
+        """The answer as ``Database.sql`` gives it: planned (or gathered whole where the
+        session would), run over the shards, named and typed as DuckDB binds the query."""
+        planned = plan_query(query, self.catalog, _binder())
+        result, _, _ = answer(query, planned, self.catalog, self, client or self.engine)
+        return result
 
     def _tables_on(self, node: str, names: tuple[str, ...]) -> dict[str, pa.Table]:
         tables = dict(self.replicated)
@@ -115,7 +111,10 @@ class InMemoryCluster:
     def _run(self, node: str, sql: str, tables: dict[str, pa.Table]) -> FragmentResult:
         started_at = time.time()
         started = time.perf_counter()
-        table = self.engine.run(sql, tables)
+        try:  # as a worker does: DuckDB's refusals typed, repeated names told apart
+            table = distinct_names(self.engine.run(sql, tables))
+        except duckdb.Error as error:
+            raise query_error(error) from None
         elapsed = time.perf_counter() - started
         stats = FragmentStats(
             seconds=elapsed,

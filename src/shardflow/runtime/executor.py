@@ -202,3 +202,23 @@ def _run(engine: DuckDBEngine, sql: str, tables: dict[str, pa.Table]) -> pa.Tabl
         return engine.run(sql, tables)
     except duckdb.Error as error:
         raise query_error(error) from None
+
+
+def distinct_names(result: pa.Table) -> pa.Table:
+    """``result`` with repeated column names told apart (``x``, ``x_1``), as Arrow tables
+    with repeated names cannot be shipped. Only a query run as written can repeat a name
+    (the planner names every other stage's outputs uniquely), and its answer is named by
+    position after DuckDB's schema on the client."""
+    names = result.column_names
+    if len(set(names)) == len(names):
+        return result
+    seen: set[str] = set()
+    unique = []
+    for name in names:
+        candidate, n = name, 0
+        while candidate in seen:
+            n += 1
+            candidate = f"{name}_{n}"
+        seen.add(candidate)
+        unique.append(candidate)
+    return result.rename_columns(unique)

@@ -4,7 +4,6 @@ and refreshes it when a worker answers ``Moved`` or dies, then retries what fail
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -18,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -34,13 +32,10 @@ from shardflow.errors import (
     Error,
     QueryError,
     Retryable,
-    SqlSyntaxError,
-    StageRefused,
     TableError,
     UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
-    UnsupportedError,
 )
 from shardflow.runtime.cluster import ClusterHandle, start_worker
 from shardflow.runtime.executor import (
@@ -49,7 +44,6 @@ from shardflow.runtime.executor import (
     FragmentResult,
     FragmentStats,
     Output,
-    execute,
 )
 from shardflow.runtime.protocol import (
     DrainReport,
@@ -59,9 +53,10 @@ from shardflow.runtime.protocol import (
     SharedRows,
     WorkerInfo,
 )
+from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
 from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA
-from shardflow.sql import DistributedPlan, Stage, explain, gather_plan, plan
+from shardflow.sql import Stage, explain
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route, split_by_unit
 
@@ -76,19 +71,6 @@ MAX_IN_FLIGHT_LOADS = 8
 QUERY_ATTEMPTS = 3
 FIRST_RETRY_DELAY_S = 0.05
 MAX_RETRY_DELAY_S = 1.0
-
-
-@dataclass(frozen=True)
-class PlannedQuery:
-    plan: DistributedPlan
-    schema: pa.Schema
-    """The result schema DuckDB gives the query: the answer is returned with these names."""
-    plan_seconds: float
-
-
-def _gathers_whole(plan: DistributedPlan) -> bool:
-    """Whether ``plan`` is :func:`gather_plan`'s: the last stage runs the query as written."""
-    return plan.result.sql == plan.sql and plan.result.placement == "client"
 
 
 class _Again(Exception):
@@ -139,7 +121,7 @@ class Session:
         self._plans: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
-        self._validator: tuple[int, dict[str, pa.Table]] | None = None
+        self._binder = Binder(self.engine)
         self.closed = threading.Event()
         """Set by :meth:`close`: retries stop, and calls in flight end."""
         self.profiling = self.settings.profile_queries
@@ -210,22 +192,7 @@ class Session:
             if cached is not None:
                 self._plans.move_to_end(key)
                 return cached
-        started = time.perf_counter()
-        try:
-            distributed = plan(sql, catalog)
-            schema = self._validate(sql, catalog)
-        except (SqlSyntaxError, UnknownTableError, UnsupportedError):
-            raise
-        except QueryError as error:
-            # the planner could not read the query; if DuckDB binds it, it runs as written
-            # over gathered tables (else the planner's error stands)
-            try:
-                schema = self._validate(sql, catalog)
-            except QueryError:
-                raise error from None
-            log.info("query gathered whole: the planner could not distribute it: %s", error)
-            distributed = gather_plan(sql, catalog, f"the planner could not read it ({error})")
-        planned = PlannedQuery(distributed, schema, time.perf_counter() - started)
+        planned = plan_query(sql, catalog, self._binder)
         self._remember(key, planned)
         return planned
 
@@ -234,24 +201,6 @@ class Session:
             self._plans[key] = planned
             while len(self._plans) > self.settings.plan_cache_size:
                 self._plans.popitem(last=False)
-
-    def _validate(self, sql: str, catalog: Catalog) -> pa.Schema:
-        """Bind the query in DuckDB over empty tables: type errors, unknown functions and
-        the like surface here with DuckDB's own message, before any worker is asked."""
-        if self._validator is None or self._validator[0] != catalog.version:
-            empties = {n: s.schema.empty_table() for n, s in catalog.tables.items()}
-            self._validator = (catalog.version, empties)
-        try:
-            return self.engine.run(sql, self._validator[1]).schema
-        except duckdb.ParserException as error:
-            raise SqlSyntaxError(str(error).strip()) from None
-        except duckdb.BinderException as error:
-            message = str(error).strip()
-            if "not found" in message and "olumn" in message:
-                raise UnknownColumnError(message) from None
-            raise QueryError(message) from None
-        except duckdb.Error as error:
-            raise QueryError(str(error).strip()) from None
 
     def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
         started = time.perf_counter()
@@ -270,19 +219,13 @@ class Session:
         lost = 0
         while True:
             try:
-                result, report = execute(planned.plan, _RayRunner(self), self.engine)
-                break
-            except StageRefused as error:
-                if _gathers_whole(planned.plan):
-                    raise QueryError(str(error)) from None
-                # DuckDB bound the query, so a stage DuckDB refused is the planner's fault:
-                # run the query as written over gathered tables instead, from now on
-                log.warning("query gathered whole: a distributed stage failed: %s", error)
-                planned = dataclasses.replace(
-                    planned,
-                    plan=gather_plan(sql, self.catalog, f"a distributed stage failed ({error})"),
+                catalog = self.catalog
+                result, report, answered = answer(
+                    sql, planned, catalog, _RayRunner(self), self.engine
                 )
-                self._remember((sql, self.catalog.version), planned)
+                if answered is not planned:  # gathered whole from now on
+                    self._remember((sql, catalog.version), answered)
+                break
             except ResultLost:
                 # an intermediate result died with its node: run the whole plan again
                 lost += 1
@@ -290,7 +233,7 @@ class Session:
                     raise ClusterError("intermediate results were lost repeatedly") from None
                 self.refresh()
         report.plan_seconds = planning
-        return _as_schema(result, planned.schema), report
+        return result, report
 
     def explain(self, sql: str) -> str:
         return explain(self.plan(sql).plan)
@@ -775,19 +718,6 @@ def _parts(value: Output) -> list[Output]:
     if isinstance(value, Concatenated) and value._table is None:
         return [p for part in value.parts for p in _parts(part)]
     return [value]
-
-
-def _as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The answer with DuckDB's column names, and its types where they convert safely."""
-    if result.num_columns != len(schema):
-        raise AssertionError(f"plan produced {result.num_columns} columns, query has {len(schema)}")
-    result = result.rename_columns(schema.names)
-    if result.schema.equals(schema):
-        return result
-    try:
-        return result.cast(schema, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return result
 
 
 def _open_source(

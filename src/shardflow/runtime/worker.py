@@ -29,7 +29,7 @@ from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
 from shardflow.errors import Moved
-from shardflow.runtime.executor import FragmentStats, query_error
+from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
@@ -343,7 +343,7 @@ class WorkerNode:
             rows_in += sum(t.num_rows for t in inputs.values())
             bytes_in += sum(t.nbytes for t in inputs.values())
         try:
-            result = _distinct_names(self.executor.run(sql, inputs, views))
+            result = distinct_names(self.executor.run(sql, inputs, views))
         except duckdb.Error as error:
             raise query_error(error) from None
         finally:
@@ -439,23 +439,3 @@ class WorkerNode:
                 engine_fallbacks=dict(getattr(self.executor, "fallbacks", {})),
                 last_fallback=str(getattr(self.executor, "last_fallback", "")),
             )
-
-
-def _distinct_names(result: pa.Table) -> pa.Table:
-    """``result`` with repeated column names told apart (``x``, ``x_1``), as Arrow tables
-    with repeated names cannot be shipped. Only a query run as written can repeat a name
-    (the planner names every other stage's outputs uniquely), and its answer is named by
-    position after DuckDB's schema on the client."""
-    names = result.column_names
-    if len(set(names)) == len(names):
-        return result
-    seen: set[str] = set()
-    unique = []
-    for name in names:
-        candidate, n = name, 0
-        while candidate in seen:
-            n += 1
-            candidate = f"{name}_{n}"
-        seen.add(candidate)
-        unique.append(candidate)
-    return result.rename_columns(unique)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import duckdb
 import pyarrow as pa
 from sqlglot import exp
@@ -16,6 +18,7 @@ from shardflow.errors import (
     SqlSyntaxError,
     UnknownColumnError,
     UnknownTableError,
+    UnreadableSql,
     UnsupportedError,
 )
 from shardflow.sql import analysis as a
@@ -178,7 +181,26 @@ def tables_read(tree: exp.Expr, catalog: Catalog) -> tuple[list[TableSpec], set[
 def refuse_row_ids(tree: exp.Expr, catalog: Catalog) -> None:
     """DuckDB's ``rowid`` pseudo-column numbers a table's rows as stored in one file; a
     table cut into shards has no such numbering, so no answer could match DuckDB's."""
-    if not any(name_key(column.name) == "rowid" for column in tree.find_all(exp.Column)):
+    _refuse_row_ids_among((column.name for column in tree.find_all(exp.Column)), catalog)
+
+
+def refuse_row_ids_in_text(sql: str, catalog: Catalog) -> None:
+    """:func:`refuse_row_ids` for text SQLGlot cannot parse: any word ``rowid`` counts."""
+    words = Dialect.get_or_raise(DIALECT).tokenize(sql)
+    _refuse_row_ids_among((t.text for t in words if t.token_type == TokenType.VAR), catalog)
+
+
+def is_select(sql: str) -> bool:
+    """Whether DuckDB reads ``sql`` as one SELECT statement (a query, not a command)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return False
+    return len(statements) == 1 and statements[0].type == duckdb.StatementType.SELECT
+
+
+def _refuse_row_ids_among(names: Iterable[str], catalog: Catalog) -> None:
+    if not any(name_key(name) == "rowid" for name in names):
         return
     columns = {name_key(n) for spec in catalog.tables.values() for n in spec.schema.names}
     if "rowid" not in columns:
@@ -309,7 +331,7 @@ def syntax_error(sql: str, error: ParseError | TokenError) -> QueryError:
         duckdb.extract_statements(sql)
     except duckdb.Error as refused:
         return SqlSyntaxError(str(refused).strip())
-    return UnsupportedError(
+    return UnreadableSql(
         f"shardflow's SQL parser cannot read this query, though DuckDB can: {_where(sql, error)}"
     )
 

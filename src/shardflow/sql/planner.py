@@ -30,7 +30,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokenizer_core import TokenType
 
 from shardflow.catalog import Catalog, TableSpec
-from shardflow.errors import QueryError, UnsupportedError
+from shardflow.errors import NotDistributable, QueryError, UnsupportedError
 from shardflow.sql import analysis as a
 from shardflow.sql.decorrelate import decorrelate, mark, semijoin_reduction
 from shardflow.sql.parse import (
@@ -434,7 +434,7 @@ class Planner:
                 node.replace(_temp_table(temp, ref.alias))
             return dist
         if any(self._reads_distributed(t, env) for t in node.find_all(exp.Table)):
-            raise UnsupportedError(
+            raise NotDistributable(
                 f"{node.key.upper()} sources over distributed tables are not supported"
             )
         return REPLICATED

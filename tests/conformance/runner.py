@@ -103,6 +103,9 @@ RULES: dict[str, str] = {
     "unknown relation": "reads a relation that is not a DuckDB table of memory.main/temp",
     "type changes through Arrow": "a table read has a type that DuckDB's Arrow export does "
     "not keep (HUGEINT, ENUM, UUID, BIT, ...): its copy would not be the same data",
+    "collated column (Arrow columns carry no collation)": "a table read has a column "
+    "declared with COLLATE (NOCASE, ...); shardflow's tables are Arrow data, which compares "
+    "strings byte by byte, so its copy would not compare the same",
     "shardflow cannot store the table": "create_table refused the table",
     "table function refused": "shardflow raised UnsupportedError for a query over a table "
     "function (range, generate_series, unnest, ...)",
@@ -912,10 +915,12 @@ class _PassState:
     def _fingerprint(self, ref: str) -> tuple[Any, ...]:
         try:
             types = tuple(self.con.execute(f"DESCRIBE {ref}").fetchall())
-            count, total = self.con.execute(
-                f"SELECT count(*), sum(hash(__sf_row))::VARCHAR FROM {ref} AS __sf_row"
+            count, total, texts = self.con.execute(
+                # the row's text too: hash() gives NULL and [NULL] the same value
+                f"SELECT count(*), sum(hash(__sf_row))::VARCHAR, "
+                f"sum(hash(__sf_row::VARCHAR))::VARCHAR FROM {ref} AS __sf_row"
             ).fetchall()[0]
-            return (types, count, total)
+            return (types, count, total, texts)
         except duckdb.Error:
             return (time.monotonic_ns(),)  # unknown: always reload
 
@@ -935,6 +940,9 @@ class _PassState:
             a, b = changed[0] if changed else ("?", "?")
             loaded.detail = f"{_base_type(a)} -> {_base_type(b)}"
             return loaded
+        if self._collated(key):
+            loaded.refused = "collated column (Arrow columns carry no collation)"
+            return loaded
         placement = self.plan.place(key, data.schema, self._held())
         try:
             self.run_.backend.create_table(
@@ -949,6 +957,14 @@ class _PassState:
             loaded.detail = f"{type(error).__name__}: {_first_lines(str(error), 1)}"[:200]
             self._drop(name)  # a load that failed leaves nothing behind; make sure of it
         return loaded
+
+    def _collated(self, key: str) -> bool:
+        """Whether table ``key`` has a column with a COLLATE clause: shardflow's tables are
+        Arrow tables, which compare strings byte by byte, so no answer could match."""
+        rows = self.con.execute(
+            "SELECT sql FROM duckdb_tables() WHERE lower(table_name) = ?", [key]
+        ).fetchall()
+        return any(sql and " COLLATE " in sql.upper() for (sql,) in rows)
 
     def _held(self) -> dict[str, str]:
         """Tables shardflow holds now: lower-cased name -> name."""

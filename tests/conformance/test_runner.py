@@ -374,3 +374,28 @@ def test_report_json_is_plain_data() -> None:
     data = report.to_json()
     assert data["summary"] == "conformance: 0/0 equal, 0 unsupported, 0 wrong, 0 skipped"
     assert duckdb.__version__.startswith("2.")  # the oracle the project pins
+
+
+def test_a_table_recreated_with_other_data_is_reloaded(tmp_path: Path) -> None:
+    # DuckDB's hash() gives NULL and [NULL] the same value: the copy must still be reloaded
+    (tmp_path / "f.test").write_text(
+        "statement ok\nCREATE TABLE t AS SELECT [range] AS l FROM range(5) "
+        "UNION ALL SELECT NULL\n\n"
+        "query I\nSELECT l FROM t ORDER BY l NULLS FIRST LIMIT 2\n----\n\n"
+        "statement ok\nCREATE OR REPLACE TABLE t AS SELECT [range] AS l FROM range(5) "
+        "UNION ALL SELECT [NULL]\n\n"
+        "query I\nSELECT l FROM t ORDER BY l NULLS FIRST LIMIT 2\n----\n"
+    )
+    report = run_files([tmp_path / "f.test"], tmp_path, FakeShardflow({}))
+    assert {c.status for c in report.cases} == {EQUAL}
+
+
+def test_a_collated_table_is_skipped_by_rule(tmp_path: Path) -> None:
+    (tmp_path / "f.test").write_text(
+        "statement ok\nCREATE TABLE t(a VARCHAR COLLATE NOCASE)\n\n"
+        "statement ok\nINSERT INTO t VALUES ('A'), ('a')\n\n"
+        "query I\nSELECT DISTINCT a FROM t\n----\n"
+    )
+    report = run_files([tmp_path / "f.test"], tmp_path, FakeShardflow({}))
+    rule = "collated column (Arrow columns carry no collation)"
+    assert set(report.skip_rules()) == {rule} and {c.status for c in report.cases} == {SKIPPED}

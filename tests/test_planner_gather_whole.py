@@ -146,3 +146,13 @@ def test_a_stage_duckdb_refuses_falls_back_to_running_the_query_as_written(
     with pytest.raises(QueryError, match="nosuch") as refused:
         answer(bad, whole, memory.catalog, memory, memory.engine)
     assert not isinstance(refused.value, StageRefused)
+
+
+def test_a_query_needing_duckdbs_table_statistics_is_unsupported(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+) -> None:
+    memory, oracle = cluster
+    with pytest.raises(UnsupportedError, match="statistics"):
+        memory.sql("SELECT bitstring_agg(t) FROM trades")
+    sql = "SELECT bit_count(bitstring_agg(t, 1, 9)) AS n FROM trades"  # given: it runs
+    assert memory.sql(sql).to_pylist() == oracle.sql(sql).to_arrow_table().to_pylist()

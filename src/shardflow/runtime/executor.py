@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from shardflow.engine import DuckDBEngine
-from shardflow.errors import QueryError, StageRefused
+from shardflow.errors import QueryError, StageRefused, UnsupportedError
 from shardflow.sql import PARTIALS, DistributedPlan, Stage
 
 
@@ -192,9 +192,15 @@ def query_error(error: duckdb.Error) -> QueryError:
     """DuckDB's error as shardflow's: a refusal of the SQL itself (parser, binder, catalog)
     is a :class:`StageRefused`, any other (a value that does not convert, an overflow) a
     :class:`QueryError`; DuckDB's message is kept."""
+    message = str(error).strip()
+    if "required statistics" in message:  # e.g. BITSTRING_AGG(col) without its min and max
+        return UnsupportedError(
+            "the query needs column statistics (a minimum and a maximum) that DuckDB keeps "
+            f"for its own tables and shardflow's tables do not carry: {message}"
+        )
     refused = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
     kind = StageRefused if isinstance(error, refused) else QueryError
-    return kind(str(error).strip())
+    return kind(message)
 
 
 def _run(engine: DuckDBEngine, sql: str, tables: dict[str, pa.Table]) -> pa.Table:

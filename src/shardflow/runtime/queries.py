@@ -28,7 +28,7 @@ from shardflow.errors import (
     UnreadableSql,
     UnsupportedError,
 )
-from shardflow.runtime.executor import ExecutionReport, Runner, execute
+from shardflow.runtime.executor import ExecutionReport, Runner, execute, query_error
 from shardflow.sql import DistributedPlan, gather_plan, plan
 from shardflow.sql.parse import is_select, refuse_row_ids_in_text
 
@@ -67,6 +67,8 @@ class Binder:
             message = str(error).strip()
             if "not found" in message and "olumn" in message:
                 raise UnknownColumnError(message) from None
+            if isinstance(query_error(error), UnsupportedError):
+                raise query_error(error) from None
             raise QueryError(message) from None
         except duckdb.CatalogException as error:
             message = str(error).strip()
@@ -110,6 +112,8 @@ def _gather_if_bound(
     binds it; else the planner's ``error`` stands."""
     try:
         schema = binder.schema(sql, catalog)
+    except UnsupportedError:
+        raise
     except QueryError:
         raise error from None
     log.info("query gathered whole: the planner could not distribute it: %s", error)

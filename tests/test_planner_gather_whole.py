@@ -156,3 +156,38 @@ def test_a_query_needing_duckdbs_table_statistics_is_unsupported(
         memory.sql("SELECT bitstring_agg(t) FROM trades")
     sql = "SELECT bit_count(bitstring_agg(t, 1, 9)) AS n FROM trades"  # given: it runs
     assert memory.sql(sql).to_pylist() == oracle.sql(sql).to_arrow_table().to_pylist()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # an aggregate of the outer query's columns only, inside a subquery, aggregates the
+        # outer query: one row, not one per outer row
+        "SELECT EXISTS(SELECT 1 FROM quotes WHERE quotes.t > min(tr.t)) AS e FROM trades tr",
+        "SELECT (SELECT max(tr.px) + count(*) FROM syms) AS m FROM trades tr",
+        "SELECT CASE WHEN 9 IN (SELECT max(tr.t)) THEN 1 END AS c FROM trades tr",
+        # DuckDB keeps one row per distinct selection, ordered by a value of it
+        "SELECT DISTINCT sym FROM trades ORDER BY sym, t",
+        # modifiers after the brackets belong to the brackets
+        "(SELECT t FROM trades) ORDER BY t DESC LIMIT 2",
+    ],
+)
+def test_queries_whose_meaning_a_split_would_change_run_as_written(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection], sql: str
+) -> None:
+    memory, oracle = cluster
+    planned = _bound(memory, sql)
+    assert planned.plan.result.sql == sql, explain(planned.plan)
+    assert memory.sql(sql).to_pylist() == oracle.sql(sql).to_arrow_table().to_pylist()
+
+
+def test_a_subquerys_own_aggregates_are_still_distributed(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+) -> None:
+    memory, oracle = cluster
+    sql = "SELECT sym, (SELECT max(q.bid) FROM quotes q WHERE q.sym = tr.sym) AS b FROM trades tr"
+    planned = _bound(memory, sql)
+    assert planned.plan.result.sql != sql, explain(planned.plan)
+    assert sorted(memory.sql(sql).to_pylist(), key=str) == sorted(
+        oracle.sql(sql).to_arrow_table().to_pylist(), key=str
+    )

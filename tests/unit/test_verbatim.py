@@ -30,11 +30,29 @@ from shardflow.sql.verbatim import duckdb_aggregates, whole_query_reason
         ("SELECT * FROM t ORDER BY * DESC", "ORDER BY *"),
         ("SELECT unnest(l) FROM t", "UNNEST"),
         ("SELECT * FROM t, LATERAL (SELECT t.x) s", "LATERAL"),
+        ("SELECT DISTINCT a FROM t ORDER BY a, b", "does not select"),
+        ("SELECT 1, a FROM t UNION SELECT b AS a, 1 FROM u ORDER BY a", "different columns"),
+        ("SELECT arr[:loc] FROM t, p", "placeholder"),
     ],
 )
 def test_a_construct_the_planner_cannot_take_apart_is_named(sql: str, named: str) -> None:
     reason = whole_query_reason(parse(sql))
     assert reason is not None and named in reason, reason
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT DISTINCT a FROM t ORDER BY a",
+        "SELECT DISTINCT a AS k, b FROM t ORDER BY k DESC, 2",
+        "SELECT DISTINCT a + 1 FROM t ORDER BY a + 1",
+        "SELECT a FROM t UNION SELECT b FROM u ORDER BY b",
+        "SELECT a, 1 FROM t UNION ALL SELECT a, 2 FROM u ORDER BY a",
+        "SELECT arr[1:2] FROM t",
+    ],
+)
+def test_the_ordinary_forms_of_those_are_planned(sql: str) -> None:
+    assert whole_query_reason(parse(sql)) is None
 
 
 @pytest.mark.parametrize("number", range(1, 23))

@@ -14,6 +14,7 @@ from sqlglot.tokenizer_core import Token, TokenType
 
 from shardflow.catalog import Catalog, TableSpec, name_key
 from shardflow.errors import (
+    NotDistributable,
     QueryError,
     SqlSyntaxError,
     UnknownColumnError,
@@ -99,7 +100,10 @@ def parse(sql: str) -> exp.Expr:
     if len(statements) > 1:
         raise UnsupportedError("db.sql() runs one statement at a time; split the text at ';'")
     tree = statements[0]
-    while isinstance(tree, exp.Subquery) and isinstance(tree.this, QUERY_TYPES):
+    while isinstance(tree, exp.Subquery) and isinstance(tree.this, (exp.Subquery, *QUERY_TYPES)):
+        if any(value for key, value in tree.args.items() if key != "this"):
+            # ``(SELECT ...) LIMIT 1``: the modifier belongs to the brackets, not the query
+            raise NotDistributable("a bracketed query with ORDER BY or LIMIT after the brackets")
         tree = tree.this
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()

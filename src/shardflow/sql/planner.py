@@ -43,7 +43,7 @@ from shardflow.sql.parse import (
 )
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.rules import FINISHING_RULES, Finish
-from shardflow.sql.verbatim import whole_query_reason
+from shardflow.sql.verbatim import resolved_whole_reason, whole_query_reason
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,9 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
         if whole is not None:
             return gather_plan(sql, catalog, whole)
         resolved = resolve(tree, catalog)
+        whole = resolved_whole_reason(resolved)
+        if whole is not None:
+            return gather_plan(sql, catalog, whole)
         planner = Planner(catalog)
         planner.plan_query(resolved, Env(), output="")
     except RecursionError:  # a nesting the token count does not see (NOT NOT NOT ...)

@@ -69,6 +69,11 @@ ISSUE_QUERIES = [
     "SELECT SUM(DISTINCT 11) FROM orders",
     "SELECT DISTINCT -o_custkey AS o_orderkey, -5 FROM orders WHERE o_orderkey < 200",
     "SELECT 83, count(*) FROM lineitem GROUP BY 1",
+    # run as written over gathered tables: text only DuckDB parses; an aggregate of the
+    # outer query inside a subquery; DISTINCT ordered by what it does not select
+    "SELECT finalize(sum(o_totalprice) EXPORT_STATE) AS s FROM orders",
+    "SELECT EXISTS(SELECT 1 FROM nation WHERE n_nationkey > min(o.o_custkey)) AS e FROM orders o",
+    "SELECT DISTINCT o_orderstatus FROM orders ORDER BY o_orderstatus, o_orderkey",
     # many terms
     "SELECT count(*) FROM orders WHERE " + " OR ".join(f"o_custkey = {i}" for i in range(5000)),
 ]
@@ -88,6 +93,28 @@ def test_issue_queries_answer_like_duckdb(
         context=sql[:300],
     )
     assert result.schema.names == expected.schema.names
+
+
+def test_a_stage_the_workers_refuse_is_answered_as_written(
+    db: shardflow.Database,
+    small_oracle: duckdb.DuckDBPyConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from shardflow.runtime import queries
+
+    sql = "SELECT o_orderstatus, count(*) AS n FROM orders GROUP BY 1 ORDER BY 1 /* refused */"
+
+    def faulty_plan(text: str, catalog: object) -> object:  # fault hook: a planner bug
+        planned = real_plan(text, catalog)
+        broken = [dataclasses.replace(s, sql="SELECT nosuch FROM orders") for s in planned.stages]
+        return dataclasses.replace(planned, stages=tuple(broken))
+
+    real_plan = queries.plan
+    monkeypatch.setattr(queries, "plan", faulty_plan)
+    assert db.sql(sql).to_pylist() == small_oracle.sql(sql).to_arrow_table().to_pylist()
+    assert "runs as written over the gathered tables" in db.explain(sql)  # kept with the plan
 
 
 def test_too_deep_a_nesting_is_a_clear_error(db: shardflow.Database) -> None:

@@ -154,6 +154,8 @@ def test_a_query_needing_duckdbs_table_statistics_is_unsupported(
         "SELECT DISTINCT sym FROM trades ORDER BY sym, t",
         # modifiers after the brackets belong to the brackets
         "(SELECT t FROM trades) ORDER BY t DESC LIMIT 2",
+        # DuckDB's bare VALUES query
+        "(VALUES (1, 3), (2, 4))",
     ],
 )
 def test_queries_a_split_would_misread_run_as_written(
@@ -180,3 +182,12 @@ def test_a_subquerys_own_aggregates_are_still_distributed(
     assert sorted(memory.sql(sql).to_pylist(), key=str) == sorted(
         oracle.sql(sql).to_arrow_table().to_pylist(), key=str
     )
+
+
+def test_a_comment_after_the_last_semicolon_is_not_a_second_statement(
+    cluster: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+) -> None:
+    memory, _ = cluster
+    assert memory.sql("SELECT count(*) AS n FROM trades; -- all of them").to_pylist() == [{"n": 5}]
+    with pytest.raises(UnsupportedError, match="one statement at a time"):
+        memory.sql("SELECT 1; SELECT 2")

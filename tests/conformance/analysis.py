@@ -52,6 +52,8 @@ VOLATILE_FUNCTIONS = frozenset(
         "localtimestamp",
         "transaction_timestamp",
         "txid_current",
+        # aggregates over a random sample of their input: another row order, another sample
+        "reservoir_quantile",
     }
 )
 _VOLATILE_NODES = (exp.Rand, exp.Uuid, exp.CurrentTimestamp, exp.CurrentTime)

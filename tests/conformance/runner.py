@@ -88,7 +88,8 @@ RULES: dict[str, str] = {
     "duckdb timeout": "DuckDB did not answer within ORACLE_TIMEOUT_S (60 s)",
     "catalog table function": "pragma_*, duckdb_*, histogram_values(), query_table(), ...: "
     "they read DuckDB's catalog or a table by name",
-    "volatile function": "random(), uuid(), now(), nextval(), ...: two evaluations differ",
+    "volatile function": "random(), uuid(), now(), nextval(), reservoir_quantile(), ...: two "
+    "evaluations (or two row orders) differ",
     "sample": "USING SAMPLE / TABLESAMPLE draws rows at random",
     "qualified table name": "a schema- or catalog-qualified table (shardflow tables have "
     "no schema)",

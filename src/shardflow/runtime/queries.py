@@ -110,6 +110,7 @@ def _gather_if_bound(
 ) -> tuple[DistributedPlan, pa.Schema]:
     """:func:`gather_plan`'s plan for a query the planner could not distribute, if DuckDB
     binds it; else the planner's ``error`` stands."""
+    refuse_row_ids_in_text(sql, catalog)
     try:
         schema = binder.schema(sql, catalog)
     except UnsupportedError:

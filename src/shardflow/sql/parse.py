@@ -92,7 +92,9 @@ def parse(sql: str) -> exp.Expr:
                 f"shardflow plans at most {MAX_NESTING} (flatten the expression, e.g. "
                 "drop redundant parentheses)"
             )
-        statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
+        parsed = dialect.parser().parse(tokens, sql)
+        # a comment after the last ';' parses as a statement of its own
+        statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
     except (ParseError, TokenError) as error:
         raise syntax_error(sql, error) from None
     if not statements:
@@ -105,6 +107,8 @@ def parse(sql: str) -> exp.Expr:
             # ``(SELECT ...) LIMIT 1``: the modifier belongs to the brackets, not the query
             raise NotDistributable("a bracketed query with ORDER BY or LIMIT after the brackets")
         tree = tree.this
+    if not isinstance(tree, QUERY_TYPES) and is_select(sql):  # (VALUES ...), DuckDB's own
+        raise NotDistributable(f"a {tree.key.upper()} query")
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
         hint = (

@@ -68,8 +68,38 @@ def test_split_and_rebuilt_conditions_keep_their_meaning(small: Small, sql: str)
     same_as_duckdb(*small, sql)
 
 
+def unions(n: int) -> str:
+    return " UNION ALL ".join(f"SELECT col1 FROM t WHERE col2 = {i - 50}" for i in range(n))
+
+
 def test_a_long_union_all_chain_answers_like_duckdb(small: Small) -> None:
-    sql = " UNION ALL ".join(f"SELECT col1 FROM t WHERE col2 = {i - 50}" for i in range(600))
+    same_as_duckdb(*small, unions(600))
+
+
+def test_planning_work_for_a_union_chain_grows_about_linearly(small: Small) -> None:
+    cluster, _ = small
+    ratio = calls_to_plan(unions(1_600), cluster) / calls_to_plan(unions(400), cluster)
+    # 4x the branches: about 4 balanced; the left-deep chain made it over 5.5
+    assert ratio < 5.5, ratio
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # chains are balanced only where the operation is associative: one kind, no
+        # modifiers of their own; EXCEPT and mixed ALL/DISTINCT keep their order
+        "SELECT col1 FROM t UNION SELECT col2 FROM t UNION ALL SELECT col1 FROM t "
+        "UNION ALL SELECT col0 FROM t UNION ALL SELECT 7",
+        "SELECT col1 FROM t UNION ALL SELECT col2 FROM t UNION SELECT col1 FROM t "
+        "UNION SELECT col0 FROM t UNION SELECT 7 ORDER BY 1 LIMIT 5",
+        "SELECT col1 FROM t EXCEPT SELECT col2 FROM t EXCEPT SELECT 3 EXCEPT SELECT 4",
+        "SELECT col1 FROM t INTERSECT SELECT col2 FROM t INTERSECT SELECT col1 FROM t "
+        "UNION ALL SELECT 1 UNION ALL SELECT 2",
+        "(SELECT col1 FROM t UNION ALL SELECT col2 FROM t UNION ALL SELECT 1 ORDER BY 1 LIMIT 3)"
+        " UNION ALL SELECT col0 FROM t UNION ALL SELECT 9",
+    ],
+)
+def test_rebalanced_set_operations_keep_their_meaning(small: Small, sql: str) -> None:
     same_as_duckdb(*small, sql)
 
 

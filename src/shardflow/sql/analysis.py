@@ -115,6 +115,52 @@ def balance_connectors(tree: exp.Expr) -> None:
             root.replace(balanced(type(root), operands))
 
 
+def balance_set_operations(tree: exp.Expr) -> None:
+    """Rebuild every chain of three or more UNIONs (or INTERSECTs) of one kind in ``tree``
+    as a balanced tree, in place. Both are associative, so only the depth changes: SQLGlot
+    looks up a set operation's column names down its left spine, which made a left-deep
+    chain of n branches cost n^2. EXCEPT is not associative and stays as written; modifiers
+    (ORDER BY, LIMIT, WITH) stay on the chain's root, the branches keep their order."""
+    roots = [
+        node
+        for node in tree.walk()
+        if isinstance(node, exp.Union | exp.Intersect) and not _continues(node, node.parent)
+    ]
+    for root in roots:
+        operands: list[exp.Expr] = []
+        stack: list[exp.Expr] = [root]
+        while stack:
+            node = stack.pop()
+            if node is root or _continues(node, root):
+                stack += [node.expression, node.this]
+            else:
+                operands.append(node)
+        if len(operands) > 2:
+            middle = len(operands) // 2
+            root.set("this", _balanced_set(root, operands[:middle]))
+            root.set("expression", _balanced_set(root, operands[middle:]))
+
+
+def _continues(node: exp.Expr, root: exp.Expr | None) -> bool:
+    """Whether ``node`` continues ``root``'s chain: the same operation, ALL or DISTINCT
+    alike, and nothing of its own (no ORDER BY, LIMIT, BY NAME, ...)."""
+    if root is None or type(node) is not type(root):
+        return False
+    own = {k for k, v in node.args.items() if v and k not in ("this", "expression", "distinct")}
+    return not own and bool(node.args.get("distinct")) == bool(root.args.get("distinct"))
+
+
+def _balanced_set(root: exp.Expr, parts: list[exp.Expr]) -> exp.Expr:
+    if len(parts) == 1:
+        return parts[0]
+    middle = len(parts) // 2
+    return type(root)(
+        this=_balanced_set(root, parts[:middle]),
+        expression=_balanced_set(root, parts[middle:]),
+        distinct=bool(root.args.get("distinct")),
+    )
+
+
 def column_id(column: exp.Column) -> ColumnId:
     """The scoped id of a qualified column: the nearest enclosing SELECT defining its alias."""
     select = column.find_ancestor(exp.Select)

@@ -120,6 +120,7 @@ def parse(sql: str) -> exp.Expr:
             f"db.sql() runs queries (SELECT); {kind} statements are not supported: {hint}"
         )
     a.balance_connectors(tree)
+    a.balance_set_operations(tree)
     return tree
 
 

@@ -21,7 +21,7 @@ hard to distribute: it is answered more slowly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -106,6 +106,7 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
             return gather_plan(sql, catalog, whole)
         planner = Planner(catalog)
         planner.plan_query(resolved, Env(), output="")
+        check_stage_groups(planner.stages, catalog)
     except RecursionError:  # a nesting the token count does not see (NOT NOT NOT ...)
         raise UnsupportedError(
             "the query is nested too deeply for the planner: flatten it (at most "
@@ -201,6 +202,7 @@ class Planner:
     def plan_query(self, query: exp.Expr, env: Env, output: str) -> None:
         """Append the stages that compute ``query`` (owned: it is rewritten in place)."""
         dist = self.settle_query(query, env, outer=None)
+        _drop_unused_ctes(query)  # a CTE settled into an earlier stage may read other shards
         tables = self._distributed_tables(query, env)
         inputs = self._inputs(query, env)
         if dist.kind == "replicated":
@@ -552,6 +554,21 @@ class Planner:
 
 
 # -- pure helpers ----------------------------------------------------------------------------
+def check_stage_groups(stages: Sequence[Stage], catalog: Catalog) -> None:
+    """Every table a shard stage reads is cut like the stage's group: a worker binds each
+    table's units by the group's unit ids. A plan that breaks this is the planner's fault,
+    and :class:`QueryError` sends the query to the as-written plan instead of retrying a
+    binding that can never succeed."""
+    for stage in stages:
+        for name in stage.tables:
+            spec = catalog.find_table(name)
+            if spec is not None and spec.group != stage.group:
+                raise QueryError(
+                    f"internal: stage {stage.output or 'result'} reads {name} with the units "
+                    "of another table's group"
+                )
+
+
 def _temp_table(temp: str, alias: str) -> exp.Table:
     return exp.Table(
         this=exp.to_identifier(temp), alias=exp.TableAlias(this=exp.to_identifier(alias))

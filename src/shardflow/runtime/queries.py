@@ -67,8 +67,9 @@ class Binder:
             message = str(error).strip()
             if "not found" in message and "olumn" in message:
                 raise UnknownColumnError(message) from None
-            if isinstance(query_error(error), UnsupportedError):
-                raise query_error(error) from None
+            mapped = query_error(error)
+            if isinstance(mapped, UnsupportedError):
+                raise mapped from None
             raise QueryError(message) from None
         except duckdb.CatalogException as error:
             message = str(error).strip()
@@ -90,10 +91,7 @@ def plan_query(sql: str, catalog: Catalog, binder: Binder) -> PlannedQuery:
     except UnreadableSql:
         if not is_select(sql):
             raise
-        refuse_row_ids_in_text(sql, catalog)
-        schema = binder.schema(sql, catalog)  # DuckDB's error where it cannot bind either
-        log.info("query gathered whole: shardflow's SQL parser cannot read it")
-        distributed = gather_plan(sql, catalog, "shardflow's SQL parser cannot read it")
+        distributed, schema = _gather_if_bound(sql, catalog, binder, None)
     except (SqlSyntaxError, UnknownTableError):
         raise
     except UnsupportedError as error:
@@ -106,19 +104,23 @@ def plan_query(sql: str, catalog: Catalog, binder: Binder) -> PlannedQuery:
 
 
 def _gather_if_bound(
-    sql: str, catalog: Catalog, binder: Binder, error: QueryError
+    sql: str, catalog: Catalog, binder: Binder, error: QueryError | None
 ) -> tuple[DistributedPlan, pa.Schema]:
-    """:func:`gather_plan`'s plan for a query the planner could not distribute, if DuckDB
-    binds it; else the planner's ``error`` stands."""
+    """:func:`gather_plan`'s plan for a query the planner could not distribute (``error``
+    says why; None: shardflow's SQL parser cannot read it), if DuckDB binds it; else the
+    planner's ``error`` stands, or DuckDB's own where there is none."""
     refuse_row_ids_in_text(sql, catalog)
     try:
         schema = binder.schema(sql, catalog)
     except UnsupportedError:
         raise
     except QueryError:
+        if error is None:
+            raise
         raise error from None
-    log.info("query gathered whole: the planner could not distribute it: %s", error)
-    return gather_plan(sql, catalog, f"the planner could not distribute it ({error})"), schema
+    why = f"could not distribute it ({error})" if error else "cannot read it"
+    log.info("query gathered whole: the planner %s", why)
+    return gather_plan(sql, catalog, f"the planner {why}"), schema
 
 
 def answer(

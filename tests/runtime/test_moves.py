@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from shardflow.control.migration import Checksum, MigrationState
+from shardflow.errors import Moved
 from tests.support.local_cluster import LocalCluster
 
 ROWS = 20_000
@@ -187,3 +188,26 @@ def test_a_move_to_a_worker_that_is_gone_rolls_back(cluster: LocalCluster) -> No
     assert failover is not None and failover.units == 2
     assert target not in cluster.catalog.nodes
     assert_serves(cluster, events(0, ROWS))
+
+
+def test_a_shard_the_catalog_takes_away_refuses_appends_and_outlives_its_readers(
+    cluster: LocalCluster,
+) -> None:
+    """An insert routed before a catalog change may still hold the shard the change takes
+    away: it is told ``Moved`` (and re-routed), never left writing into a dropped table;
+    a fragment bound to the shard before the change reads it to the end."""
+    unit = cluster.units("events")[0]
+    node = cluster.workers.get(unit.node).node
+    key = ("events", unit.unit_id)
+    shard = node.shards[key]
+    rows_before = shard.data.read().num_rows
+    node.readers[key] += 1  # a fragment is reading the shard
+    node.sync(cluster.catalog.without_table("events").to_json())
+    assert key not in node.shards
+    with pytest.raises(Moved):
+        shard.append(events(ROWS, 10), "late-batch")
+    assert shard.data.read().num_rows == rows_before  # still there for the reader
+    node.readers[key] -= 1
+    node._release_unread()
+    with pytest.raises(duckdb.CatalogException):
+        shard.data.read()  # released once the reader finished

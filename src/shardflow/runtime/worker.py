@@ -130,6 +130,8 @@ class WorkerNode:
         self.loading: dict[str, dict[int | str, Shard]] = {}
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
+        self._releasing: list[tuple[ShardKey, Shard]] = []
+        """Shards no longer served, kept until the fragments reading them finish."""
         self._unit_seconds: defaultdict[int, defaultdict[str, float]] = defaultdict(
             lambda: defaultdict(float)
         )
@@ -170,7 +172,7 @@ class WorkerNode:
             for key in list(self.shards):
                 uid = self._uid(catalog, key[0])
                 if key not in wanted or uid != self.shards[key].store.table_uid:
-                    self.release(self.shards.pop(key))
+                    self._release_when_read(key, self.shards.pop(key))
                     changed.add(key[0])
             for name in list(self.replicas):
                 spec = catalog.tables.get(name)
@@ -212,8 +214,31 @@ class WorkerNode:
         assert isinstance(shard.data, NativeRows)
         return shard.data.physical
 
+    def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
+        """Release a shard no longer served here: now, or when the fragments still reading
+        it finish (they were bound to it before the catalog changed). Holds ``lock``."""
+        if self.readers[key] > 0:
+            shard.retire()
+            self._releasing.append((key, shard))
+        else:
+            self.release(shard)
+
+    def _release_unread(self) -> None:
+        """Release the shards :meth:`_release_when_read` kept for readers now gone."""
+        waiting = []
+        for key, shard in self._releasing:
+            if self.readers[key] > 0:
+                waiting.append((key, shard))
+            else:
+                self.release(shard)
+        self._releasing = waiting
+
     @staticmethod
     def release(shard: Shard) -> None:
+        """Stop serving ``shard`` and free its rows. It is retired first, under its lock: an
+        append already in it finishes before the rows go, and one that still holds the shard
+        is told ``Moved`` (and re-routed) rather than writing into a dropped table."""
+        shard.retire()
         if isinstance(shard.data, NativeRows):
             shard.data.drop()
 
@@ -350,6 +375,8 @@ class WorkerNode:
             elapsed = time.perf_counter() - started
             with self.lock:
                 self.readers.subtract(reading)
+                if self._releasing:
+                    self._release_unread()
                 self._running -= 1
                 self._busy_seconds += elapsed
                 units = {u for _, u in reading}

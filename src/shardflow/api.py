@@ -90,6 +90,12 @@ class NodeInfo:
     engine_note: str
     calibration: dict[str, float]
     """Rows per second per operator measured when the worker joined."""
+    ray_node_id: str = ""
+    """The Ray node the worker is pinned to ("" when it does not answer)."""
+    host: str = ""
+    """That Ray node's address."""
+    ray_node_name: str = ""
+    """That Ray node's name (its ``shardflow-name`` label, else Ray's node name)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,9 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         device_memory_free_bytes=info.device.memory_free_bytes,
         engine_note="; ".join(n for n in (profile.engine_note, info.last_fallback) if n),
         calibration=dict(profile.calibration),
+        ray_node_id=info.host.ray_node_id,
+        host=info.host.address,
+        ray_node_name=info.host.name,
     )
 
 
@@ -239,6 +248,19 @@ class Cluster:
         moved = [MigrationRecord.from_dict(r) for r in result.moved]
         if not result.drained:
             raise DrainTimeoutError(result.reason, list(moved))
+        return moved
+
+    @_while_open
+    def drain_host(self, ray_node_id: str, deadline: float = 300.0) -> list[MigrationRecord]:
+        """Ahead of taking a Ray node (a machine) away: drain every worker on it as
+        :meth:`drain` does, stop them, and start no worker there again (``auto_join``).
+        ``ray_node_id`` is a node's ``ray_node_id`` as :meth:`nodes` shows it. Raises
+        :class:`DrainTimeoutError` if a worker still serves shards after ``deadline``."""
+        reports = self._db._session_or_raise().drain_host(ray_node_id, deadline)
+        moved = [MigrationRecord.from_dict(r) for report in reports for r in report.moved]
+        for report in reports:
+            if not report.drained:
+                raise DrainTimeoutError(report.reason, moved)
         return moved
 
     @_while_open

@@ -78,6 +78,170 @@ def tables(data_dir: DataDir = Path(".shardflow"), workers: Workers = 1) -> None
         _print_table(db.tables())
 
 
+# -- a detached service and a local multi-node cluster ------------------------------------
+cluster_app = typer.Typer(
+    help="A real multi-node Ray cluster on this machine (each node its own processes, all "
+    "on 127.0.0.1) with shardflow serving on it.",
+    no_args_is_help=True,
+)
+app.add_typer(cluster_app, name="cluster")
+ServiceDir = Annotated[Path, typer.Option(help="Data directory the service serves.")]
+
+
+def _attach(address: str, data_dir: Path):  # type: ignore[no-untyped-def]
+    from shardflow.api import connect
+
+    return connect(address=address, data_dir=data_dir)
+
+
+def _start_service(address: str, data_dir: Path, workers: int | None) -> None:
+    """Start shardflow on the Ray cluster at ``address`` and leave it running."""
+    from shardflow.api import connect
+
+    db = connect(address=address, data_dir=data_dir, workers=workers)
+    try:
+        db._handle.owns_actors = False  # detached: it keeps serving after this process
+        count = len(db.cluster.nodes())
+    finally:
+        db.close()
+    console.print(f"shardflow serves {data_dir.absolute()} on {address} with {count} worker(s)")
+    console.print(
+        f'connect with: shardflow.connect(address="{address}", data_dir="{data_dir.absolute()}")'
+    )
+
+
+@app.command()
+def serve(
+    address: Annotated[str, typer.Option(help="The Ray cluster's address (host:port).")],
+    data_dir: ServiceDir = Path(".shardflow"),
+    workers: Annotated[
+        int | None, typer.Option(min=1, max=64, help="Workers (default: one per Ray node).")
+    ] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the running service.")] = False,
+) -> None:
+    """Run shardflow on a Ray cluster as a detached service: coordinator and workers keep
+    running after this command exits; connect(address=..., data_dir=...) attaches."""
+    if stop:
+        from shardflow.runtime.cluster import stop_service
+
+        stopped = stop_service(address, str(data_dir.absolute()))
+        console.print(f"stopped the service of {data_dir.absolute()} ({len(stopped)} node ids)")
+        return
+    _start_service(address, data_dir, workers)
+
+
+def _local(data_dir: Path):  # type: ignore[no-untyped-def]
+    from shardflow.runtime.localcluster import LocalRayCluster
+
+    return LocalRayCluster(data_dir)
+
+
+@cluster_app.command("up")
+def cluster_up(
+    nodes: Annotated[int, typer.Option(min=1, max=16, help="Data nodes to start.")] = 3,
+    data_dir: ServiceDir = Path(".shardflow"),
+    object_store_mb: Annotated[int, typer.Option(min=64, help="Object store per node.")] = 256,
+) -> None:
+    """Start a head node and NODES data nodes, then shardflow on them (one worker each)."""
+    local = _local(data_dir)
+    with console.status(f"starting {nodes + 1} Ray nodes on 127.0.0.1"):
+        local.up(nodes, object_store_mb)
+    console.print(f"Ray cluster up at {local.address}: head + {nodes} data nodes")
+    try:
+        with console.status("starting shardflow on it"):
+            _start_service(local.address, data_dir, None)
+    except BaseException:
+        local.down()
+        raise
+
+
+@cluster_app.command("status")
+def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Ray nodes, shardflow nodes and their shards, and health."""
+    local = _local(data_dir)
+    view = Table("Ray node", "pid", "process", "Ray node id")
+    for node in local.nodes():
+        name = node.name + (" (head)" if node.head else "")
+        view.add_row(name, str(node.pid), "running" if node.alive else "gone", node.node_id[:12])
+    console.print(view)
+    with _attach(local.address, data_dir) as db:
+        nodes = db.cluster.nodes()
+        view = Table("node", "Ray node", "host", "alive", "shards", "rows", "engine")
+        for info in nodes:
+            view.add_row(
+                info.node_id,
+                info.ray_node_name or info.ray_node_id[:12],
+                info.host,
+                "yes" if info.alive else "NO",
+                str(info.shards),
+                str(info.rows),
+                info.engine,
+            )
+        console.print(view)
+        healthy = all(n.alive for n in nodes)
+        console.print(f"health: {'ok' if healthy else 'degraded'} ({len(nodes)} nodes)")
+
+
+@cluster_app.command("add-node")
+def cluster_add_node(
+    data_dir: ServiceDir = Path(".shardflow"),
+    wait: Annotated[float, typer.Option(help="Seconds to wait for a worker on it.")] = 60.0,
+) -> None:
+    """Start one more data node; shardflow starts a worker on it (auto_join)."""
+    import time
+
+    local = _local(data_dir)
+    node = local.add_node()
+    console.print(f"Ray node {node.name} started ({node.node_id[:12]})")
+    with _attach(local.address, data_dir) as db:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            joined = [n.node_id for n in db.cluster.nodes() if n.ray_node_id == node.node_id]
+            if joined:
+                console.print(f"shardflow node {', '.join(joined)} runs on {node.name}")
+                return
+            time.sleep(0.5)
+    raise typer.Exit(1)
+
+
+@cluster_app.command("remove-node")
+def cluster_remove_node(
+    node: Annotated[str, typer.Argument(help="A Ray node (ray-2) or a shardflow node (node-1).")],
+    data_dir: ServiceDir = Path(".shardflow"),
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL every process of it, as a crash.")
+    ] = False,
+    deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
+) -> None:
+    """Take a data node away: drained first (its shards move live), or killed outright."""
+    local = _local(data_dir)
+    name = node
+    with _attach(local.address, data_dir) as db:
+        by_shardflow = {n.node_id: n.ray_node_name for n in db.cluster.nodes()}
+        name = by_shardflow.get(node) or node
+        target = local.node(name)
+        if not kill:
+            moved = db.cluster.drain_host(target.node_id, deadline=deadline)
+            console.print(f"drained {name}: {len(moved)} move(s)")
+    local.remove_node(name, kill=kill)
+    console.print(f"Ray node {name} {'killed' if kill else 'stopped'}")
+
+
+@cluster_app.command("down")
+def cluster_down(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Stop shardflow and every Ray node of the local cluster."""
+    from shardflow.runtime.cluster import stop_service
+
+    local = _local(data_dir)
+    if local.running:
+        try:
+            stop_service(local.address, str(data_dir.absolute()))
+        except Error as error:
+            console.print(f"(shardflow was not running: {error})")
+    local.down()
+    console.print("local cluster stopped")
+
+
 def main() -> None:
     try:
         app()

@@ -37,6 +37,12 @@ class Settings:
         health_interval_s: how often the coordinator pings every worker.
         health_misses: unanswered pings in a row after which a worker is declared dead and
             its shards are reassigned (a worker whose process died is declared at once).
+        auto_join: on a cluster joined by address (``connect(address=...)``, ``shardflow
+            serve``, ``shardflow cluster up``): a Ray node that joins the Ray cluster gets a
+            worker of its own (one per GPU on a GPU node) and, through the balancer, its share
+            of the shards. A Ray node that dies is failed over either way; one removed with
+            ``shardflow cluster remove-node`` is drained first. Off: only ``add_node`` adds
+            workers.
         auto_balance: whether the coordinator rebalances by itself every balance interval.
         balance_interval_s: how often the coordinator reads load and sizes and decides.
         utilization_threshold: a node busier than this (busy fraction of execution time over
@@ -79,6 +85,7 @@ class Settings:
     migration_bandwidth_mb_s: float = 0.0
     health_interval_s: float = 1.0
     health_misses: int = 3
+    auto_join: bool = True
     auto_balance: bool = True
     balance_interval_s: float = 5.0
     utilization_threshold: float = 0.80

@@ -5,7 +5,12 @@ typed actor method (``@ray.method``), so a caller's mistake is a type error, not
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import threading
+import warnings
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -17,6 +22,7 @@ from prometheus_client import start_http_server
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
+from shardflow.errors import Error
 from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.executor import FragmentStats, concat
@@ -28,6 +34,7 @@ from shardflow.runtime.protocol import (
     ExportPinned,
     FenceResult,
     FinalApplied,
+    Host,
     LoadReport,
     NodeLoad,
     ShardKey,
@@ -38,13 +45,20 @@ from shardflow.runtime.ray_workers import (
     RaySourceLink,
     RayWorkers,
     coordinator_actor_name,
+    worker_actor_name,
 )
+from shardflow.runtime.raynode import NAME_LABEL
+from shardflow.runtime.slots import Slot, slot_options, worker_slots
 from shardflow.runtime.worker import WorkerNode
 from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
 
 if TYPE_CHECKING:
-    from shardflow.runtime.ray_workers import CoordinatorHandle
+    from shardflow.runtime.ray_workers import CoordinatorHandle, WorkerHandle
+
+log = logging.getLogger(__name__)
+JOIN_INTERVAL_S = 2.0
+"""How often a coordinator with ``auto_join`` looks for Ray nodes without workers."""
 
 LOOPBACK = "127.0.0.1"
 WORKER_CONCURRENCY = 16
@@ -56,14 +70,122 @@ class CoordinatorService:
     :class:`Controller`) and its Prometheus endpoint."""
 
     def __init__(
-        self, data_dir: str, settings: Settings, prefix: str, owner: str, description: str
+        self,
+        data_dir: str,
+        settings: Settings,
+        prefix: str,
+        owner: str,
+        description: str,
+        detached: bool = False,
     ) -> None:
         self.state = CoordinatorState(data_dir, settings, owner, description)
-        self.controller = Controller(self.state, RayWorkers(prefix), settings)
+        self.workers = RayWorkers(prefix)
+        self.controller = Controller(self.state, self.workers, settings)
         registry, self.controller.recorder = registry_for(self.controller.gauges)
         server, _ = start_http_server(settings.metrics_port, addr=LOOPBACK, registry=registry)
         self.metrics_port = int(server.server_port)
+        self.prefix = prefix
+        self.data_dir = data_dir
+        self.settings = settings
+        self.detached = detached
+        self._hosts: dict[str, str] = {}
+        """The Ray node of every worker seen (a node's worker never moves)."""
+        self._leaving: set[str] = set()
+        """Ray nodes being drained to leave: no worker is started on them again."""
+        self._joining = threading.Lock()
         self.controller.start()  # watch workers; finish or roll back moves a crash cut short
+        with warnings.catch_warnings():  # Ray deprecates a call it makes itself here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
+            self._start_joining()  # restarted on another node: the cluster runs already
+
+    # -- Ray nodes joining and leaving --------------------------------------------------
+    @ray.method
+    def start_joining(self) -> None:
+        """From now on (the cluster's first workers run), watch the Ray cluster: a Ray node
+        that joins gets workers (``auto_join``)."""
+        self._start_joining()
+
+    def _start_joining(self) -> None:
+        if self.detached and self.settings.auto_join:
+            threading.Thread(target=self._join_loop, name="join", daemon=True).start()
+
+    def _join_loop(self) -> None:
+        while not self.controller.stopped.wait(JOIN_INTERVAL_S):
+            try:
+                self._join_new_nodes()
+            except Exception:  # the next round tries again; the loop must not die
+                log.exception("starting workers on new Ray nodes failed")
+
+    @ray.method
+    def join_new_nodes(self) -> list[str]:
+        """Start a worker on every slot of an alive Ray node that has none (a node that
+        joined, or one whose worker died); returns the nodes that joined."""
+        return self._join_new_nodes()
+
+    def _join_new_nodes(self) -> list[str]:
+        with self._joining:
+            held = Counter(self._live_hosts().values())
+            joined = []
+            for slot in worker_slots(ray.nodes()):  # type: ignore[no-untyped-call]
+                if slot.ray_node_id in self._leaving:
+                    continue
+                if held[slot.ray_node_id] > 0:
+                    held[slot.ray_node_id] -= 1
+                    continue
+                node = self._join(slot)
+                if node is not None:
+                    joined.append(node)
+            return joined
+
+    def _live_hosts(self) -> dict[str, str]:
+        """The Ray node of every member whose worker answers."""
+        hosts = {}
+        for node in self.state.catalog.nodes:
+            if node not in self._hosts:
+                try:
+                    info = self.workers.get(node).info().get(timeout=self.settings.retry_deadline_s)
+                except Error:
+                    continue
+                self._hosts[node] = info.host.ray_node_id
+            try:
+                self.workers.get(node).ping().get(timeout=self.settings.retry_deadline_s)
+            except Error:
+                continue
+            hosts[node] = self._hosts[node]
+        return hosts
+
+    def _join(self, slot: Slot) -> str | None:
+        node = self.state.reserve_node()
+        actor = spawn_worker(self.prefix, node, self.data_dir, self.settings, slot, detached=True)
+        worker = self.workers.add(node, actor)
+        try:
+            worker.info().get(timeout=self.settings.retry_deadline_s)
+            worker.calibrate().get(timeout=self.settings.retry_deadline_s)
+        except Error as error:  # its Ray node went away meanwhile
+            log.warning("%s did not start on Ray node %s: %s", node, slot.name, error)
+            self.workers.kill(node)
+            return None
+        self._hosts[node] = slot.ray_node_id
+        self.controller.broadcast(self.state.node_joined(node), wait=False)
+        log.info("%s joined on Ray node %s (%s)", node, slot.name, slot.ray_node_id)
+        return node
+
+    @ray.method
+    def leave(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
+        """Drain every worker on a Ray node that is about to leave, and stop them; no
+        worker starts there again."""
+        with self._joining:
+            self._leaving.add(ray_node_id)
+        reports = []
+        for node, host in self._live_hosts().items():
+            if host == ray_node_id:
+                report = self.controller.drain(node, deadline_s)
+                if report.drained:
+                    self.workers.kill(node)
+                reports.append(report)
+        return reports
 
     @ray.method
     def metrics_url(self) -> str:
@@ -204,6 +326,13 @@ class WorkerService:
         catalog = ray.get(self.coordinator.catalog.remote())
         owner = ray.get(self.coordinator.owner_token.remote())
         gpus = ray.get_gpu_ids()
+        context = ray.get_runtime_context()
+        names = context.get_node_labels().get(NAME_LABEL) or [""]
+        self.host = Host(
+            ray_node_id=context.get_node_id(),
+            address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            name=names[0] if isinstance(names, list) else str(names),
+        )
         self.node = WorkerNode(
             node_id,
             data_dir,
@@ -227,7 +356,7 @@ class WorkerService:
 
     @ray.method
     def info(self) -> WorkerInfo:
-        return self.node.info()
+        return dataclasses.replace(self.node.info(), host=self.host)
 
     @ray.method
     def pid(self) -> int:
@@ -361,3 +490,23 @@ class WorkerService:
 
 CoordinatorActor = ray.remote(CoordinatorService)
 WorkerActor = ray.remote(WorkerService)
+
+
+def spawn_worker(
+    prefix: str,
+    node: str,
+    data_dir: str,
+    settings: Settings,
+    slot: Slot,
+    detached: bool,
+    slowdown: float = 1.0,
+) -> WorkerHandle:
+    """Create the worker actor of ``node`` on ``slot``; it loads what the catalog assigns
+    it. A ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
+    return WorkerActor.options(
+        name=worker_actor_name(prefix, node),
+        namespace=NAMESPACE,
+        max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
+        max_concurrency=WORKER_CONCURRENCY,
+        **slot_options(slot, detached),
+    ).remote(node, data_dir, settings, prefix, slowdown)

@@ -18,22 +18,23 @@ import ray
 from ray._private import ray_constants
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from shardflow.catalog import DataDir, lease
+from shardflow.catalog import DataDir, OwnerToken, lease
 from shardflow.config import Settings
 from shardflow.errors import ConfigError, DataDirInUseError
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
-    WORKER_CONCURRENCY,
     CoordinatorActor,
-    WorkerActor,
+    spawn_worker,
 )
 from shardflow.runtime.ray_workers import (
     NAMESPACE,
     RayWorker,
     RayWorkers,
     coordinator_actor_name,
-    worker_actor_name,
 )
+from shardflow.runtime.raynode import DATA_NODE_RESOURCE
+from shardflow.runtime.slots import Slot, choose_slots, slot_options, worker_slots
+from shardflow.runtime.worker import check_shared
 
 if TYPE_CHECKING:
     from shardflow.runtime.ray_workers import CoordinatorHandle
@@ -61,9 +62,10 @@ class ClusterHandle:
     workers: RayWorkers
     started_ray: bool = False
     owns_actors: bool = True
-    worker_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
-    node_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per node, actor options that replace ``worker_resources`` (a GPU worker's GPU)."""
+    slots: dict[str, Slot] = field(default_factory=dict)
+    """Where each worker this process started runs."""
+    detached: bool = False
+    """Actors outlive the process that started them (a cluster joined by address)."""
     worker_settings: Settings | None = None
 
 
@@ -72,16 +74,21 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     started itself (and so must stop when the last such database closes)."""
     global _local_databases
     if ray.is_initialized():
-        if _local_databases:
+        current = ray.get_runtime_context().gcs_address
+        embedded = bool(_local_databases)
+        if address is not None and (embedded or not _same_address(address, current)):
+            where = "an embedded cluster" if embedded else f"the Ray cluster at {current}"
+            raise ConfigError(
+                f"this process is connected to {where}; a process joins one Ray cluster "
+                f"(close its databases first, or connect to {address} from another process)"
+            )
+        if embedded:
             _local_databases += 1
             return True
         return False
     if address is None:
         # An embedded cluster serves this machine only: every server binds to 127.0.0.1.
-        # (Ray read the switch when it was imported; a process that imported Ray before
-        # shardflow gets it set here too.)
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False
+        _pin_to_loopback()
         kwargs: dict[str, Any] = {
             "address": "local",  # always a new instance, never one `ray start` left behind
             "num_cpus": max(os.cpu_count() or 1, 1),
@@ -97,11 +104,39 @@ def start_ray(address: str | None, settings: Settings) -> bool:
         _local_databases = 1
         return True
     _use_auth_token_if_present()
+    kwargs = {"namespace": NAMESPACE, "logging_level": logging.WARNING, "log_to_driver": False}
+    if is_loopback(address):  # a cluster of this machine (`shardflow cluster up`)
+        _pin_to_loopback()
+        kwargs["_node_ip_address"] = LOOPBACK
     try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
     return False
+
+
+def _same_address(address: str, current: str) -> bool:
+    if address == "auto":
+        return True
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host == "localhost":
+        host = LOOPBACK
+    return f"{host}:{port}" == current
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address (``host:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _pin_to_loopback() -> None:
+    """Make this process's Ray use 127.0.0.1 for itself and every node: with multi-node
+    clusters allowed (Ray's default on Linux), Ray resolves 127.0.0.1 to the host's own
+    network address and announces and dials that instead. Ray reads the switch when it is
+    imported, so the loaded flag is set too."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _use_auth_token_if_present() -> None:
@@ -113,29 +148,13 @@ def _use_auth_token_if_present() -> None:
         )
     except ImportError:  # a Ray without token authentication
         return
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
-def gpu_slots(nodes: list[dict[str, Any]]) -> list[str | None]:
-    """One entry per GPU of the alive Ray nodes: the node's accelerator type (Ray's
-    ``accelerator_type:<type>`` resource, e.g. "H200" or "AMD-Instinct-MI300X"), or None
-    where Ray does not name it. ``nodes`` is what ``ray.nodes()`` returns."""
-    slots: list[str | None] = []
-    for node in nodes:
-        if not node.get("Alive", True):
-            continue
-        resources = node.get("Resources", {})
-        types = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
-        slots += [types[0] if types else None] * int(resources.get("GPU", 0))
-    return sorted(slots, key=lambda t: t or "")
-
-
-def gpu_resources(accelerator: str | None) -> dict[str, Any]:
-    """Actor options for a worker that owns one GPU of this accelerator type."""
-    options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 1}
-    if accelerator:  # the share Ray itself asks for with accelerator_type=...
-        options["resources"] = {f"accelerator_type:{accelerator}": 0.001}
-    return options
+    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "token authentication is enabled": as it should be
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        quiet.setLevel(level)
 
 
 def launch(
@@ -191,7 +210,7 @@ def _launch_actors(
             return dataclasses.replace(serving, started_ray=started, owns_actors=False)
         prefix = f"local-{uuid.uuid4().hex[:8]}"  # several embedded databases never collide
     else:  # sessions on one Ray cluster and one data directory share the actors
-        prefix = f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
+        prefix = service_prefix(data_dir)
     name = coordinator_actor_name(prefix)
     try:  # a cluster for this data directory already runs: attach to it
         running = cast("CoordinatorHandle", ray.get_actor(name, namespace=NAMESPACE))
@@ -201,41 +220,128 @@ def _launch_actors(
     except ValueError:
         pass
     _refuse_if_owned(data_dir)
-    gpus = gpu_slots(ray.nodes())  # type: ignore[no-untyped-call]
-    count = workers if workers is not None else (len(gpus) or 4)
+    embedded = address is None
+    slots = choose_slots(worker_slots(ray.nodes()), workers, embedded)  # type: ignore[no-untyped-call]
+    if not slots:
+        raise ConfigError(f"the Ray cluster at {address} has no node to run workers on")
     owner = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    options: dict[str, Any] = {"lifetime": "detached"} if not embedded else {}
     coordinator = CoordinatorActor.options(
         name=name,
         namespace=NAMESPACE,
         max_restarts=-1,
         max_concurrency=COORDINATOR_CONCURRENCY,
         num_cpus=0,
-    ).remote(data_dir, settings, prefix, owner, _describe(address))
+        **options,
+        **_data_node_share(slots),
+    ).remote(data_dir, settings, prefix, owner, _describe(address), not embedded)
     try:
         ray.get(coordinator.ping.remote())
     except RayActorError:
         _refuse_if_owned(data_dir)  # another cluster took the lease meanwhile
         raise
-    handle = ClusterHandle(prefix, data_dir, settings, coordinator, RayWorkers(prefix), started)
-    if address is None and not settings.engine_threads:
+    handle = ClusterHandle(
+        prefix,
+        data_dir,
+        settings,
+        coordinator,
+        RayWorkers(prefix),
+        started,
+        detached=not embedded,
+    )
+    if embedded and not settings.engine_threads:
         # Workers of an embedded cluster share this machine's cores: oversubscribing them
         # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
-        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
-    nodes = [f"node-{i}" for i in range(count)]
-    ray.get(handle.coordinator.register_nodes.remote(nodes))
+        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // len(slots)))
+    nodes = [f"node-{i}" for i in range(len(slots))]
     handle.worker_settings = settings
-    for i, node in enumerate(nodes):
-        if gpus and workers is None:  # one worker per GPU, pinned to its accelerator type
-            handle.node_resources[node] = gpu_resources(gpus[i])
-        start_worker(handle, node, simulate.get(node, 1.0))
-    for reply in [handle.workers.get(node).info() for node in nodes]:
-        reply.get()  # loaded and serving
-    for node in nodes:  # one at a time: they would slow each other down
-        handle.workers.get(node).calibrate().get()
-    if address is None:
+    try:
+        if not embedded:
+            owner_token = ray.get(handle.coordinator.owner_token.remote())
+            _check_shared_storage(slots, data_dir, owner_token)
+        ray.get(handle.coordinator.register_nodes.remote(nodes))
+        for node, slot in zip(nodes, slots, strict=True):
+            start_worker(handle, node, slot, simulate.get(node, 1.0))
+        for reply in [handle.workers.get(node).info() for node in nodes]:
+            reply.get()  # loaded and serving
+        for node in nodes:  # one at a time: they would slow each other down
+            handle.workers.get(node).calibrate().get()
+    except BaseException:
+        _stop_actors(handle)  # nothing half-started stays behind
+        raise
+    if embedded:
         _embedded[data_dir] = handle
         _embedded_users[prefix] = 1
+    else:
+        ray.get(handle.coordinator.start_joining.remote())
     return handle
+
+
+def _check_shared_storage(slots: list[Slot], data_dir: str, owner: OwnerToken) -> None:
+    """Every Ray node that is to serve must read the lease the coordinator wrote in
+    ``data_dir``: a cluster of several machines needs the data directory on shared storage.
+    Raises ``ConfigError`` naming the node that cannot."""
+    checks = {
+        slot.ray_node_id: _storage_check.options(**slot_options(slot.cpu_only(), False)).remote(
+            data_dir, owner, slot.name or slot.ray_node_id
+        )
+        for slot in slots
+    }
+    for ref in checks.values():
+        try:
+            ray.get(ref)
+        except RayTaskError as error:
+            cause = error.cause
+            raise cause if isinstance(cause, ConfigError) else error from None
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _storage_check(data_dir: str, owner: OwnerToken, node: str) -> None:
+    check_shared(DataDir.resolve(data_dir), owner, f"Ray node {node}")
+
+
+def _data_node_share(slots: list[Slot]) -> dict[str, Any]:
+    """Keep the coordinator on nodes that serve data where some are marked for it: a head
+    node started for control alone may be one whose loss ends the Ray cluster anyway."""
+    marked = ray.cluster_resources().get(DATA_NODE_RESOURCE)  # type: ignore[no-untyped-call]
+    if any(s.ray_node_id for s in slots) and marked:
+        return {"resources": {DATA_NODE_RESOURCE: 0.001}}
+    return {}
+
+
+def service_prefix(data_dir: str) -> str:
+    """The actor name prefix of the cluster serving ``data_dir`` on a Ray cluster."""
+    return f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
+
+
+def stop_service(address: str, data_dir: str) -> list[str]:
+    """Stop the coordinator and every worker serving ``data_dir`` on the Ray cluster at
+    ``address`` (started by ``shardflow serve`` or another process); returns the nodes
+    stopped. Raises ``ConfigError`` when none serves it."""
+    joined = not ray.is_initialized()
+    started = start_ray(address, Settings())
+    try:
+        prefix = service_prefix(data_dir)
+        try:
+            coordinator = ray.get_actor(coordinator_actor_name(prefix), namespace=NAMESPACE)
+        except ValueError:
+            raise ConfigError(f"no shardflow service serves {data_dir} at {address}") from None
+        handle = ClusterHandle(
+            prefix, data_dir, Settings(), cast("CoordinatorHandle", coordinator), RayWorkers(prefix)
+        )
+        try:
+            catalog = ray.get(handle.coordinator.catalog.remote(), timeout=RELEASE_TIMEOUT_S)
+            count = int(catalog.get("next_node_index", 0))
+        except (RayActorError, RayTaskError, GetTimeoutError):
+            count = 0
+        nodes = [f"node-{i}" for i in range(count)]  # every worker it ever started
+        _stop_actors(handle, nodes)
+        return nodes
+    finally:
+        if started:
+            _release_ray()
+        elif joined:
+            ray.shutdown()
 
 
 def _refuse_if_owned(data_dir: str) -> None:
@@ -253,23 +359,25 @@ def _describe(address: str | None) -> str:
     return f"on the Ray cluster at {address}"
 
 
-def start_worker(handle: ClusterHandle, node: str, slowdown: float = 1.0) -> RayWorker:
-    """Create the worker actor of ``node``; it loads what the catalog assigns it. A
-    ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
-    actor = WorkerActor.options(
-        name=worker_actor_name(handle.prefix, node),
-        namespace=NAMESPACE,
-        max_restarts=0,  # a dead worker stays dead: the coordinator reassigns its shards
-        max_concurrency=WORKER_CONCURRENCY,
-        **handle.node_resources.get(node, handle.worker_resources),
-    ).remote(
-        node,
-        handle.data_dir,
-        handle.worker_settings or handle.settings,
-        handle.prefix,
-        slowdown,
+def start_worker(handle: ClusterHandle, node: str, slot: Slot, slowdown: float = 1.0) -> RayWorker:
+    """Create the worker actor of ``node`` on ``slot``; it loads what the catalog assigns
+    it. A ``slowdown`` above 1 makes it a simulated slower device (tests and demos)."""
+    settings = handle.worker_settings or handle.settings
+    actor = spawn_worker(
+        handle.prefix, node, handle.data_dir, settings, slot, handle.detached, slowdown
     )
+    handle.slots[node] = slot
     return handle.workers.add(node, actor)
+
+
+def next_slot(handle: ClusterHandle) -> Slot:
+    """Where a worker added by hand goes: the Ray node holding the fewest of this process's
+    workers (the only node of an embedded cluster)."""
+    slots = [s.cpu_only() for s in worker_slots(ray.nodes())]  # type: ignore[no-untyped-call]
+    if not slots:
+        raise ConfigError("the Ray cluster has no alive node to add a worker on")
+    held = Counter(s.ray_node_id for s in handle.slots.values())
+    return min(slots, key=lambda s: held[s.ray_node_id])
 
 
 def shutdown(handle: ClusterHandle) -> None:
@@ -285,12 +393,21 @@ def shutdown(handle: ClusterHandle) -> None:
             del _embedded_users[handle.prefix]
             _embedded.pop(handle.data_dir, None)
     if last_user and ray.is_initialized():
-        try:  # the next cluster on this data directory takes it over at once
-            ray.get(handle.coordinator.release.remote(), timeout=RELEASE_TIMEOUT_S)
-        except (RayActorError, RayTaskError, GetTimeoutError) as error:
-            log.info("the coordinator did not release the data directory: %s", error)
-        for node in handle.workers.known:
-            handle.workers.kill(node)
-        ray.kill(cast("ray.actor.ActorHandle[Any]", handle.coordinator), no_restart=True)
+        _stop_actors(handle)
     if handle.started_ray:
         _release_ray()
+
+
+def _stop_actors(handle: ClusterHandle, nodes: list[str] | None = None) -> None:
+    """Give the data directory up and stop the coordinator and the workers of ``nodes``
+    (default: those this process knows)."""
+    try:  # the next cluster on this data directory takes it over at once
+        ray.get(handle.coordinator.release.remote(), timeout=RELEASE_TIMEOUT_S)
+    except (RayActorError, RayTaskError, GetTimeoutError) as error:
+        log.info("the coordinator did not release the data directory: %s", error)
+    for node in nodes if nodes is not None else handle.workers.known:
+        handle.workers.kill(node)
+    try:
+        ray.kill(cast("ray.actor.ActorHandle[Any]", handle.coordinator), no_restart=True)
+    except ValueError:  # gone already
+        pass

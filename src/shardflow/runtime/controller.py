@@ -95,6 +95,11 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once the controller stops (its loops, and the coordinator's, end)."""
+        return self._stop
+
     def _keep_lease(self) -> None:
         """Renew the data directory's lease; once another cluster has taken it over, stop
         acting (the workers' writes are refused by then anyway)."""

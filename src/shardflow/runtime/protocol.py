@@ -62,6 +62,15 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True)
+class Host:
+    """Where a worker runs: its Ray node's id, address and name."""
+
+    ray_node_id: str = ""
+    address: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """A worker as ``db.cluster.nodes()`` and the metrics show it."""
 
@@ -77,6 +86,8 @@ class WorkerInfo:
     engine_fallbacks: Mapping[str, int]
     """Fragments that fell back from the node's engine, by where they went."""
     last_fallback: str
+    host: Host = Host()
+    """The Ray node the worker runs on (empty for an in-process worker)."""
 
 
 @dataclass(frozen=True)

@@ -250,10 +250,17 @@ class RayWorkers:
         self._handles.pop(node, None)
 
     def kill(self, node: str) -> None:
-        """Stop ``node``'s worker (after a drain, or when the cluster shuts down)."""
-        handle = self._handles.pop(node, None)
-        if handle is not None:
+        """Stop ``node``'s worker (after a drain, or when the cluster shuts down), also one
+        another process started."""
+        try:
+            handle = self.handle(node)
+        except WorkerGone:
+            return
+        self._handles.pop(node, None)
+        try:
             ray.kill(cast("ray.actor.ActorHandle[Any]", handle), no_restart=True)
+        except ValueError:  # gone meanwhile
+            pass
 
     @property
     def known(self) -> list[str]:

@@ -37,7 +37,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
-from shardflow.runtime.cluster import ClusterHandle, start_worker
+from shardflow.runtime.cluster import ClusterHandle, next_slot, start_worker
 from shardflow.runtime.executor import (
     Concatenated,
     ExecutionReport,
@@ -512,7 +512,7 @@ class Session:
 
     def add_node(self, slowdown: float = 1.0) -> str:
         node = self._change("reserve_node", lambda c: c.reserve_node.remote())
-        worker = start_worker(self.handle, node, slowdown)
+        worker = start_worker(self.handle, node, next_slot(self.handle), slowdown)
         worker.info().get()  # started, replicated tables loaded
         worker.calibrate().get()
         self._change("node_joined", lambda c: c.node_joined.remote(node))
@@ -523,6 +523,9 @@ class Session:
         if result.drained:
             self.workers.kill(node)
         return result
+
+    def drain_host(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
+        return self._change("drain_host", lambda c: c.leave.remote(ray_node_id, deadline_s))
 
     # -- reporting ----------------------------------------------------------------------
     def migrations(self) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -22,13 +23,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec
+from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec, lease
 from shardflow.config import Settings
 from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
-from shardflow.errors import Moved
+from shardflow.errors import ConfigError, Moved
 from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
@@ -49,6 +50,21 @@ from shardflow.telemetry.devices import (
 log = logging.getLogger(__name__)
 
 REPLICA = "replica"
+
+
+def check_shared(data_dir: DataDir, owner: OwnerToken, node_id: str) -> None:
+    """Refuse to serve from a data directory that is not the coordinator's: the lease it
+    wrote must be readable here. (A path on a node's own disk instead of shared storage
+    holds no lease, or another cluster's.)"""
+    record = lease.read_lease(data_dir)
+    if record is None or record.owner != owner.owner:
+        seen = "no lease" if record is None else f"the lease of another cluster ({record.owner})"
+        raise ConfigError(
+            f"{node_id} on {socket.gethostname()} cannot reach the data directory "
+            f"{data_dir.uri!r} the coordinator uses: it finds {seen} there. A cluster of "
+            "several machines needs a data directory on storage every node reaches (a shared "
+            "path or a filesystem URI)."
+        )
 
 
 def make_executor(
@@ -114,6 +130,8 @@ class WorkerNode:
         self.node_id = node_id
         self.data_dir = DataDir.resolve(data_dir, owner)
         """Writes only while ``owner`` owns the data directory (None: unchecked, in tests)."""
+        if owner is not None:
+            check_shared(self.data_dir, owner, node_id)
         self.settings = settings
         self.device = discover(gpu_index)
         self.engine = DuckDBEngine(threads=settings.engine_threads or None)

@@ -1,0 +1,262 @@
+"""A real multi-node Ray cluster on this machine: a head node for control and N data nodes,
+each its own process group (raylet, object store, workers), all bound to 127.0.0.1.
+
+What runs is recorded in ``<data dir>/local-cluster/cluster.json`` so that later commands
+(``shardflow cluster status``, ``add-node``, ``remove-node``, ``down``) find it. Nodes are
+stopped by the process ids recorded there, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from shardflow.errors import ConfigError
+
+STATE_FOLDER = "local-cluster"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """One Ray node process of the local cluster."""
+
+    name: str
+    pid: int
+    node_id: str
+    head: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return _running(self.pid)
+
+
+class LocalRayCluster:
+    """The local cluster recorded under ``data_dir``."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.folder = Path(data_dir).absolute() / STATE_FOLDER
+        self.state_file = self.folder / "cluster.json"
+
+    # -- what runs --------------------------------------------------------------------
+    def _load(self) -> dict[str, object]:
+        try:
+            state: dict[str, object] = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            raise ConfigError(
+                f"no local cluster runs for {self.folder.parent} (start one with "
+                "`shardflow cluster up`)"
+            ) from None
+        return state
+
+    def _save(self, address: str, nodes: list[LocalNode], next_index: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.state_file.with_suffix(".partial")
+        state = {"address": address, "next_index": next_index, "nodes": [asdict(n) for n in nodes]}
+        partial.write_text(json.dumps(state, indent=2))
+        partial.replace(self.state_file)
+
+    @property
+    def running(self) -> bool:
+        """Whether a cluster is recorded here and its head is alive."""
+        try:
+            return any(n.head and n.alive for n in self.nodes())
+        except ConfigError:
+            return False
+
+    @property
+    def address(self) -> str:
+        """The GCS address to connect to (``host:port``)."""
+        return str(self._load()["address"])
+
+    def nodes(self) -> list[LocalNode]:
+        return [LocalNode(**n) for n in self._load()["nodes"]]  # type: ignore[attr-defined]
+
+    def node(self, name: str) -> LocalNode:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes())
+        raise ConfigError(f"no Ray node {name!r} in the local cluster (it has {known})")
+
+    # -- starting ---------------------------------------------------------------------
+    def up(self, data_nodes: int, object_store_mb: int = 256) -> None:
+        """Start the head and ``data_nodes`` data nodes."""
+        if data_nodes < 1:
+            raise ConfigError("a local cluster needs at least 1 data node")
+        if self.running:
+            raise ConfigError(
+                f"a local cluster runs for {self.folder.parent} already, at {self.address} "
+                "(`shardflow cluster down` stops it)"
+            )
+        self.folder.mkdir(parents=True, exist_ok=True)
+        head = self._start("head", None, object_store_mb, data=False)
+        address = self._read_info("head")["gcs_address"]
+        self._save(str(address), [head], 1)
+        try:
+            for _ in range(data_nodes):
+                self.add_node(object_store_mb)
+        except BaseException:
+            self.down()
+            raise
+
+    def add_node(self, object_store_mb: int = 256) -> LocalNode:
+        """Start one more data node (named ``ray-<n>``, never reused)."""
+        state = self._load()
+        index = int(state["next_index"])  # type: ignore[call-overload]
+        name = f"ray-{index}"
+        node = self._start(name, self.address, object_store_mb, data=True)
+        self._save(self.address, [*self.nodes(), node], index + 1)
+        return node
+
+    def _start(self, name: str, address: str | None, object_store_mb: int, data: bool) -> LocalNode:
+        info = self.folder / f"{name}.json"
+        info.unlink(missing_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "shardflow.runtime.raynode",
+            "--info",
+            str(info),
+            "--name",
+            name,
+            "--object-store-mb",
+            str(object_store_mb),
+            "--num-cpus",
+            "1" if data else "0",
+        ]
+        command += ["--address", address] if address else ["--head"]
+        if data:
+            command.append("--data")
+        with open(self.folder / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopped as one node
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not info.exists():
+            if process.poll() is not None:
+                raise ConfigError(
+                    f"Ray node {name} did not start (exit code {process.returncode}); see "
+                    f"{self.folder / (name + '.log')}"
+                )
+            if time.monotonic() > deadline:
+                _kill_tree(process.pid)
+                raise ConfigError(f"Ray node {name} did not start within {START_TIMEOUT_S:g}s")
+            time.sleep(0.1)
+        started = self._read_info(name)
+        return LocalNode(name, process.pid, str(started["node_id"]), head=address is None)
+
+    def _read_info(self, name: str) -> dict[str, object]:
+        info: dict[str, object] = json.loads((self.folder / f"{name}.json").read_text())
+        return info
+
+    # -- stopping ---------------------------------------------------------------------
+    def remove_node(self, name: str, kill: bool = False) -> LocalNode:
+        """Stop a data node: gracefully (its processes are told to stop), or with ``kill``
+        every process of it at once with SIGKILL, as a machine that dies."""
+        node = self.node(name)
+        if node.head:
+            raise ConfigError("the head node holds the Ray cluster; `shardflow cluster down`")
+        if kill:
+            _kill_tree(node.pid)
+        else:
+            _stop(node.pid)
+        state = self._load()
+        rest = [n for n in self.nodes() if n.name != name]
+        self._save(self.address, rest, int(state["next_index"]))  # type: ignore[call-overload]
+        return node
+
+    def down(self) -> None:
+        """Stop every node (data nodes first, then the head) and forget the cluster."""
+        try:
+            nodes = self.nodes()
+        except ConfigError:
+            return
+        for node in sorted(nodes, key=lambda n: n.head):
+            _stop(node.pid)
+        self.state_file.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not running
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux: read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a node's process and everything below it, all at once."""
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap(pid)
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM a node's process (it stops its node); SIGKILL what is left after a while."""
+    if not _running(pid):
+        return
+    below = _descendants(pid)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _running(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.1)
+    for target in [pid, *below]:
+        if _running(target):
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a node process this process started (no zombie left)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

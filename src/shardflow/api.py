@@ -251,6 +251,12 @@ class Cluster:
         return moved
 
     @_while_open
+    def coordinator_host(self) -> str:
+        """The Ray node id of the node the coordinator runs on now (it restarts on another
+        node when its node is lost)."""
+        return self._db._session_or_raise().coordinator_host()
+
+    @_while_open
     def drain_host(self, ray_node_id: str, deadline: float = 300.0) -> list[MigrationRecord]:
         """Ahead of taking a Ray node (a machine) away: drain every worker on it as
         :meth:`drain` does, stop them, and start no worker there again (``auto_join``).

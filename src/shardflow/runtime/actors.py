@@ -97,8 +97,9 @@ class CoordinatorService:
         with warnings.catch_warnings():  # Ray deprecates a call it makes itself here
             warnings.simplefilter("ignore", DeprecationWarning)
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        if restarted:
-            self._start_joining()  # restarted on another node: the cluster runs already
+        if restarted:  # on another node: the cluster runs already
+            self.controller.adopt()
+            self._start_joining()
 
     # -- Ray nodes joining and leaving --------------------------------------------------
     @ray.method
@@ -208,6 +209,11 @@ class CoordinatorService:
     @ray.method
     def pid(self) -> int:
         return os.getpid()
+
+    @ray.method
+    def ray_node_id(self) -> str:
+        """The Ray node the coordinator runs on now."""
+        return ray.get_runtime_context().get_node_id()
 
     @ray.method
     def owner_token(self) -> OwnerToken:

@@ -68,6 +68,7 @@ class Controller:
         self.shard_load: dict[ShardKey, float] = {}
         """Each shard's execution seconds per second over the last observed window."""
         self.recorder: Recorder | None = None
+        self._adopting = False
 
     # -- workers ------------------------------------------------------------------------
     def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
@@ -118,9 +119,32 @@ class Controller:
         except Exception:  # a resume must never take the coordinator down
             log.exception("resuming unfinished moves failed")
 
+    def adopt(self) -> None:
+        """This coordinator restarted (its node was lost): the members' profiles died with
+        the old one. From now on, members without one are asked for it by the watch loop,
+        which watches them again, or fails them over if their worker is gone too."""
+        self._adopting = True
+
+    def _adopt_members(self) -> None:
+        pending = [n for n in self.state.catalog.nodes if n not in self.state.profiles]
+        for node in pending:
+            try:
+                info = self.workers.get(node).info().get(timeout=self.settings.retry_deadline_s)
+            except WorkerGone:
+                log.warning("%s was lost with the old coordinator's node", node)
+                self.fail_node(node)
+                continue
+            except Error as error:  # slow: asked again next round
+                log.info("%s did not report yet: %s", node, error)
+                continue
+            self.state.report_profile(info.profile)
+        self._adopting = any(n not in self.state.profiles for n in self.state.catalog.nodes)
+
     def _watch(self) -> None:
         misses: Counter[str] = Counter()
         while not self._stop.wait(self.settings.health_interval_s):
+            if self._adopting:
+                self._adopt_members()
             watched = [n for n in self.state.catalog.nodes if n in self.state.profiles]
             pings: dict[str, Reply[bool]] = {}
             for node in watched:

@@ -107,13 +107,17 @@ class LocalRayCluster:
             self.down()
             raise
 
-    def add_node(self, object_store_mb: int = 256) -> LocalNode:
-        """Start one more data node (named ``ray-<n>``, never reused)."""
+    def add_node(self, object_store_mb: int = 256, name: str | None = None) -> LocalNode:
+        """Start one more data node, named ``ray-<n>`` (a number never used before) unless
+        ``name`` gives the name of a node that was removed (a machine that comes back)."""
         state = self._load()
         index = int(state["next_index"])  # type: ignore[call-overload]
-        name = f"ray-{index}"
+        if name is None:
+            name, index = f"ray-{index}", index + 1
+        elif any(n.name == name for n in self.nodes()):
+            raise ConfigError(f"Ray node {name} runs already")
         node = self._start(name, self.address, object_store_mb, data=True)
-        self._save(self.address, [*self.nodes(), node], index + 1)
+        self._save(self.address, [*self.nodes(), node], index)
         return node
 
     def _start(self, name: str, address: str | None, object_store_mb: int, data: bool) -> LocalNode:

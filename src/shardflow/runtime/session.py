@@ -524,6 +524,9 @@ class Session:
             self.workers.kill(node)
         return result
 
+    def coordinator_host(self) -> str:
+        return self._read("the coordinator's node", lambda c: c.ray_node_id.remote())
+
     def drain_host(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
         return self._change("drain_host", lambda c: c.leave.remote(ray_node_id, deadline_s))
 

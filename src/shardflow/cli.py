@@ -51,30 +51,50 @@ def _print_table(table: pa.Table, limit: int = 50) -> None:
         console.print(f"... {table.num_rows - limit} more rows")
 
 
-def _connect(data_dir: Path, workers: int):  # type: ignore[no-untyped-def]
+Address = Annotated[
+    str | None,
+    typer.Option(help="A running service's Ray address (host:port); default: start locally."),
+]
+
+
+def _connect(data_dir: Path, workers: int, address: str | None):  # type: ignore[no-untyped-def]
     from shardflow.api import connect
 
+    if address is not None:  # attach to the service serving data_dir there
+        return connect(address=address, data_dir=data_dir)
     return connect(workers=workers, data_dir=data_dir)
 
 
 @app.command()
-def sql(query: str, data_dir: DataDir = Path(".shardflow"), workers: Workers = 4) -> None:
+def sql(
+    query: str,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
     """Run one query against the tables in a data directory."""
-    with _connect(data_dir, workers) as db:
+    with _connect(data_dir, workers, address) as db:
         _print_table(db.sql(query))
 
 
 @app.command()
-def explain(query: str, data_dir: DataDir = Path(".shardflow"), workers: Workers = 1) -> None:
+def explain(
+    query: str,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 1,
+    address: Address = None,
+) -> None:
     """Show where each part of a query would run."""
-    with _connect(data_dir, workers) as db:
+    with _connect(data_dir, workers, address) as db:
         console.print(db.explain(query), markup=False, highlight=False)
 
 
 @app.command()
-def tables(data_dir: DataDir = Path(".shardflow"), workers: Workers = 1) -> None:
+def tables(
+    data_dir: DataDir = Path(".shardflow"), workers: Workers = 1, address: Address = None
+) -> None:
     """List the tables in a data directory."""
-    with _connect(data_dir, workers) as db:
+    with _connect(data_dir, workers, address) as db:
         _print_table(db.tables())
 
 

@@ -93,3 +93,19 @@ def test_rows_survive_a_worker_restart(cluster: LocalCluster) -> None:
     cluster.insert("events", events(ROWS, 10))
     cluster.restart("node-1")
     assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 10)]))
+
+
+def test_a_restarted_coordinator_adopts_live_members_and_fails_over_lost_ones(
+    cluster: LocalCluster,
+) -> None:
+    """A coordinator restarted on another node has no member profiles: it asks each member
+    for one, and fails over a member whose worker was lost with the old coordinator's node
+    (without ``adopt`` it would watch no one, and that member's shards stay unserved)."""
+    cluster.state.profiles.clear()  # what a restarted coordinator knows
+    cluster.workers.stop("node-1")  # lost together with the old coordinator
+    cluster.controller.adopt()
+    cluster.controller._adopt_members()
+    assert cluster.catalog.nodes == ("node-0", "node-2")
+    assert set(cluster.state.profiles) == {"node-0", "node-2"}
+    assert not cluster.controller._adopting
+    assert_serves(cluster, events(0, ROWS))

@@ -124,3 +124,20 @@ def test_a_torn_or_missing_owner_record_refuses_writes(tmp_path: Path) -> None:
     (tmp_path / "data" / "owner.json").unlink()
     with pytest.raises(OwnershipLostError, match="no owner record"):
         CatalogStore(owned).save(Catalog())
+
+
+def test_a_worker_refuses_a_data_directory_the_coordinator_did_not_lease(tmp_path: Path) -> None:
+    """Each worker reads the lease the coordinator wrote: a node whose path to the data
+    directory is its own disk (no lease there, or another cluster's) is refused clearly."""
+    from shardflow.errors import ConfigError
+    from shardflow.runtime.worker import check_shared
+
+    shared = DataDir.resolve(str(tmp_path / "shared"))
+    token = acquire(shared, "cluster-a", 10.0)
+    check_shared(shared, token, "node-0")  # the coordinator's directory: fine
+    local_disk = DataDir.resolve(str(tmp_path / "node-local"))  # same path, another disk
+    with pytest.raises(ConfigError, match=r"cannot reach the data directory.*no lease"):
+        check_shared(local_disk, token, "node-1")
+    acquire(local_disk, "cluster-b", 10.0)
+    with pytest.raises(ConfigError, match="another cluster"):
+        check_shared(local_disk, token, "node-1")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from shardflow.errors import ConfigError
 
+_children: dict[int, subprocess.Popen[bytes]] = {}
+"""Node processes this process started (kept, so that their exit status is collected)."""
 STATE_FOLDER = "local-cluster"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -147,6 +149,7 @@ class LocalRayCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stopped as one node
             )
+        _children[process.pid] = process
         deadline = time.monotonic() + START_TIMEOUT_S
         while not info.exists():
             if process.poll() is not None:
@@ -190,6 +193,8 @@ class LocalRayCluster:
         for node in sorted(nodes, key=lambda n: n.head):
             _stop(node.pid)
         self.state_file.unlink(missing_ok=True)
+        for pid in list(_children):  # also nodes another process removed (killed)
+            _reap(pid)
 
 
 def _running(pid: int) -> bool:
@@ -260,7 +265,6 @@ def _stop(pid: int) -> None:
 
 def _reap(pid: int) -> None:
     """Collect the exit status of a node process this process started (no zombie left)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    process = _children.get(pid)
+    if process is not None and process.poll() is not None:
+        del _children[pid]

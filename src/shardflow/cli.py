@@ -175,6 +175,12 @@ def cluster_up(
         raise
 
 
+@cluster_app.command("address")
+def cluster_address(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Print the local cluster's Ray address (for connect(address=...))."""
+    print(_local(data_dir).address)
+
+
 @cluster_app.command("status")
 def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
     """Ray nodes, shardflow nodes and their shards, and health."""

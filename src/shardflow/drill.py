@@ -218,8 +218,21 @@ def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
     return node.name, node.node_id
 
 
-def rejoin(db: Database, local: LocalRayCluster, name: str, report: DrillReport) -> None:
-    """Start a Ray node named ``name`` and wait until a worker joined on it."""
+def drain(db: Database, local: LocalRayCluster, name: str, report: DrillReport) -> None:
+    """Take a Ray node away gracefully: its shards move off live, then it stops."""
+    node = local.node(name)
+    try:
+        db.cluster.drain_host(node.node_id, deadline=RECOVERY_TIMEOUT_S)
+    except Error as error:
+        report.move_failures += 1
+        report.failures.append(f"drain {name}: {error}")
+        return
+    local.remove_node(name)
+
+
+def rejoin(db: Database, local: LocalRayCluster, name: str | None, report: DrillReport) -> None:
+    """Start a Ray node (named ``name``, else a new name) and wait until a worker joined
+    on it."""
     node = local.add_node(name=name)
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -237,15 +250,24 @@ def run_drill(
     *,
     rows: int = 20_000,
     moves: int = 20,
+    grow: int = 0,
+    drains: list[str] | tuple[str, ...] = (),
     kills: list[str] | tuple[str, ...] = (),
     rejoins: list[str] | tuple[str, ...] = (),
     settle_s: float = 2.0,
 ) -> DrillReport:
+    """Under load: ``grow`` new Ray nodes join, ``moves`` shards move live, the Ray nodes
+    in ``drains`` are drained and stopped, those in ``kills`` are SIGKILLed one after the
+    other, and Ray nodes named ``rejoins`` start again."""
     expected, next_id = prepare(db, rows)
     initial = db.sql(f"SELECT count(*) FROM {EVENTS}")[0][0].as_py()
     with Workload(db, expected, next_id) as load:
         time.sleep(settle_s / 2)
+        for _ in range(grow):
+            rejoin(db, local, None, load.report)
         forced_moves(db, moves, load.report)
+        for name in drains:
+            drain(db, local, name, load.report)
         for target in kills:
             started = time.monotonic()
             _, ray_node_id = kill(db, local, target)
@@ -270,13 +292,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--moves", type=int, default=20)
+    parser.add_argument("--grow", type=int, default=0, help="Ray nodes to add first")
+    parser.add_argument("--drain", action="append", default=[], help="a Ray node to drain")
     parser.add_argument("--kill", action="append", default=[], help="ray-N or coordinator")
     parser.add_argument("--rejoin", action="append", default=[], help="a Ray node name")
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)
     with connect(address=args.address, data_dir=args.data_dir) as db:
         report = run_drill(
-            db, local, rows=args.rows, moves=args.moves, kills=args.kill, rejoins=args.rejoin
+            db,
+            local,
+            rows=args.rows,
+            moves=args.moves,
+            grow=args.grow,
+            drains=args.drain,
+            kills=args.kill,
+            rejoins=args.rejoin,
         )
     print("RESULT " + json.dumps(asdict(report)), flush=True)
     print(report.line(), flush=True)

@@ -97,14 +97,16 @@ def test_service_outlives_its_command_and_pins_one_worker_per_ray_node(cluster: 
 
 
 def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:
-    """20 live moves between Ray nodes, then a data node and then the coordinator's node
-    SIGKILLed (two nodes lost one after the other), then a node back under a lost node's
-    name: no client operation fails, no row is lost or doubled, every answer matches
-    DuckDB's, and the returning node joins as a new node and gets shards."""
+    """Under an inserter and two readers: 2 Ray nodes join (5 data nodes), 20 shards move
+    live between Ray nodes, one node is drained away, a data node and then the
+    coordinator's node are SIGKILLed (two nodes lost one after the other), and a node comes
+    back under a lost node's name. No client operation fails, no row is lost or doubled,
+    every answer matches DuckDB's, and the returning node joins as a new node."""
     drill = subprocess.Popen(
         [sys.executable, "-m", "shardflow.drill", "--address", cluster.address,
-         "--data-dir", str(cluster.data_dir), "--rows", "10000", "--moves", "20",
-         "--kill", "ray-2", "--kill", "coordinator", "--rejoin", "ray-2"],
+         "--data-dir", str(cluster.data_dir), "--rows", "10000", "--grow", "2",
+         "--moves", "20", "--drain", "ray-1", "--kill", "ray-2", "--kill", "coordinator",
+         "--rejoin", "ray-2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     off_loopback: list[str] = []
@@ -124,10 +126,11 @@ def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:
     assert report["lost_rows"] == 0 and report["duplicated_rows"] == 0
     assert report["moves"] == 20 and report["move_failures"] == 0
     assert len(report["recovery_s"]) == 2 and report["queries"] > 0 and report["inserts"] > 0
-    assert len(report["joined"]) == 1 and report["joined"][0] not in ("node-0", "node-1", "node-2")
+    assert len(report["joined"]) == 3  # the 2 grown, and the one back under an old name
+    assert not {"node-0", "node-1", "node-2"} & set(report["joined"])
     assert off_loopback == []
     status = run(*SHARDFLOW, "cluster", "status", "--data-dir", str(cluster.data_dir))
-    rejoined = [line for line in status.splitlines() if report["joined"][0] in line]
+    rejoined = [line for line in status.splitlines() if report["joined"][-1] in line]
     assert len(rejoined) == 1 and "ray-2" in rejoined[0], status
     assert "health: ok" in status
 

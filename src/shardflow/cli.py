@@ -114,11 +114,21 @@ def _attach(address: str, data_dir: Path):  # type: ignore[no-untyped-def]
     return connect(address=address, data_dir=data_dir)
 
 
-def _start_service(address: str, data_dir: Path, workers: int | None) -> None:
+Sets = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="A setting for the service, name=value (repeatable)."),
+]
+
+
+def _start_service(
+    address: str, data_dir: Path, workers: int | None, assignments: list[str] | None
+) -> None:
     """Start shardflow on the Ray cluster at ``address`` and leave it running."""
     from shardflow.api import connect
+    from shardflow.config import Settings
 
-    db = connect(address=address, data_dir=data_dir, workers=workers)
+    settings = Settings().with_text(assignments or [])
+    db = connect(address=address, data_dir=data_dir, workers=workers, settings=settings)
     try:
         db._handle.owns_actors = False  # detached: it keeps serving after this process
         count = len(db.cluster.nodes())
@@ -138,6 +148,7 @@ def serve(
         int | None, typer.Option(min=1, max=64, help="Workers (default: one per Ray node).")
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running service.")] = False,
+    assignments: Sets = None,
 ) -> None:
     """Run shardflow on a Ray cluster as a detached service: coordinator and workers keep
     running after this command exits; connect(address=..., data_dir=...) attaches."""
@@ -147,7 +158,7 @@ def serve(
         stopped = stop_service(address, str(data_dir.absolute()))
         console.print(f"stopped the service of {data_dir.absolute()} ({len(stopped)} node ids)")
         return
-    _start_service(address, data_dir, workers)
+    _start_service(address, data_dir, workers, assignments)
 
 
 def _local(data_dir: Path):  # type: ignore[no-untyped-def]
@@ -161,6 +172,7 @@ def cluster_up(
     nodes: Annotated[int, typer.Option(min=1, max=16, help="Data nodes to start.")] = 3,
     data_dir: ServiceDir = Path(".shardflow"),
     object_store_mb: Annotated[int, typer.Option(min=64, help="Object store per node.")] = 256,
+    assignments: Sets = None,
 ) -> None:
     """Start a head node and NODES data nodes, then shardflow on them (one worker each)."""
     local = _local(data_dir)
@@ -169,7 +181,7 @@ def cluster_up(
     console.print(f"Ray cluster up at {local.address}: head + {nodes} data nodes")
     try:
         with console.status("starting shardflow on it"):
-            _start_service(local.address, data_dir, None)
+            _start_service(local.address, data_dir, None, assignments)
     except BaseException:
         local.down()
         raise

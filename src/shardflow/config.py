@@ -152,6 +152,38 @@ class Settings:
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:
             raise ConfigError("settings need 0 < min_shard_bytes < max_shard_bytes")
 
+    def with_text(self, assignments: list[str]) -> Settings:
+        """These settings with ``name=value`` assignments from a command line applied (the
+        value read as the setting's type)."""
+        changes: dict[str, Any] = {}
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        for assignment in assignments:
+            name, sep, text = assignment.partition("=")
+            name = name.strip()
+            if not sep or name not in types:
+                raise ConfigError(
+                    f"--set takes name=value with a setting's name, not {assignment!r}; known: "
+                    + ", ".join(sorted(types))
+                )
+            kind = str(types[name])
+            try:
+                if kind in ("bool", "<class 'bool'>"):
+                    if text.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError(text)
+                    changes[name] = text.lower() in ("true", "1")
+                elif kind in ("int", "<class 'int'>"):
+                    changes[name] = int(text)
+                elif kind in ("float", "<class 'float'>"):
+                    changes[name] = float(text)
+                else:
+                    changes[name] = text
+            except ValueError:
+                wanted = {"bool": "true or false", "int": "a whole number"}.get(
+                    kind.removeprefix("<class '").removesuffix("'>"), "a number"
+                )
+                raise ConfigError(f"setting {name} must be {wanted}, not {text!r}") from None
+        return self.replace(**changes)
+
     def replace(self, **changes: Any) -> Settings:
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - names)

@@ -27,6 +27,12 @@ EVENTS = "drill_events"
 FACTS = "drill_facts"
 CHECKED_SQL = f"SELECT g, count(*) AS n, sum(x) AS s FROM {FACTS} GROUP BY g ORDER BY g"
 """The checked reader's query: its answer is compared with DuckDB's over the same rows."""
+BIG = "drill_big"
+BIG_ROWS = 200_000
+"""A table big enough that moving a shard of it takes a while (with a bandwidth cap)."""
+MID_MOVE = "coordinator-mid-move"
+"""A kill target: the coordinator's node, while it runs a move between two other nodes."""
+MOVE_HEAD_START_S = 0.5
 BATCH = 25
 RECOVERY_TIMEOUT_S = 120.0
 
@@ -47,6 +53,8 @@ class DrillReport:
     """The first few failures, as the clients saw them."""
     joined: list[str] = field(default_factory=list)
     """Nodes that joined on Ray nodes started during the drill."""
+    interrupted_moves: list[str] = field(default_factory=list)
+    """How each move cut short by the loss of the coordinator's node ended."""
 
     def line(self) -> str:
         worst = max(self.recovery_s, default=0.0)
@@ -165,6 +173,10 @@ def prepare(db: Database, rows: int) -> tuple[list[dict[str, Any]], int]:
         db.create_table(FACTS, table, distributed_by="id")
     if EVENTS not in names:
         db.create_table(EVENTS, events(0, rows), distributed_by="id")
+    if BIG not in names:
+        ids = pa.array(range(BIG_ROWS), pa.int64())
+        padding = pa.array(["x" * 40] * BIG_ROWS)
+        db.create_table(BIG, pa.table({"id": ids, "pad": padding}), distributed_by="id")
     top = db.sql(f"SELECT coalesce(max(id), -1) FROM {EVENTS}")[0][0].as_py()
     return oracle(table), int(top) + 1
 
@@ -211,11 +223,55 @@ def wait_served(db: Database, lost_ray_node: str, started: float) -> float:
 def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
     """Kill a Ray node (``ray-2``, or ``coordinator``: the node the coordinator runs on)
     with SIGKILL; returns its name and Ray node id."""
-    if target == "coordinator":
+    if target in ("coordinator", MID_MOVE):
         host = db.cluster.coordinator_host()
         target = next(n.name for n in local.nodes() if n.node_id == host)
     node = local.remove_node(target, kill=True)
     return node.name, node.node_id
+
+
+class MoveInFlight:
+    """A live move of a shard of the big table between two nodes other than the
+    coordinator's, started on a thread (killing the coordinator's node cuts it short)."""
+
+    def __init__(self, db: Database, report: DrillReport) -> None:
+        self.db, self.report = db, report
+        host = db.cluster.coordinator_host()
+        ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+        shards = [
+            s
+            for s in db.cluster.shards().to_pylist()
+            if s["table"] == BIG and ray_node.get(str(s["node"]), host) != host
+        ]
+        if not shards:
+            raise RuntimeError("no shard of the big table off the coordinator's node")
+        self.shard = str(shards[0]["shard"])
+        others = [n for n, r in ray_node.items() if r != host and n != shards[0]["node"]]
+        if not others:
+            raise RuntimeError("a move beside the coordinator needs 3 serving nodes")
+        self.thread = threading.Thread(target=self._move, args=(others[0],), daemon=True)
+        self.thread.start()
+        time.sleep(MOVE_HEAD_START_S)  # copying by now
+
+    def _move(self, target: str) -> None:
+        try:
+            self.db.cluster.migrate(self.shard, target)
+        except Error:  # cut short: the restarted coordinator finishes or rolls it back
+            pass
+
+    def settle(self) -> None:
+        """Wait for the move's end and record how it ended; the big table must still hold
+        every row once."""
+        self.thread.join(timeout=RECOVERY_TIMEOUT_S)
+        ended = [m for m in self.db.cluster.migrations() if self.shard in m.shards]
+        self.report.interrupted_moves += [f"{m.phase}: {m.outcome}" for m in ended[-1:]]
+        if not ended or ended[-1].phase not in ("done", "rolled_back"):
+            self.report.move_failures += 1
+            self.report.failures.append(f"the move of {self.shard} did not end: {ended[-1:]}")
+        count, total = self.db.sql(f"SELECT count(*), sum(id) FROM {BIG}").to_pylist()[0].values()
+        if (count, total) != (BIG_ROWS, BIG_ROWS * (BIG_ROWS - 1) // 2):
+            self.report.wrong_answers += 1
+            self.report.failures.append(f"{BIG} holds {count} rows (sum {total}) after the move")
 
 
 def drain(db: Database, local: LocalRayCluster, name: str, report: DrillReport) -> None:
@@ -269,9 +325,12 @@ def run_drill(
         for name in drains:
             drain(db, local, name, load.report)
         for target in kills:
+            move = MoveInFlight(db, load.report) if target == MID_MOVE else None
             started = time.monotonic()
             _, ray_node_id = kill(db, local, target)
             load.report.recovery_s.append(wait_served(db, ray_node_id, started))
+            if move is not None:
+                move.settle()
             time.sleep(settle_s)
         for name in rejoins:
             rejoin(db, local, name, load.report)
@@ -294,7 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--moves", type=int, default=20)
     parser.add_argument("--grow", type=int, default=0, help="Ray nodes to add first")
     parser.add_argument("--drain", action="append", default=[], help="a Ray node to drain")
-    parser.add_argument("--kill", action="append", default=[], help="ray-N or coordinator")
+    parser.add_argument(
+        "--kill", action="append", default=[], help=f"ray-N, coordinator or {MID_MOVE}"
+    )
     parser.add_argument("--rejoin", action="append", default=[], help="a Ray node name")
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)

@@ -122,3 +122,20 @@ def test_the_readme_lists_every_error_class() -> None:
     assert len(errors) >= 15
     missing = [name for name in errors if f"`{name}`" not in readme]
     assert not missing, f"README.md does not list {missing}"
+
+
+def test_settings_from_command_line_assignments() -> None:
+    settings = shardflow.Settings().with_text(
+        ["migration_bandwidth_mb_s=2", "auto_balance=false", "buckets=512", "engine=duckdb"]
+    )
+    assert settings.migration_bandwidth_mb_s == 2.0 and settings.auto_balance is False
+    assert settings.buckets == 512 and settings.engine == "duckdb"
+    for bad, message in [
+        ("nope=1", "setting's name"),
+        ("buckets", "name=value"),
+        ("buckets=x", "must be a whole number"),
+        ("auto_balance=maybe", "must be true or false"),
+        ("engine=gpu-magic", "engine must be one of"),
+    ]:
+        with pytest.raises(shardflow.ConfigError, match=message):
+            shardflow.Settings().with_text([bad])

@@ -71,6 +71,10 @@ class Settings:
             "change_value" makes the target of every live move remove one row from, or
             change one value in, its copy once the copy is stored, so that the move's
             verification must fail and roll the move back.
+        test_hold_results_s: for tests only, 0 (off) by default. A session with it set
+            leaves every stage's fragment results on the workers this many seconds before
+            it reads them, so that a test can kill the node holding them first and see the
+            query run again (``db.last_report.reruns``).
     """
 
     buckets: int = 256
@@ -99,6 +103,7 @@ class Settings:
     lease_ttl_s: float = 10.0
     engine: str = "auto"
     test_fault_move_copy: str = ""
+    test_hold_results_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -128,6 +133,8 @@ class Settings:
         for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
+        if self.test_hold_results_s < 0:
+            raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:
             raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
         if self.health_misses < 1 or self.max_concurrent_moves < 1:

@@ -33,6 +33,15 @@ BIG_ROWS = 200_000
 MID_MOVE = "coordinator-mid-move"
 """A kill target: the coordinator's node, while it runs a move between two other nodes."""
 MOVE_HEAD_START_S = 0.5
+LOST = "lost"
+"""A node to rejoin: the name of the first node the drill killed."""
+RESULTS = "results"
+"""A kill target: a node holding fragment results a query has not read yet."""
+RESULT_HOLD_S = 3.0
+HELD_SQL = f"SELECT id, pad FROM {BIG} WHERE id % 3 = 0"
+"""Fragment results of a few hundred KB each: kept in the workers' object stores (small
+ones travel inside the reply and cannot be lost with a node)."""
+HELD_ROWS = len(range(0, BIG_ROWS, 3))
 BATCH = 25
 RECOVERY_TIMEOUT_S = 120.0
 
@@ -53,6 +62,10 @@ class DrillReport:
     """The first few failures, as the clients saw them."""
     joined: list[str] = field(default_factory=list)
     """Nodes that joined on Ray nodes started during the drill."""
+    lost: list[str] = field(default_factory=list)
+    """The Ray nodes killed, in order."""
+    results_recomputed: int = 0
+    """Query reruns because results the query had not read yet were lost with a node."""
     interrupted_moves: list[str] = field(default_factory=list)
     """How each move cut short by the loss of the coordinator's node ended."""
 
@@ -223,11 +236,52 @@ def wait_served(db: Database, lost_ray_node: str, started: float) -> float:
 def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
     """Kill a Ray node (``ray-2``, or ``coordinator``: the node the coordinator runs on)
     with SIGKILL; returns its name and Ray node id."""
-    if target in ("coordinator", MID_MOVE):
+    if target in ("coordinator", MID_MOVE, RESULTS):
         host = db.cluster.coordinator_host()
-        target = next(n.name for n in local.nodes() if n.node_id == host)
+        if target == RESULTS:  # any node holding results, but not the coordinator's
+            target = next(n.name for n in local.nodes() if not n.head and n.node_id != host)
+        else:
+            target = next(n.name for n in local.nodes() if n.node_id == host)
     node = local.remove_node(target, kill=True)
     return node.name, node.node_id
+
+
+class HeldResults:
+    """A scan of the big table whose fragment results wait on the workers (a second session
+    with ``test_hold_results_s``) while a node holding some of them is killed: the query must
+    run again and answer right."""
+
+    def __init__(self, local: LocalRayCluster, report: DrillReport) -> None:
+        self.report = report
+        self.holder = connect(
+            address=local.address, data_dir=local.data_dir, test_hold_results_s=RESULT_HOLD_S
+        )
+        self.answer: pa.Table | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._scan, daemon=True)
+        self.thread.start()
+        time.sleep(RESULT_HOLD_S / 2)  # the fragments ran; their results wait
+
+    def _scan(self) -> None:
+        try:
+            self.answer = self.holder.sql(HELD_SQL)
+        except BaseException as error:  # reported by settle()
+            self.error = error
+
+    def settle(self) -> None:
+        self.thread.join(timeout=RECOVERY_TIMEOUT_S)
+        try:
+            if self.error is not None or self.answer is None:
+                self.report.failed_ops += 1
+                self.report.failures.append(f"held scan: {self.error!r}")
+                return
+            reruns = self.holder.last_report.reruns if self.holder.last_report else 0
+            self.report.results_recomputed += reruns
+            if self.answer.num_rows != HELD_ROWS:
+                self.report.wrong_answers += 1
+                self.report.failures.append(f"held scan: {self.answer.num_rows} rows")
+        finally:
+            self.holder.close()
 
 
 class MoveInFlight:
@@ -324,16 +378,21 @@ def run_drill(
         forced_moves(db, moves, load.report)
         for name in drains:
             drain(db, local, name, load.report)
+        lost = load.report.lost
         for target in kills:
             move = MoveInFlight(db, load.report) if target == MID_MOVE else None
+            held = HeldResults(local, load.report) if target == RESULTS else None
             started = time.monotonic()
-            _, ray_node_id = kill(db, local, target)
+            name, ray_node_id = kill(db, local, target)
+            lost.append(name)
             load.report.recovery_s.append(wait_served(db, ray_node_id, started))
             if move is not None:
                 move.settle()
+            if held is not None:
+                held.settle()
             time.sleep(settle_s)
-        for name in rejoins:
-            rejoin(db, local, name, load.report)
+        for name in rejoins:  # "lost": the first node this drill killed
+            rejoin(db, local, lost[0] if name == LOST and lost else name, load.report)
         time.sleep(settle_s)
     report = load.report
     got = db.sql(f"SELECT id FROM {EVENTS} WHERE id >= {next_id}").column("id").to_pylist()
@@ -354,9 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grow", type=int, default=0, help="Ray nodes to add first")
     parser.add_argument("--drain", action="append", default=[], help="a Ray node to drain")
     parser.add_argument(
-        "--kill", action="append", default=[], help=f"ray-N, coordinator or {MID_MOVE}"
+        "--kill", action="append", default=[], help=f"ray-N, coordinator, {MID_MOVE} or {RESULTS}"
     )
-    parser.add_argument("--rejoin", action="append", default=[], help="a Ray node name")
+    parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)
     with connect(address=args.address, data_dir=args.data_dir) as db:

@@ -184,6 +184,6 @@ def test_a_process_serving_an_embedded_cluster_cannot_also_join_another(
 ) -> None:
     """One process is attached to one Ray cluster: joining another by address while an
     embedded cluster runs here is refused (it would silently have used the embedded one)."""
-    with pytest.raises(shardflow.ConfigError, match="embedded cluster.*one Ray cluster"):
+    with pytest.raises(shardflow.ConfigError, match=r"embedded cluster.*one Ray cluster"):
         shardflow.connect(address="127.0.0.1:6379", data_dir=tmp_path / "other")
     assert db.sql("SELECT 1 AS one")[0][0].as_py() == 1  # the embedded one is unharmed

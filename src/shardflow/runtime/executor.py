@@ -116,6 +116,8 @@ class ExecutionReport:
     started_at: float = 0.0
     """Wall clock (time.time) when execution began; planning came just before."""
     rows: int = 0
+    reruns: int = 0
+    """Times the plan ran again because an intermediate result was lost with its node."""
 
     @property
     def worker_share(self) -> float:

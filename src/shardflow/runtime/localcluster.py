@@ -44,6 +44,8 @@ class LocalRayCluster:
     """The local cluster recorded under ``data_dir``."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.data_dir = str(Path(data_dir).absolute())
+        """The data directory the cluster serves (its state is kept in a folder there)."""
         self.folder = Path(data_dir).absolute() / STATE_FOLDER
         self.state_file = self.folder / "cluster.json"
 

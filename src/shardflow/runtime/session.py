@@ -233,6 +233,7 @@ class Session:
                     raise ClusterError("intermediate results were lost repeatedly") from None
                 self.refresh()
         report.plan_seconds = planning
+        report.reruns = lost
         return result, report
 
     def explain(self, sql: str) -> str:
@@ -683,6 +684,8 @@ class _RayRunner:
                 raise _Again(f"{len(pending)} unit(s) of the stage still to run")
 
         session._retrying("query", attempt)
+        if session.settings.test_hold_results_s:  # tests only: results wait on the workers
+            time.sleep(session.settings.test_hold_results_s)
         return results
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:

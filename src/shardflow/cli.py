@@ -251,16 +251,27 @@ def cluster_remove_node(
     ] = False,
     deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
 ) -> None:
-    """Take a data node away: drained first (its shards move live), or killed outright."""
+    """Take a data node away: drained first (Ray drains it; shardflow moves its shards off
+    live before the deadline), or killed outright."""
+    import time
+
     local = _local(data_dir)
-    name = node
     with _attach(local.address, data_dir) as db:
         by_shardflow = {n.node_id: n.ray_node_name for n in db.cluster.nodes()}
         name = by_shardflow.get(node) or node
         target = local.node(name)
         if not kill:
-            moved = db.cluster.drain_host(target.node_id, deadline=deadline)
-            console.print(f"drained {name}: {len(moved)} move(s)")
+            from shardflow.runtime.cluster import request_ray_drain
+
+            request_ray_drain(target.node_id, deadline)
+            ends = time.monotonic() + deadline
+            with console.status(f"draining {name}"):
+                while any(n.ray_node_id == target.node_id for n in db.cluster.nodes()):
+                    if time.monotonic() > ends:
+                        console.print(f"[red]{name} still serves shards after {deadline:g}s")
+                        raise typer.Exit(1)
+                    time.sleep(0.5)
+            console.print(f"drained {name}: no shard is served there any more")
     local.remove_node(name, kill=kill)
     console.print(f"Ray node {name} {'killed' if kill else 'stopped'}")
 

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 from prometheus_client import start_http_server
+from ray._private import state as ray_state
 
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
@@ -58,7 +60,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 JOIN_INTERVAL_S = 2.0
-"""How often a coordinator with ``auto_join`` looks for Ray nodes without workers."""
+"""How often a coordinator with ``auto_join`` looks for Ray nodes without workers, and for
+Ray nodes being drained."""
+RAY_DRAIN_DEFAULT_S = 300.0
+"""How long the workers of a Ray node drained without a deadline may take to drain."""
+RAY_DRAIN_MARGIN_S = 5.0
+"""Drains end this long before the Ray node's own drain deadline."""
 
 LOOPBACK = "127.0.0.1"
 WORKER_CONCURRENCY = 16
@@ -115,9 +122,26 @@ class CoordinatorService:
     def _join_loop(self) -> None:
         while not self.controller.stopped.wait(JOIN_INTERVAL_S):
             try:
+                self._follow_ray_drains()
                 self._join_new_nodes()
             except Exception:  # the next round tries again; the loop must not die
-                log.exception("starting workers on new Ray nodes failed")
+                log.exception("following the Ray nodes failed")
+
+    def _follow_ray_drains(self) -> None:
+        """A Ray node being drained (``ray drain-node``, the autoscaler, KubeRay scaling
+        down) is leaving gracefully: drain its workers before its deadline."""
+        draining: dict[str, int] = ray_state.state.get_draining_nodes()
+        for ray_node_id, deadline_ms in draining.items():
+            with self._joining:
+                if ray_node_id in self._leaving:
+                    continue
+                self._leaving.add(ray_node_id)
+            left = deadline_ms / 1000 - time.time() if deadline_ms else RAY_DRAIN_DEFAULT_S
+            deadline_s = max(1.0, left - RAY_DRAIN_MARGIN_S)
+            log.info("Ray node %s is draining: draining its workers (%.0fs)", ray_node_id, left)
+            threading.Thread(
+                target=self._leave, args=(ray_node_id, deadline_s), daemon=True
+            ).start()
 
     @ray.method
     def join_new_nodes(self) -> list[str]:
@@ -177,6 +201,9 @@ class CoordinatorService:
     def leave(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
         """Drain every worker on a Ray node that is about to leave, and stop them; no
         worker starts there again."""
+        return self._leave(ray_node_id, deadline_s)
+
+    def _leave(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
         with self._joining:
             self._leaving.add(ray_node_id)
         reports = []

@@ -309,6 +309,28 @@ def _data_node_share(slots: list[Slot]) -> dict[str, Any]:
     return {}
 
 
+def request_ray_drain(ray_node_id: str, deadline_s: float) -> None:
+    """Ask Ray to drain a node, as its autoscaler does before it takes a machine away
+    (preemption: running actors do not refuse it); a coordinator with ``auto_join`` then
+    drains the shardflow workers there. Needs this process connected to the cluster."""
+    from ray.core.generated import autoscaler_pb2
+
+    client = ray._raylet.GcsClient(  # type: ignore[attr-defined]
+        address=ray.get_runtime_context().gcs_address
+    )
+    deadline_ms = int((time.time() + deadline_s) * 1000)
+    accepted, why = client.drain_node(
+        ray_node_id,
+        autoscaler_pb2.DrainNodeReason.Value(  # type: ignore[attr-defined]
+            "DRAIN_NODE_REASON_PREEMPTION"
+        ),
+        "shardflow cluster remove-node",
+        deadline_ms,
+    )
+    if not accepted:
+        raise ConfigError(f"Ray refused to drain node {ray_node_id}: {why}")
+
+
 def service_prefix(data_dir: str) -> str:
     """The actor name prefix of the cluster serving ``data_dir`` on a Ray cluster."""
     return f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"

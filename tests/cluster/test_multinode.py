@@ -8,6 +8,8 @@ While it serves, ``ss`` shows every socket of every one of its processes on 127.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from shardflow.runtime.actors import JOIN_INTERVAL_S
 from shardflow.runtime.localcluster import LocalRayCluster, _descendants
 
 pytestmark = pytest.mark.cluster
@@ -160,3 +163,32 @@ def test_a_node_removed_gracefully_is_drained_first(cluster: Running) -> None:
     count = run(*SHARDFLOW, "sql", "SELECT count(*) AS n FROM drill_facts", "--address",
                 cluster.address, "--data-dir", str(cluster.data_dir))  # fmt: skip
     assert "10000" in count
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a node with a disk of its own needs a mount namespace (root, unshare)",
+)
+def test_a_node_that_cannot_reach_the_data_directory_never_serves(cluster: Running) -> None:
+    """A Ray node whose view of the data directory's path is its own (empty) disk: a new
+    service that would use it is refused with a ConfigError naming it, and the running
+    service's auto_join gives it no worker."""
+    shared = cluster.data_dir.parent  # holds this cluster's data directory and the next one
+    node = cluster.local.add_node(object_store_mb=128, hide=str(shared))
+    try:
+        refused = subprocess.run(
+            [*SHARDFLOW, "serve", "--address", cluster.address, "--data-dir",
+             str(shared / "another")],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        said = refused.stdout + refused.stderr
+        assert refused.returncode == 2, said[-3000:]
+        assert "ConfigError" in said and "cannot reach the data directory" in said
+        assert node.name in said
+        time.sleep(3 * JOIN_INTERVAL_S)  # the running service looked at the new node
+        status = run(*SHARDFLOW, "cluster", "status", "--data-dir", str(cluster.data_dir))
+        members = [line for line in status.splitlines() if "node-" in line]
+        assert members and not [line for line in members if node.name in line], status
+        assert "health: ok" in status
+    finally:
+        cluster.local.remove_node(node.name, kill=True)

@@ -20,11 +20,12 @@ import pyarrow as pa
 import ray
 from prometheus_client import start_http_server
 from ray._private import state as ray_state
+from ray.exceptions import RayTaskError
 
-from shardflow.catalog import OwnerToken, TableSpec
+from shardflow.catalog import DataDir, OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
-from shardflow.errors import Error
+from shardflow.errors import ConfigError, Error
 from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.executor import FragmentStats, concat
@@ -51,7 +52,7 @@ from shardflow.runtime.ray_workers import (
 )
 from shardflow.runtime.raynode import NAME_LABEL
 from shardflow.runtime.slots import Slot, slot_options, worker_slots
-from shardflow.runtime.worker import WorkerNode
+from shardflow.runtime.worker import WorkerNode, check_shared
 from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
 
@@ -99,6 +100,8 @@ class CoordinatorService:
         """The Ray node of every worker seen (a node's worker never moves)."""
         self._leaving: set[str] = set()
         """Ray nodes being drained to leave: no worker is started on them again."""
+        self._refused: dict[str, str] = {}
+        """Ray nodes that cannot serve (they do not reach the data directory), and why."""
         self._joining = threading.Lock()
         self.controller.start()  # watch workers; finish or roll back moves a crash cut short
         with warnings.catch_warnings():  # Ray deprecates a call it makes itself here
@@ -154,7 +157,7 @@ class CoordinatorService:
             held = Counter(self._live_hosts().values())
             joined = []
             for slot in worker_slots(ray.nodes()):  # type: ignore[no-untyped-call]
-                if slot.ray_node_id in self._leaving:
+                if slot.ray_node_id in self._leaving or slot.ray_node_id in self._refused:
                     continue
                 if held[slot.ray_node_id] > 0:
                     held[slot.ray_node_id] -= 1
@@ -182,6 +185,12 @@ class CoordinatorService:
         return hosts
 
     def _join(self, slot: Slot) -> str | None:
+        try:
+            check_storage_on([slot], self.data_dir, self.state.owner)
+        except ConfigError as error:  # it will not reach it later either: never asked again
+            log.warning("Ray node %s gets no worker: %s", slot.name, error)
+            self._refused[slot.ray_node_id] = str(error)
+            return None
         node = self.state.reserve_node()
         actor = spawn_worker(self.prefix, node, self.data_dir, self.settings, slot, detached=True)
         worker = self.workers.add(node, actor)
@@ -523,6 +532,29 @@ class WorkerService:
 
 CoordinatorActor = ray.remote(CoordinatorService)
 WorkerActor = ray.remote(WorkerService)
+
+
+def check_storage_on(slots: list[Slot], data_dir: str, owner: OwnerToken) -> None:
+    """Every Ray node of ``slots`` must read the lease the coordinator wrote in
+    ``data_dir``: a cluster of several machines needs the data directory on shared storage.
+    Raises ``ConfigError`` naming a node that cannot (checked by a small task there)."""
+    checks = [
+        _storage_check.options(**slot_options(slot.cpu_only(), False)).remote(
+            data_dir, owner, slot.name or slot.ray_node_id
+        )
+        for slot in {s.ray_node_id: s for s in slots}.values()
+    ]
+    for ref in checks:
+        try:
+            ray.get(ref)
+        except RayTaskError as error:
+            cause = error.cause
+            raise cause if isinstance(cause, ConfigError) else error from None
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _storage_check(data_dir: str, owner: OwnerToken, node: str) -> None:
+    check_shared(DataDir.resolve(data_dir), owner, f"Ray node {node}")
 
 
 def spawn_worker(

@@ -24,6 +24,7 @@ from shardflow.errors import ConfigError, DataDirInUseError
 from shardflow.runtime.actors import (
     COORDINATOR_CONCURRENCY,
     CoordinatorActor,
+    check_storage_on,
     spawn_worker,
 )
 from shardflow.runtime.ray_workers import (
@@ -33,8 +34,7 @@ from shardflow.runtime.ray_workers import (
     coordinator_actor_name,
 )
 from shardflow.runtime.raynode import DATA_NODE_RESOURCE
-from shardflow.runtime.slots import Slot, choose_slots, slot_options, worker_slots
-from shardflow.runtime.worker import check_shared
+from shardflow.runtime.slots import Slot, choose_slots, worker_slots
 
 if TYPE_CHECKING:
     from shardflow.runtime.ray_workers import CoordinatorHandle
@@ -258,7 +258,8 @@ def _launch_actors(
     try:
         if not embedded:
             owner_token = ray.get(handle.coordinator.owner_token.remote())
-            _check_shared_storage(slots, data_dir, owner_token)
+            _check_coordinator_storage(handle, owner_token)
+            check_storage_on(slots, data_dir, owner_token)
         ray.get(handle.coordinator.register_nodes.remote(nodes))
         for node, slot in zip(nodes, slots, strict=True):
             start_worker(handle, node, slot, simulate.get(node, 1.0))
@@ -277,27 +278,20 @@ def _launch_actors(
     return handle
 
 
-def _check_shared_storage(slots: list[Slot], data_dir: str, owner: OwnerToken) -> None:
-    """Every Ray node that is to serve must read the lease the coordinator wrote in
-    ``data_dir``: a cluster of several machines needs the data directory on shared storage.
-    Raises ``ConfigError`` naming the node that cannot."""
-    checks = {
-        slot.ray_node_id: _storage_check.options(**slot_options(slot.cpu_only(), False)).remote(
-            data_dir, owner, slot.name or slot.ray_node_id
-        )
-        for slot in slots
-    }
-    for ref in checks.values():
-        try:
-            ray.get(ref)
-        except RayTaskError as error:
-            cause = error.cause
-            raise cause if isinstance(cause, ConfigError) else error from None
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def _storage_check(data_dir: str, owner: OwnerToken, node: str) -> None:
-    check_shared(DataDir.resolve(data_dir), owner, f"Ray node {node}")
+def _check_coordinator_storage(handle: ClusterHandle, owner: OwnerToken) -> None:
+    """The coordinator took the lease in the data directory this process sees: otherwise it
+    runs on a node whose own disk holds that path."""
+    record = lease.read_lease(DataDir.resolve(handle.data_dir))
+    if record is not None and record.owner == owner.owner:
+        return
+    host = ray.get(handle.coordinator.ray_node_id.remote())
+    names = {s.ray_node_id: s.name for s in worker_slots(ray.nodes())}  # type: ignore[no-untyped-call]
+    raise ConfigError(
+        f"the coordinator's Ray node {names.get(host, host)} cannot reach the data directory "
+        f"{handle.data_dir!r} this process uses (it wrote its lease elsewhere). A cluster of "
+        "several machines needs a data directory on storage every node reaches (a shared "
+        "path or a filesystem URI)."
+    )
 
 
 def _data_node_share(slots: list[Slot]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -102,7 +103,7 @@ class LocalRayCluster:
             )
         self.folder.mkdir(parents=True, exist_ok=True)
         head = self._start("head", None, object_store_mb, data=False)
-        address = self._read_info("head")["gcs_address"]
+        address = json.loads((self.folder / "head.json").read_text())["gcs_address"]
         self._save(str(address), [head], 1)
         try:
             for _ in range(data_nodes):
@@ -111,21 +112,34 @@ class LocalRayCluster:
             self.down()
             raise
 
-    def add_node(self, object_store_mb: int = 256, name: str | None = None) -> LocalNode:
+    def add_node(
+        self, object_store_mb: int = 256, name: str | None = None, hide: str | None = None
+    ) -> LocalNode:
         """Start one more data node, named ``ray-<n>`` (a number never used before) unless
-        ``name`` gives the name of a node that was removed (a machine that comes back)."""
+        ``name`` gives the name of a node that was removed (a machine that comes back).
+        ``hide`` (tests; root and Linux only) gives the node a mount namespace of its own
+        with an empty folder at that path: a machine whose own disk lacks the data."""
         state = self._load()
         index = int(state["next_index"])  # type: ignore[call-overload]
         if name is None:
             name, index = f"ray-{index}", index + 1
         elif any(n.name == name for n in self.nodes()):
             raise ConfigError(f"Ray node {name} runs already")
-        node = self._start(name, self.address, object_store_mb, data=True)
+        node = self._start(name, self.address, object_store_mb, data=True, hide=hide)
         self._save(self.address, [*self.nodes(), node], index)
         return node
 
-    def _start(self, name: str, address: str | None, object_store_mb: int, data: bool) -> LocalNode:
+    def _start(
+        self,
+        name: str,
+        address: str | None,
+        object_store_mb: int,
+        data: bool,
+        hide: str | None = None,
+    ) -> LocalNode:
         info = self.folder / f"{name}.json"
+        if hide is not None and info.absolute().is_relative_to(Path(hide).absolute()):
+            info = Path(tempfile.mkdtemp(prefix="shardflow-node-")) / f"{name}.json"
         info.unlink(missing_ok=True)
         command = [
             sys.executable,
@@ -143,6 +157,10 @@ class LocalRayCluster:
         command += ["--address", address] if address else ["--head"]
         if data:
             command.append("--data")
+        if hide is not None:  # an empty folder over `hide`, in this node's own mount namespace
+            mount = 'mount -t tmpfs shardflow-hidden "$0" && exec "$@"'
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
+                       str(Path(hide).absolute()), *command]  # fmt: skip
         with open(self.folder / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
                 command,
@@ -163,12 +181,8 @@ class LocalRayCluster:
                 _kill_tree(process.pid)
                 raise ConfigError(f"Ray node {name} did not start within {START_TIMEOUT_S:g}s")
             time.sleep(0.1)
-        started = self._read_info(name)
+        started = json.loads(info.read_text())
         return LocalNode(name, process.pid, str(started["node_id"]), head=address is None)
-
-    def _read_info(self, name: str) -> dict[str, object]:
-        info: dict[str, object] = json.loads((self.folder / f"{name}.json").read_text())
-        return info
 
     # -- stopping ---------------------------------------------------------------------
     def remove_node(self, name: str, kill: bool = False) -> LocalNode:

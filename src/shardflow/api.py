@@ -503,10 +503,15 @@ def connect(
 ) -> Database:
     """Start or join a shardflow cluster.
 
-    With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this machine;
-    with ``address="auto"`` or a ``ray://`` address, shardflow joins that Ray cluster. Unless
-    ``workers`` says how many worker actors to start, there is one per GPU where the cluster
-    has GPUs (pinned to the GPU and its accelerator type), else 4. ``data_dir`` (a local
+    With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this process:
+    unless ``workers`` says how many worker actors to start, one per GPU where there are GPUs
+    (pinned to the GPU and its accelerator type), else 4. With an ``address``
+    (``"host:port"``, ``"auto"``), shardflow joins that Ray cluster: if a service serves
+    ``data_dir`` there already (``shardflow serve``, another session) this attaches to it;
+    else it starts one, with a worker pinned to every Ray node (one per GPU on GPU nodes;
+    ``workers`` spreads that many over the nodes instead), as detached actors that
+    ``close()`` stops again. A loopback address keeps this process's Ray on 127.0.0.1.
+    ``data_dir`` (a local
     path or any pyarrow filesystem URI) holds the catalog and every table's durable files;
     reconnecting to it recovers them.
     ``options`` override single fields of :class:`Settings`. ``simulate`` makes some nodes

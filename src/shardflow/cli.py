@@ -61,7 +61,7 @@ def _connect(data_dir: Path, workers: int, address: str | None):  # type: ignore
     from shardflow.api import connect
 
     if address is not None:  # attach to the service serving data_dir there
-        return connect(address=address, data_dir=data_dir)
+        return _attach(address, data_dir)
     return connect(workers=workers, data_dir=data_dir)
 
 
@@ -109,8 +109,11 @@ ServiceDir = Annotated[Path, typer.Option(help="Data directory the service serve
 
 
 def _attach(address: str, data_dir: Path):  # type: ignore[no-untyped-def]
+    """The running service of ``data_dir`` at ``address`` (never a new one)."""
     from shardflow.api import connect
+    from shardflow.runtime.cluster import require_service
 
+    require_service(address, str(data_dir.absolute()))
     return connect(address=address, data_dir=data_dir)
 
 

@@ -330,6 +330,20 @@ def service_prefix(data_dir: str) -> str:
     return f"db-{uuid.uuid5(uuid.NAMESPACE_URL, data_dir).hex[:12]}"
 
 
+def require_service(address: str, data_dir: str) -> None:
+    """Join the Ray cluster at ``address`` and make sure a shardflow service serves
+    ``data_dir`` there (so that a later ``connect`` attaches to it rather than starting
+    one). Raises ``ConfigError`` when none does."""
+    start_ray(address, Settings())
+    try:
+        ray.get_actor(coordinator_actor_name(service_prefix(data_dir)), namespace=NAMESPACE)
+    except ValueError:
+        raise ConfigError(
+            f"no shardflow service serves {data_dir} at {address} (start one with "
+            "`shardflow serve` or `shardflow cluster up`)"
+        ) from None
+
+
 def stop_service(address: str, data_dir: str) -> list[str]:
     """Stop the coordinator and every worker serving ``data_dir`` on the Ray cluster at
     ``address`` (started by ``shardflow serve`` or another process); returns the nodes

@@ -10,8 +10,10 @@ A worker that starts rebuilds every shard the catalog assigns to it from durable
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -34,7 +36,7 @@ from shardflow.runtime.executor import FragmentStats, distinct_names, query_erro
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
-from shardflow.telemetry.calibration import calibrate, capacity, operator_mix
+from shardflow.telemetry.calibration import OPERATORS, calibrate, capacity, operator_mix
 from shardflow.telemetry.devices import (
     GPU_ENGINE,
     DeviceInfo,
@@ -50,6 +52,12 @@ from shardflow.telemetry.devices import (
 log = logging.getLogger(__name__)
 
 REPLICA = "replica"
+
+
+CALIBRATION_FOLDER = "calibration"
+"""Where measured calibrations are kept in the data directory, one file per kind of node."""
+CALIBRATION_VERSION = 1
+"""Bumped when what calibration measures changes: older files are not reused."""
 
 
 def check_shared(data_dir: DataDir, owner: OwnerToken, node_id: str) -> None:
@@ -169,14 +177,43 @@ class WorkerNode:
         if catalog is not None:
             self.sync(catalog)
 
-    def calibrate(self) -> NodeProfile:
+    def calibrate(self, fresh: bool = False) -> NodeProfile:
         """Measure this node's device with its own engine (a second or so); the capacity
-        weighs how much work placement and the balancer give it."""
-        throughput = calibrate(self.executor.run)
+        weighs how much work placement and the balancer give it. The measurement is kept in
+        the data directory per kind of node (device, engine, threads, simulated slowdown)
+        and reused by nodes of that kind that start later, unless ``fresh``."""
+        path = self.data_dir.path(CALIBRATION_FOLDER, f"{self._calibration_key()}.json")
+        throughput = None if fresh else self._cached_calibration(path)
+        if throughput is None:
+            throughput = calibrate(self.executor.run)
+            try:
+                self.data_dir.write_atomic(path, json.dumps(throughput).encode(), sync=False)
+            except (OSError, pa.ArrowException) as error:  # a cache: the next node measures
+                log.info("calibration not kept: %s", error)
         self.profile = node_profile(
             self.node_id, self.device, self.executor, throughput, self.slowdown
         )
         return self.profile
+
+    def _calibration_key(self) -> str:
+        parts = (
+            f"v{CALIBRATION_VERSION}",
+            self.device.vendor,
+            self.device.model,
+            self.executor.name,
+            f"t{self.settings.engine_threads or os.cpu_count()}",
+            f"x{self.slowdown:g}",
+        )
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+
+    def _cached_calibration(self, path: str) -> dict[str, float] | None:
+        try:
+            cached = json.loads(self.data_dir.read(path))
+        except (OSError, ValueError, pa.ArrowException):
+            return None
+        if not isinstance(cached, dict) or set(cached) != set(OPERATORS):
+            return None  # another version's operators: measure again
+        return {str(k): float(v) for k, v in cached.items()}
 
     # -- catalog ------------------------------------------------------------------------
     def sync(self, catalog_json: Mapping[str, Any]) -> int:

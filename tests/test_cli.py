@@ -41,5 +41,31 @@ def test_demo_then_sql_on_its_data_directory(tmp_path: Path) -> None:
 def test_help_lists_commands() -> None:
     shown = run("--help")
     assert shown.returncode == 0
-    for command in ("demo", "sql", "explain", "tables"):
+    for command in ("demo", "sql", "explain", "tables", "load", "insert", "serve", "cluster"):
         assert command in shown.stdout
+
+
+def test_from_a_parquet_file_to_a_query_with_the_command_alone(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": list(range(100)), "g": [i % 3 for i in range(100)]}),
+                   tmp_path / "t.parquet")  # fmt: skip
+    pq.write_table(pa.table({"id": [100, 101], "g": [0, 0]}), tmp_path / "more.parquet")
+    data_dir = str(tmp_path / "data")
+    common = ("--data-dir", data_dir, "--workers", "1")
+    loaded = run("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", *common)
+    assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
+    assert "loaded 100 rows into t" in loaded.stdout
+    inserted = run("insert", "t", str(tmp_path / "more.parquet"), *common)
+    assert inserted.returncode == 0 and "inserted 2 rows into t" in inserted.stdout
+    answer = run("sql", "SELECT g, count(*) AS n FROM t GROUP BY g ORDER BY g", *common)
+    assert answer.returncode == 0
+    assert [line.split("│")[1:3] for line in answer.stdout.splitlines() if "│" in line] == [
+        [" 0 ", " 36 "],
+        [" 1 ", " 33 "],
+        [" 2 ", " 33 "],
+    ]
+    missing = run("load", "u", str(tmp_path / "nope.parquet"), *common)
+    assert missing.returncode == 2 and "TableError" in missing.stdout
+    assert len(missing.stdout.strip().splitlines()) <= 3  # one readable error, no traceback

@@ -78,6 +78,56 @@ def sql(
 
 
 @app.command()
+def load(
+    name: Annotated[str, typer.Argument(help="The new table's name.")],
+    path: Annotated[str, typer.Argument(help="A Parquet file or directory (path or URI).")],
+    distributed_by: Annotated[
+        str | None, typer.Option(help="Hash rows on this column into shards.")
+    ] = None,
+    colocate_with: Annotated[
+        str | None, typer.Option(help="Keep equal bucket ranges with this table's.")
+    ] = None,
+    replicated: Annotated[bool, typer.Option(help="A copy on every worker.")] = False,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Create a table from Parquet and load it (durable once this returns)."""
+    with _connect(data_dir, workers, address) as db:
+        rows = db.create_table(
+            name,
+            path,
+            distributed_by=distributed_by,
+            colocate_with=colocate_with,
+            replicated=replicated,
+            progress=console.is_terminal,
+        )
+    console.print(f"loaded {rows} rows into {name}")
+
+
+@app.command()
+def insert(
+    name: Annotated[str, typer.Argument(help="The table to insert into.")],
+    path: Annotated[str, typer.Argument(help="A Parquet file or directory of new rows.")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Insert the rows of a Parquet file into a table (acknowledged once durable)."""
+    import pyarrow.dataset as ds
+
+    from shardflow.errors import TableError
+
+    try:
+        rows = ds.dataset(path, format="parquet").to_table()
+    except (OSError, pa.ArrowException) as error:
+        raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
+    with _connect(data_dir, workers, address) as db:
+        count = db.insert(name, rows)
+    console.print(f"inserted {count} rows into {name}")
+
+
+@app.command()
 def explain(
     query: str,
     data_dir: DataDir = Path(".shardflow"),

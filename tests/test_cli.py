@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,22 @@ def test_from_a_parquet_file_to_a_query_with_the_command_alone(tmp_path: Path) -
         [" 1 ", " 33 "],
         [" 2 ", " 33 "],
     ]
+    query = "SELECT g, count(*) AS n FROM t GROUP BY g ORDER BY g"
+    csv = run("sql", query, "--format", "csv", *common)
+    assert csv.returncode == 0 and csv.stdout.split() == ['"g","n"', "0,36", "1,33", "2,33"]
+    lines = run("sql", query, "--format", "json", *common).stdout.splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"g": 0, "n": 36},
+        {"g": 1, "n": 33},
+        {"g": 2, "n": 33},
+    ]
+    arrow = subprocess.run(
+        [SHARDFLOW, "sql", query, "--format", "arrow", *common], capture_output=True, timeout=600
+    )
+    assert pa.ipc.open_stream(arrow.stdout).read_all().to_pydict() == {
+        "g": [0, 1, 2],
+        "n": [36, 33, 33],
+    }
     missing = run("load", "u", str(tmp_path / "nope.parquet"), *common)
     assert missing.returncode == 2 and "TableError" in missing.stdout
     assert len(missing.stdout.strip().splitlines()) <= 3  # one readable error, no traceback

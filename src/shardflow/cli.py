@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import enum
+import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -42,6 +45,33 @@ def demo(
         raise typer.Exit(1)
 
 
+class Format(enum.StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    arrow = "arrow"
+
+
+def _write(table: pa.Table, form: Format) -> None:
+    """A result on standard output: a rich table for people; CSV, JSON lines or an Arrow
+    IPC stream (every row, exact types) for scripts."""
+    if form is Format.table:
+        _print_table(table)
+        return
+    out = sys.stdout.buffer
+    if form is Format.csv:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, out)
+    elif form is Format.json:
+        for row in table.to_pylist():
+            out.write(json.dumps(row, default=str).encode() + b"\n")
+    else:
+        with pa.ipc.new_stream(out, table.schema) as stream:
+            stream.write_table(table)
+    out.flush()
+
+
 def _print_table(table: pa.Table, limit: int = 50) -> None:
     view = Table(*table.column_names)
     for row in table.slice(0, limit).to_pylist():
@@ -71,10 +101,17 @@ def sql(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = 4,
     address: Address = None,
+    form: Annotated[
+        Format,
+        typer.Option(
+            "--format",
+            help="table (first 50 rows), or every row as csv, json lines or an arrow stream.",
+        ),
+    ] = Format.table,
 ) -> None:
     """Run one query against the tables in a data directory."""
     with _connect(data_dir, workers, address) as db:
-        _print_table(db.sql(query))
+        _write(db.sql(query), form)
 
 
 @app.command()

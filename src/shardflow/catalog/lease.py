@@ -58,7 +58,7 @@ class Holder:
         me = Holder.this_process()
         if self.host != me.host or self.boot_id != me.boot_id:
             return None if self.host != me.host else False  # same host, rebooted: gone
-        return _process_running(self.pid)
+        return process_running(self.pid)
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,8 @@ def _boot_id() -> str:
         return ""
 
 
-def _process_running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -168,7 +168,9 @@ class CoordinatorService:
             return joined
 
     def _live_hosts(self) -> dict[str, str]:
-        """The Ray node of every member whose worker answers."""
+        """The Ray node of every member (a member whose worker died counts until the watch
+        loop fails it over: its Ray node gets a new worker in the round after that). A
+        member's node is asked once; one that does not answer is not counted."""
         hosts = {}
         for node in self.state.catalog.nodes:
             if node not in self._hosts:
@@ -177,12 +179,14 @@ class CoordinatorService:
                 except Error:
                     continue
                 self._hosts[node] = info.host.ray_node_id
-            try:
-                self.workers.get(node).ping().get(timeout=self.settings.retry_deadline_s)
-            except Error:
-                continue
             hosts[node] = self._hosts[node]
         return hosts
+
+    def _answers(self, node: str) -> bool:
+        try:
+            return self.workers.get(node).ping().get(timeout=self.settings.retry_deadline_s)
+        except Error:
+            return False
 
     def _join(self, slot: Slot) -> str | None:
         try:
@@ -217,7 +221,7 @@ class CoordinatorService:
             self._leaving.add(ray_node_id)
         reports = []
         for node, host in self._live_hosts().items():
-            if host == ray_node_id:
+            if host == ray_node_id and self._answers(node):  # a dead one is failed over
                 report = self.controller.drain(node, deadline_s)
                 if report.drained:
                     self.workers.kill(node)

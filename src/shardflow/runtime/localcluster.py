@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from shardflow.catalog.lease import process_running
 from shardflow.errors import ConfigError
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -38,7 +39,7 @@ class LocalNode:
 
     @property
     def alive(self) -> bool:
-        return _running(self.pid)
+        return process_running(self.pid)
 
 
 class LocalRayCluster:
@@ -213,20 +214,6 @@ class LocalRayCluster:
             _reap(pid)
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not running
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux: read from /proc)."""
     children: dict[int, list[int]] = {}
@@ -249,17 +236,12 @@ def _descendants(pid: int) -> list[int]:
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a node's process and everything below it, all at once."""
-    for target in [pid, *_descendants(pid)]:
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _reap(pid)
+    _kill_all([pid, *_descendants(pid)])
 
 
 def _stop(pid: int) -> None:
     """SIGTERM a node's process (it stops its node); SIGKILL what is left after a while."""
-    if not _running(pid):
+    if not process_running(pid):
         return
     below = _descendants(pid)
     try:
@@ -267,16 +249,20 @@ def _stop(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _running(pid) and time.monotonic() < deadline:
+    while process_running(pid) and time.monotonic() < deadline:
         _reap(pid)
         time.sleep(0.1)
-    for target in [pid, *below]:
-        if _running(target):
-            try:
-                os.kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    _reap(pid)
+    _kill_all([p for p in [pid, *below] if process_running(p)])
+
+
+def _kill_all(pids: list[int]) -> None:
+    for target in pids:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if pids:
+        _reap(pids[0])
 
 
 def _reap(pid: int) -> None:

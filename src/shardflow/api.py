@@ -8,7 +8,6 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -17,6 +16,8 @@ import pyarrow as pa
 from shardflow.catalog import DataDir
 from shardflow.config import Settings
 from shardflow.errors import ClosedError, ConfigError, DrainTimeoutError, MigrationError
+from shardflow.records import MigrationRecord, NodeInfo
+from shardflow.remote import RemoteDatabase
 from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
 from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.profiling import build_profile
@@ -54,79 +55,6 @@ def _while_open(
             raise
 
     return call
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One worker: its device profile and what it holds and does now."""
-
-    node_id: str
-    alive: bool
-    vendor: str
-    model: str
-    engine: str
-    memory_bytes: int
-    cores: int
-    capacity: float
-    """Calibrated capacity for the cluster's operator mix relative to the median node, as
-    placement and the balancer use it (0.5: gets half a median node's work)."""
-    simulated: bool
-    shards: int
-    rows: int
-    bytes: int
-    queries_running: int
-    utilization: float | None
-    """Busy fraction over the balancer's last window (``balance_interval_s``); None until
-    a window has passed."""
-    busy_fraction: float
-    """Share of the worker's uptime spent executing fragments (summed over threads)."""
-    memory_used_bytes: int
-    memory_free_bytes: int
-    device_utilization: float | None
-    """GPU utilisation (0..1) from NVML / AMD SMI; None on a CPU node."""
-    device_memory_used_bytes: int | None
-    device_memory_free_bytes: int | None
-    """GPU memory from NVML / AMD SMI; None on a CPU node."""
-    engine_note: str
-    calibration: dict[str, float]
-    """Rows per second per operator measured when the worker joined."""
-    ray_node_id: str = ""
-    """The Ray node the worker is pinned to ("" when it does not answer)."""
-    host: str = ""
-    """That Ray node's address."""
-    ray_node_name: str = ""
-    """That Ray node's name (its ``shardflow-name`` label, else Ray's node name)."""
-
-
-@dataclass(frozen=True)
-class MigrationRecord:
-    """One live move (migration, split or merge), as the history keeps it."""
-
-    move_id: str
-    kind: str
-    reason: str
-    shards: tuple[str, ...]
-    """The shards that moved (every co-located table of the unit)."""
-    new_shards: tuple[str, ...]
-    from_nodes: tuple[str, ...]
-    to_nodes: tuple[str, ...]
-    phase: str
-    outcome: str
-    """"done", or why it was rolled back."""
-    started_at: float
-    seconds: float
-    phase_seconds: dict[str, float]
-    rows: int
-    bytes: int
-    catch_up_rounds: int
-    fence_seconds: float
-    """How long writes to the moving shards were held (they wait; they do not fail)."""
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MigrationRecord:
-        fields = {f for f in cls.__dataclass_fields__}
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
-        return cls(**values)
 
 
 def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> NodeInfo:
@@ -434,9 +362,13 @@ class Database:
             )
 
     @_while_open
-    def insert(self, name: str, data: pa.Table | pa.RecordBatch) -> int:
-        """Append rows; durable on every owner before it returns. Returns the row count."""
-        return self._session_or_raise().insert(name, data)
+    def insert(
+        self, name: str, data: pa.Table | pa.RecordBatch, *, batch_id: str | None = None
+    ) -> int:
+        """Append rows; durable on every owner before it returns. Returns the row count.
+
+        ``batch_id`` makes a retry safe: rows sent again under the same id are kept once."""
+        return self._session_or_raise().insert(name, data, batch_id)
 
     @_while_open
     def drop_table(self, name: str) -> None:
@@ -499,9 +431,19 @@ def connect(
     data_dir: str | os.PathLike[str] = "./.shardflow",
     settings: Settings | None = None,
     simulate: dict[str, float] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    tls_root_certs: bytes | None = None,
     **options: Any,
-) -> Database:
-    """Start or join a shardflow cluster.
+) -> Database | RemoteDatabase:
+    """Start or join a shardflow cluster, or connect to a served one.
+
+    With a Flight address (``"grpc://127.0.0.1:8815"``, ``"grpc+tls://host:port"``) this
+    connects to ``shardflow serve`` over Arrow Flight SQL as ``user``/``password`` or with
+    a service ``token`` and returns a :class:`~shardflow.remote.RemoteDatabase`: the same
+    methods, each checked against the caller's role on the server
+    (``tls_root_certs``: the PEM certificates to trust for TLS).
 
     With no ``address``, an embedded Ray cluster bound to 127.0.0.1 starts in this process:
     unless ``workers`` says how many worker actors to start, one per GPU where there are GPUs
@@ -519,6 +461,12 @@ def connect(
     """
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ConfigError(f"address must be None, 'auto' or a Ray address, not {address!r}")
+    if address is not None and address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        return RemoteDatabase(
+            address, user=user, password=password, token=token, tls_root_certs=tls_root_certs
+        )
+    if user is not None or password is not None or token is not None:
+        raise ConfigError("user=, password= and token= are for a served cluster (grpc://...)")
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise ConfigError(f"workers must be a whole number, not {workers!r}")

@@ -64,6 +64,8 @@ class Settings:
             coordinator renews it every quarter of that). Another cluster may take the data
             directory over once it expired — at once if the owner ran on this machine and
             exited — and this cluster's writes are refused from then on.
+        token_ttl_s: how long a bearer token from the password handshake of the Flight SQL
+            service lasts (seconds); the client then logs in again.
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
@@ -101,6 +103,7 @@ class Settings:
     metrics_port: int = 0
     profile_queries: bool = True
     lease_ttl_s: float = 10.0
+    token_ttl_s: float = 3600.0
     engine: str = "auto"
     test_fault_move_copy: str = ""
     test_hold_results_s: float = 0.0
@@ -130,7 +133,7 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative")
-        for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s"):
+        for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s", "token_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
         if self.test_hold_results_s < 0:

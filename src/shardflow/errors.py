@@ -139,3 +139,13 @@ class Moved(Retryable):
 
     def __reduce__(self) -> tuple[type[Moved], tuple[str, int]]:
         return (Moved, (self.shard, self.epoch))
+
+
+class AuthenticationError(Error):
+    """The service did not accept the caller: a wrong user name or password, or an
+    unknown, revoked or expired token. Nothing was run."""
+
+
+class PermissionDeniedError(Error):
+    """The caller's role does not allow the call; the message names the role it needs.
+    Nothing was changed."""

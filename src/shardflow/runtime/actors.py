@@ -243,6 +243,11 @@ class CoordinatorService:
             self.controller.recorder.insert(rows)
 
     @ray.method
+    def record_access(self, denied_action: str | None) -> None:
+        if self.controller.recorder is not None:
+            self.controller.recorder.access(denied_action)
+
+    @ray.method
     def ping(self) -> bool:
         return True
 

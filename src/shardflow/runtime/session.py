@@ -4,6 +4,7 @@ and refreshes it when a worker answers ``Moved`` or dies, then retries what fail
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -240,12 +241,13 @@ class Session:
         return explain(self.plan(sql).plan)
 
     # -- inserts ------------------------------------------------------------------------
-    def insert(self, name: str, data: object) -> int:
+    def insert(self, name: str, data: object, batch_id: str | None = None) -> int:
         spec = self.table_spec(name)
         table = conform(data, spec.schema, name)
         if table.num_rows == 0:
             return 0
-        batch_id = uuid.uuid4().hex
+        # a caller's batch id (any text) becomes a hex id: the same id is the same batch
+        batch_id = uuid.uuid4().hex if batch_id is None else _hex_id(batch_id)
         if spec.kind == "replicated":
             self._insert_replicated(spec, table, batch_id)
         else:
@@ -253,6 +255,10 @@ class Session:
         rows = int(table.num_rows)
         self.handle.coordinator.record_insert.remote(rows)
         return rows
+
+    def record_access(self, denied_action: str | None) -> None:
+        """Count a refused service call in the coordinator's /metrics."""
+        self.handle.coordinator.record_access.remote(denied_action)
 
     def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
         # every row's bucket is fixed once: a retry after a split or merge re-routes the same
@@ -565,6 +571,10 @@ class Session:
     def close(self) -> None:
         self.closed.set()
         self.engine.close()
+
+
+def _hex_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _submit_all(submissions: Mapping[str, Callable[[], T]]) -> dict[str, T]:

@@ -85,7 +85,25 @@ class Recorder:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.auth_failures = Counter(
+            name("auth_failures"),
+            "Flight calls refused for a wrong password or an unknown or expired token",
+            registry=registry,
+        )
+        self.denied = Counter(
+            name("denied"),
+            "Flight calls refused because the caller's role does not allow them",
+            ["action"],
+            registry=registry,
+        )
         self._lock = threading.Lock()
+
+    def access(self, denied_action: str | None) -> None:
+        """A refused service call: an authentication failure, or a denied ``action``."""
+        if denied_action is None:
+            self.auth_failures.inc()
+        else:
+            self.denied.labels(denied_action).inc()
 
     def query(self, seconds: float, ok: bool) -> None:
         self.queries.inc()

@@ -1,0 +1,82 @@
+"""What the cluster reports about itself: its nodes and its live moves. Plain records, the
+same for a local :class:`~shardflow.api.Database` and a remote one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One worker: its device profile and what it holds and does now."""
+
+    node_id: str
+    alive: bool
+    vendor: str
+    model: str
+    engine: str
+    memory_bytes: int
+    cores: int
+    capacity: float
+    """Calibrated capacity for the cluster's operator mix relative to the median node, as
+    placement and the balancer use it (0.5: gets half a median node's work)."""
+    simulated: bool
+    shards: int
+    rows: int
+    bytes: int
+    queries_running: int
+    utilization: float | None
+    """Busy fraction over the balancer's last window (``balance_interval_s``); None until
+    a window has passed."""
+    busy_fraction: float
+    """Share of the worker's uptime spent executing fragments (summed over threads)."""
+    memory_used_bytes: int
+    memory_free_bytes: int
+    device_utilization: float | None
+    """GPU utilisation (0..1) from NVML / AMD SMI; None on a CPU node."""
+    device_memory_used_bytes: int | None
+    device_memory_free_bytes: int | None
+    """GPU memory from NVML / AMD SMI; None on a CPU node."""
+    engine_note: str
+    calibration: dict[str, float]
+    """Rows per second per operator measured when the worker joined."""
+    ray_node_id: str = ""
+    """The Ray node the worker is pinned to ("" when it does not answer)."""
+    host: str = ""
+    """That Ray node's address."""
+    ray_node_name: str = ""
+    """That Ray node's name (its ``shardflow-name`` label, else Ray's node name)."""
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One live move (migration, split or merge), as the history keeps it."""
+
+    move_id: str
+    kind: str
+    reason: str
+    shards: tuple[str, ...]
+    """The shards that moved (every co-located table of the unit)."""
+    new_shards: tuple[str, ...]
+    from_nodes: tuple[str, ...]
+    to_nodes: tuple[str, ...]
+    phase: str
+    outcome: str
+    """"done", or why it was rolled back."""
+    started_at: float
+    seconds: float
+    phase_seconds: dict[str, float]
+    rows: int
+    bytes: int
+    catch_up_rounds: int
+    fence_seconds: float
+    """How long writes to the moving shards were held (they wait; they do not fail)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MigrationRecord:
+        fields = {f for f in cls.__dataclass_fields__}
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields
+        }
+        return cls(**values)

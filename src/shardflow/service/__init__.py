@@ -1,0 +1,1 @@
+"""The network service: Flight SQL server, authentication, roles, audit."""

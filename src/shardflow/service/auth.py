@@ -1,0 +1,499 @@
+"""Who may use the network service, what each may do, and the record of what they did.
+
+The model:
+
+* **Users** log in with a name and a password. ``users.json`` keeps an argon2id hash of each
+  password (argon2-cffi, its RFC 9106 defaults), never the password itself.
+* **Handshake, then a bearer token.** A client proves its password once, in the Flight
+  handshake, and gets a random bearer token (:class:`TokenIssuer`) that lasts
+  ``Settings.token_ttl_s``. Bearer tokens live in the server's memory only: a restart logs
+  every session out.
+* **Service tokens** are for machines: ``sft_`` and 256 random bits, made with ``shardflow
+  token create``, shown once, valid until revoked or until their own expiry. ``tokens.json``
+  keeps only their SHA-256 — a fast hash is enough for a random token, unlike a password.
+* **Three roles**, each allowed everything of the ones before it: ``reader`` (read),
+  ``writer`` (also change data), ``operator`` (also run the cluster and its accounts).
+* **The audit log** (:class:`AuditLog`) gets one JSON line per request: when, who, what, with
+  which arguments, the outcome and how long it took.
+
+Users and service tokens are plain JSON files under ``<data_dir>/auth/`` (directory 0700,
+files 0600). Writers replace a file atomically while holding ``<data_dir>/auth/.lock``, so the
+CLI may change them under a running server; readers re-read a file only when it changed on
+disk, so a server sees ``shardflow user add`` at its next handshake, without a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from shardflow.errors import ConfigError
+
+ROLES = ("reader", "writer", "operator")
+TOKEN_PREFIX = "sft_"
+# Bounds the issuer's memory (about 300 bytes a token, so some 30 MB) against a flood of
+# handshakes; the oldest sessions are the ones that lose their token.
+MAX_LIVE_TOKENS = 100_000
+_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def check_role(role: str) -> str:
+    """``role`` itself if it is one of :data:`ROLES`; otherwise a ``ConfigError``."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; a role is one of: {', '.join(ROLES)}")
+    return role
+
+
+def role_allows(role: str, needed: str) -> bool:
+    """Whether a principal with ``role`` may do what needs ``needed``.
+
+    >>> role_allows("operator", "writer"), role_allows("reader", "writer")
+    (True, False)
+
+    An unknown ``role`` (a hand-edited file) allows nothing; an unknown ``needed`` is a bug
+    in the caller and raises ``ConfigError``.
+    """
+    check_role(needed)
+    return role in ROLES and ROLES.index(role) >= ROLES.index(needed)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Whom a request runs as: a user who logged in, or the account of a service token."""
+
+    name: str
+    role: str
+    kind: str  # "user" or "service"
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"invalid {what} name {name!r}: use 1 to 64 letters, digits and the characters _.@-"
+        )
+
+
+def _aware(moment: datetime) -> datetime:
+    """``moment`` with a time zone; a naive one is taken as local time."""
+    return moment if moment.tzinfo is not None else moment.astimezone()
+
+
+def _stamp(epoch_s: float, timespec: str = "seconds") -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec=timespec)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _make_private_dir(path: Path) -> None:
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+
+
+class _JsonFile:
+    """One JSON object of records in a file, cached until the file changes on disk.
+
+    Not thread-safe by itself: :class:`AuthStore` holds its lock around every call.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None  # inode, mtime, size of the cached read
+        self._data: dict[str, dict[str, Any]] = {}
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """The file's records; do not change the dict returned (copy it, then :meth:`write`)."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._seen, self._data = None, {}
+            return self._data
+        # os.replace gives the file a new inode, so a rewrite is seen even within the mtime's
+        # resolution and at an equal size.
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen != self._seen:
+            try:
+                data = json.loads(self.path.read_bytes())
+            except FileNotFoundError:
+                data = {}
+            except ValueError as error:
+                raise ConfigError(
+                    f"{self.path} is damaged ({error}); restore it from a backup"
+                ) from None
+            if not isinstance(data, dict) or not all(isinstance(r, dict) for r in data.values()):
+                raise ConfigError(f"{self.path} is damaged (not an object of records)")
+            self._seen, self._data = seen, data
+        return self._data
+
+    def write(self, data: dict[str, dict[str, Any]]) -> None:
+        """Replace the file atomically: a reader sees the old or the new records, never part."""
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # makes the rename itself durable
+        finally:
+            os.close(directory)
+        stat = os.stat(self.path)
+        self._seen, self._data = (stat.st_ino, stat.st_mtime_ns, stat.st_size), data
+
+
+class AuthStore:
+    """Users and service tokens of one data directory, in ``<data_dir>/auth/``.
+
+    ``hasher`` lets tests use cheap argon2 parameters; hashes made with other parameters
+    are upgraded at the user's next login. ``clock`` (seconds since the epoch) dates records
+    and decides service token expiry.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        hasher: PasswordHasher | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        where = os.fspath(data_dir)
+        if "://" in where:
+            raise ConfigError(f"accounts are kept in a local data directory, not in {where!r}")
+        self.dir = Path(where) / "auth"
+        self._hasher = hasher or PasswordHasher()
+        self._clock = clock
+        self._users = _JsonFile(self.dir / "users.json")
+        self._tokens = _JsonFile(self.dir / "tokens.json")
+        self._lock = threading.RLock()  # the caches, within this process
+        self._dummy_hash: str | None = None
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Exclusive access: this thread within the process, this process among all others."""
+        with self._lock:
+            _make_private_dir(self.dir)
+            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
+
+    # -- users ------------------------------------------------------------------------------
+    def add_user(self, name: str, role: str, password: str) -> None:
+        """A new user; ``ConfigError`` for a taken or invalid name, a bad role or no password."""
+        _check_name(name, "user")
+        check_role(role)
+        if not isinstance(password, str) or not password:
+            raise ConfigError("a user needs a password; an empty one is refused")
+        hashed = self._hasher.hash(password)  # slow by design: outside the lock
+        with self._writing():
+            users = dict(self._users.read())
+            if name in users:
+                raise ConfigError(f"user {name!r} exists; remove it first to replace it")
+            users[name] = {"role": role, "hash": hashed, "created": _stamp(self._clock())}
+            self._users.write(users)
+
+    def remove_user(self, name: str) -> None:
+        with self._writing():
+            users = dict(self._users.read())
+            if users.pop(name, None) is None:
+                raise ConfigError(f"no user {name!r}; `shardflow user list` shows them")
+            self._users.write(users)
+
+    def users(self) -> list[dict[str, str]]:
+        """Every user by name: name, role and when it was created (ISO-8601); no hashes."""
+        with self._lock:
+            records = self._users.read()
+        return [
+            {"name": name, "role": str(r.get("role")), "created": str(r.get("created"))}
+            for name, r in sorted(records.items())
+        ]
+
+    def verify_password(self, name: str, password: str) -> Principal | None:
+        """The user ``name`` if ``password`` is theirs, else None.
+
+        An unknown name costs one argon2 verification as well, against a hash of a random
+        password, so that the time of a refusal does not tell which users exist.
+        """
+        with self._lock:
+            record = self._users.read().get(name)
+        stored = str(record["hash"]) if record is not None else self._dummy()
+        try:
+            self._hasher.verify(stored, password)
+        except (VerificationError, InvalidHashError):
+            return None
+        if record is None:  # no password matches the random dummy's, but never rely on it
+            return None
+        if self._hasher.check_needs_rehash(stored):
+            self._rehash(name, stored, password)
+        return Principal(name, str(record["role"]), "user")
+
+    def _dummy(self) -> str:
+        with self._lock:
+            if self._dummy_hash is None:
+                self._dummy_hash = self._hasher.hash(secrets.token_urlsafe(32))
+            return self._dummy_hash
+
+    def _rehash(self, name: str, old: str, password: str) -> None:
+        """Store the password's hash with the current parameters (it was verified)."""
+        new = self._hasher.hash(password)
+        # The login succeeded whether or not the upgrade can be written (a read-only store).
+        with contextlib.suppress(OSError), self._writing():
+            users = dict(self._users.read())
+            if name in users and users[name].get("hash") == old:  # not changed meanwhile
+                users[name] = {**users[name], "hash": new}
+                self._users.write(users)
+
+    # -- service tokens ---------------------------------------------------------------------
+    def create_service_token(
+        self, role: str, name: str | None = None, ttl_s: float | None = None
+    ) -> tuple[str, str]:
+        """A new service token: ``(name, token)``. Only the token's SHA-256 is kept, so the
+        token cannot be shown again. ``ttl_s`` None: valid until revoked."""
+        check_role(role)
+        name = f"svc-{secrets.token_hex(4)}" if name is None else name
+        _check_name(name, "service token")
+        if ttl_s is not None and not ttl_s > 0:
+            raise ConfigError(f"a token's ttl must be a positive number of seconds, not {ttl_s}")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        now = self._clock()
+        record = {
+            "name": name,
+            "role": role,
+            "created": _stamp(now),
+            "expires": None if ttl_s is None else _stamp(now + ttl_s, "microseconds"),
+        }
+        with self._writing():
+            tokens = dict(self._tokens.read())
+            if any(r.get("name") == name for r in tokens.values()):
+                raise ConfigError(f"a service token named {name!r} exists; pick another name")
+            tokens[_digest(token)] = record
+            self._tokens.write(tokens)
+        return name, token
+
+    def service_tokens(self) -> list[dict[str, Any]]:
+        """Every service token: name, role, created, expires (None: never), expired; no hashes."""
+        with self._lock:
+            records = list(self._tokens.read().values())
+        now = self._clock()
+        return [
+            {
+                "name": str(r.get("name")),
+                "role": str(r.get("role")),
+                "created": str(r.get("created")),
+                "expires": r.get("expires"),
+                "expired": _expired(r, now),
+            }
+            for r in sorted(records, key=lambda r: (str(r.get("created")), str(r.get("name"))))
+        ]
+
+    def revoke_token(self, name: str) -> None:
+        with self._writing():
+            tokens = self._tokens.read()
+            kept = {h: r for h, r in tokens.items() if r.get("name") != name}
+            if len(kept) == len(tokens):
+                raise ConfigError(f"no service token {name!r}; `shardflow token list` shows them")
+            self._tokens.write(kept)
+
+    def principal_for_token(self, token: str) -> Principal | None:
+        """The account of a service token; None if unknown, revoked or expired."""
+        if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+            return None
+        with self._lock:
+            record = self._tokens.read().get(_digest(token))
+        if record is None or _expired(record, self._clock()):
+            return None
+        return Principal(str(record["name"]), str(record["role"]), "service")
+
+
+def _expired(record: Mapping[str, Any], now: float) -> bool:
+    expires = record.get("expires")
+    return expires is not None and datetime.fromisoformat(str(expires)).timestamp() <= now
+
+
+class TokenIssuer:
+    """Bearer tokens handed out after a password handshake, each valid for ``ttl_s``.
+
+    >>> issuer = TokenIssuer(ttl_s=60.0)
+    >>> token = issuer.issue(Principal("ada", "reader", "user"))
+    >>> issuer.resolve(token)
+    Principal(name='ada', role='reader', kind='user')
+    >>> issuer.resolve("a guess") is None
+    True
+    """
+
+    def __init__(
+        self,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_live: int = MAX_LIVE_TOKENS,
+    ) -> None:
+        if not ttl_s > 0:
+            raise ConfigError(f"a bearer token's lifetime must be positive, not {ttl_s}")
+        if max_live < 1:
+            raise ConfigError(f"a token issuer must hold at least one token, not {max_live}")
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._max_live = max_live
+        # In issue order, which with one ttl and a monotonic clock is also expiry order.
+        self._live: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def issue(self, principal: Principal) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            now = self._clock()
+            while self._live:
+                oldest = next(iter(self._live))
+                if self._live[oldest][1] > now:
+                    break
+                del self._live[oldest]
+            while len(self._live) >= self._max_live:
+                self._live.popitem(last=False)
+            self._live[token] = (principal, now + self.ttl_s)
+        return token
+
+    def resolve(self, token: str) -> Principal | None:
+        """Whom ``token`` was issued to; None when it is unknown or expired."""
+        with self._lock:
+            entry = self._live.get(token)
+            if entry is None:
+                return None
+            principal, expires = entry
+            if expires <= self._clock():
+                del self._live[token]
+                return None
+            return principal
+
+    def __len__(self) -> int:
+        """Tokens held, expired ones not yet dropped included."""
+        with self._lock:
+            return len(self._live)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: containers walked, anything else unknown as text."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+class AuditLog:
+    """Append-only JSON lines in ``<data_dir>/audit/audit.jsonl``, one per request.
+
+    Each line is one ``write`` to a file opened with ``O_APPEND``, then fsynced, so that lines
+    from threads and processes writing at once never interleave.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(os.fspath(data_dir)) / "audit" / "audit.jsonl"
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        who: str,
+        action: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        duration_s: float,
+        when: datetime | None = None,
+    ) -> None:
+        """Append one entry; ``outcome`` is "ok", "denied: needs operator", "error: ..."."""
+        moment = _aware(when) if when is not None else datetime.now(UTC)
+        entry = {
+            "time": moment.astimezone(UTC).isoformat(timespec="milliseconds"),
+            "who": who,
+            "action": action,
+            "arguments": _jsonable(arguments),
+            "outcome": outcome,
+            "duration_s": round(float(duration_s), 6),
+        }
+        line = (json.dumps(entry, ensure_ascii=False) + "\n").encode()
+        with self._lock:
+            _make_private_dir(self.path.parent)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                written = os.write(fd, line)
+                while written < len(line):  # only on a full disk or an interrupted write
+                    written += os.write(fd, line[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def entries(self, since: datetime | None = None) -> list[dict[str, Any]]:
+        """The entries in the order written, those at or after ``since`` only if given."""
+        start = _aware(since) if since is not None else None
+        found: list[dict[str, Any]] = []
+        try:
+            lines = self.path.open("rb")
+        except FileNotFoundError:
+            return found
+        with lines:
+            for raw in lines:
+                try:
+                    entry = json.loads(raw)
+                except ValueError:  # torn by a crash mid-write (or blank)
+                    continue
+                if not isinstance(entry, dict):
+                    continue
+                if start is not None:
+                    try:
+                        moment = _aware(datetime.fromisoformat(str(entry.get("time"))))
+                    except ValueError:
+                        continue
+                    if moment < start:
+                        continue
+                found.append(entry)
+        return found
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """The moment ``text`` names: an age ("30s", "10m", "2h", "1d") before ``now``, or an
+    ISO-8601 time (local time when it has no zone).
+
+    >>> parse_since("2h", now=datetime(2025, 1, 1, 12, tzinfo=UTC)).isoformat()
+    '2025-01-01T10:00:00+00:00'
+    """
+    stripped = text.strip()
+    age = _AGE.fullmatch(stripped)
+    if age is not None:
+        seconds = float(age[1]) * _SECONDS_PER_UNIT[age[2]]
+        return (now if now is not None else datetime.now(UTC)) - timedelta(seconds=seconds)
+    try:
+        return _aware(datetime.fromisoformat(stripped))
+    except ValueError:
+        raise ConfigError(
+            f"since takes an age such as 30s, 10m, 2h or 1d, or an ISO-8601 time, not {text!r}"
+        ) from None

@@ -1,0 +1,77 @@
+"""``shardflow serve --flight-port``: a cluster behind the Flight SQL door, until stopped."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardflow.errors import ConfigError
+from shardflow.service.server import FlightSqlService, ServiceOptions
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def service_options(
+    host: str,
+    port: int,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    insecure: bool,
+    token_ttl_s: float,
+    max_request_bytes: int = ServiceOptions.max_request_bytes,
+) -> ServiceOptions:
+    """Checked options: TLS needs both files; a host other than loopback needs TLS
+    (or ``insecure``, said out loud)."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
+    if tls_cert is None and not is_loopback_host(host) and not insecure:
+        raise ConfigError(
+            f"refusing to serve {host} without TLS: passwords and data would cross the "
+            "network in the clear. Give --tls-cert/--tls-key, or --insecure to do it anyway"
+        )
+    cert = key = None
+    if tls_cert is not None and tls_key is not None:
+        try:
+            cert, key = tls_cert.read_bytes(), tls_key.read_bytes()
+        except OSError as error:
+            raise ConfigError(f"cannot read the TLS certificate or key: {error}") from None
+    return ServiceOptions(
+        host=host,
+        port=port,
+        tls_cert=cert,
+        tls_key=key,
+        token_ttl_s=token_ttl_s,
+        max_request_bytes=max_request_bytes,
+    )
+
+
+def serve_flight(
+    db: Any,
+    data_dir: str,
+    options: ServiceOptions,
+    ready: Callable[[FlightSqlService], None] | None = None,
+) -> None:
+    """Serve ``db`` until SIGINT or SIGTERM, then stop taking calls (the caller closes
+    ``db``)."""
+    server = FlightSqlService(db, data_dir, options)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if ready is not None:
+            ready(server)
+        stop.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        server.shutdown()

@@ -1,0 +1,814 @@
+"""The Arrow Flight SQL server: every client (ADBC drivers in Python, Go, Java, C; JDBC;
+``pyarrow.flight``; ``shardflow.connect("grpc://...")``) reaches the cluster here.
+
+One :class:`FlightSqlService` fronts one :class:`~shardflow.api.Database`. Every call is
+authenticated by :class:`AuthMiddlewareFactory` (Flight's basic-auth handshake gives a
+bearer token; service tokens are bearer tokens too) and checked against the caller's role
+before it does anything; control actions and refused calls go to the audit log.
+
+A statement runs when its ``GetFlightInfo`` arrives (the answer's schema is part of the
+reply); ``DoGet`` then streams the answer's record batches and forgets it. Answers that no
+one fetches expire.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import sqlglot
+from sqlglot import exp
+
+from shardflow import flightsql as fsql
+from shardflow.errors import (
+    ConfigError,
+    Error,
+    MoveRefusedError,
+    QueryError,
+    SchemaMismatchError,
+    TableError,
+    UnknownShardError,
+    UnknownTableError,
+)
+from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
+
+if TYPE_CHECKING:
+    from shardflow.api import Database
+
+log = logging.getLogger(__name__)
+CATALOG = "shardflow"
+SCHEMA = "main"
+TABLE_TYPE = "TABLE"
+MAX_COMMAND_BYTES = 1 << 20
+"""A descriptor, ticket or action body larger than this is refused unread."""
+RESULT_TTL_S = 300.0
+MAX_PENDING_RESULTS = 1024
+MAX_PREPARED = 4096
+INGEST_CHUNK_BYTES = 64 << 20
+_WRITE_VERB = re.compile(r"^\s*(drop|create|insert)\b", re.IGNORECASE)
+
+# Flight actions shardflow adds (DoAction type -> role needed); Flight SQL's own actions
+# (prepared statements) need ``reader``
+CONTROL_ACTIONS = {
+    "migrate": "operator",
+    "split": "operator",
+    "merge": "operator",
+    "drain": "operator",
+    "rebalance": "operator",
+    "add_node": "operator",
+    "nodes": "operator",
+    "shards": "operator",
+    "migrations": "operator",
+    "metrics_url": "operator",
+}
+DATA_ACTIONS = {"explain": "reader", "tables": "reader", "drop_table": "writer"}
+SQL_ACTIONS = {"CreatePreparedStatement": "reader", "ClosePreparedStatement": "reader"}
+
+
+# -- authentication -----------------------------------------------------------------------
+class _Caller(flight.ServerMiddleware):  # type: ignore[misc]
+    """The authenticated caller of one Flight call."""
+
+    def __init__(self, principal: Principal, token: str | None = None) -> None:
+        self.principal = principal
+        self._token = token
+
+    def sending_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self._token}"} if self._token else {}
+
+
+class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    """Authenticates every call: ``Basic`` credentials on the handshake give a bearer token
+    (sent back in the ``authorization`` header); every other call carries a bearer token,
+    from a handshake or a service account."""
+
+    def __init__(
+        self, store: AuthStore, issuer: TokenIssuer, on_failure: Callable[[str, str], None]
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._issuer = issuer
+        self._on_failure = on_failure
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Caller:
+        values = [_text(v) for v in headers.get("authorization", [])]
+        value = values[0] if values else ""
+        scheme, _, credentials = value.partition(" ")
+        if info.method == flight.FlightMethod.HANDSHAKE and scheme.lower() == "basic":
+            name, password = _basic(credentials)
+            principal = self._store.verify_password(name, password)
+            if principal is None:
+                self._refuse(f"wrong user name or password for {name!r}", name)
+            return _Caller(principal, self._issuer.issue(principal))
+        if scheme.lower() == "bearer" and credentials:
+            principal = self._issuer.resolve(credentials) or self._store.principal_for_token(
+                credentials
+            )
+            if principal is None:
+                self._refuse("unknown or expired token; authenticate again")
+            echo = credentials if info.method == flight.FlightMethod.HANDSHAKE else None
+            return _Caller(principal, echo)
+        self._refuse("authentication required: user name and password, or a bearer token")
+
+    def _refuse(self, why: str, who: str = "?") -> NoReturn:
+        self._on_failure(who, why)
+        raise flight.FlightUnauthenticatedError(f"AuthenticationError: {why}")
+
+
+class _HeadersOnly(flight.ServerAuthHandler):  # type: ignore[misc]
+    """Flight serves the handshake only with an auth handler; the middleware above does
+    the authenticating, from the call's headers."""
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def _basic(credentials: str) -> tuple[str, str]:
+    try:
+        padded = credentials + "=" * (-len(credentials) % 4)  # Go's driver sends it unpadded
+        name, _, password = base64.b64decode(padded, validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        raise flight.FlightUnauthenticatedError(
+            "AuthenticationError: malformed basic credentials"
+        ) from None
+    return name, password
+
+
+# -- errors as Flight errors --------------------------------------------------------------
+def flight_error(error: BaseException) -> BaseException:
+    """A shardflow error as the Flight error a client maps to its own exceptions (ADBC:
+    DB-API errors); the message keeps shardflow's error name and text."""
+    text = f"{type(error).__name__}: {error}"
+    answered = isinstance(error, flight.FlightError | pa.ArrowException)
+    if answered:  # already a Flight answer
+        return error
+    kind: type[Exception] = flight.FlightServerError
+    if isinstance(error, UnknownTableError | UnknownShardError):
+        kind = pa.ArrowKeyError  # NOT_FOUND
+    elif isinstance(
+        error, QueryError | ConfigError | TableError | SchemaMismatchError | MoveRefusedError
+    ):
+        kind = pa.ArrowInvalid  # INVALID_ARGUMENT
+    elif isinstance(error, Error):
+        kind = flight.FlightUnavailableError  # the cluster could not serve it now
+    else:
+        log.exception("internal error serving a Flight call", exc_info=error)
+        text = f"internal error: {text}"
+    return kind(text)
+
+
+def _denied(what: str, role: str, needed: str) -> flight.FlightUnauthorizedError:
+    return flight.FlightUnauthorizedError(
+        f"PermissionDeniedError: {what} needs role {needed}; this caller is {role}"
+    )
+
+
+# -- state kept between calls -------------------------------------------------------------
+@dataclass
+class _Answer:
+    owner: str
+    table: pa.Table
+    expires: float
+
+
+@dataclass
+class _Prepared:
+    owner: str
+    query: str
+    placeholders: list[exp.Placeholder]
+    parameters: pa.Table | None = None
+    statement: Any = field(default=None, repr=False)
+
+
+class _Expiring(OrderedDict[bytes, Any]):
+    """Handles to answers or prepared statements, oldest first, bounded."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.lock = threading.Lock()
+
+    def put(self, key: bytes, value: Any) -> None:
+        with self.lock:
+            now = time.monotonic()
+            while self and (
+                len(self) >= self.limit or getattr(next(iter(self.values())), "expires", now) < now
+            ):
+                self.popitem(last=False)
+            self[key] = value
+
+    def take(self, key: bytes, keep: bool = False) -> Any:
+        with self.lock:
+            return self.get(key) if keep else self.pop(key, None)
+
+
+# -- the service ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServiceOptions:
+    host: str = "127.0.0.1"
+    port: int = 8815
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    token_ttl_s: float = 3600.0
+    max_request_bytes: int = 1 << 30
+    """The most bytes one bulk ingest may send."""
+
+
+class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
+    """Serves ``db`` over Arrow Flight SQL, with authentication, roles and an audit log."""
+
+    def __init__(self, db: Database, data_dir: str, options: ServiceOptions) -> None:
+        tls = options.tls_cert is not None and options.tls_key is not None
+        scheme = "grpc+tls" if tls else "grpc+tcp"
+        self.db = db
+        self.options = options
+        self.store = AuthStore(data_dir)
+        self.audit = AuditLog(data_dir)
+        self.issuer = TokenIssuer(options.token_ttl_s)
+        self._answers = _Expiring(MAX_PENDING_RESULTS)
+        self._prepared = _Expiring(MAX_PREPARED)
+        factory = AuthMiddlewareFactory(self.store, self.issuer, self._auth_failed)
+        super().__init__(
+            location=f"{scheme}://{options.host}:{options.port}",
+            auth_handler=_HeadersOnly(),
+            middleware={"auth": factory},
+            tls_certificates=[flight.CertKeyPair(options.tls_cert, options.tls_key)] if tls else [],
+        )
+        self.location = f"{scheme}://{options.host}:{self.port}"
+
+    # -- bookkeeping --------------------------------------------------------------------
+    def _auth_failed(self, who: str, why: str) -> None:
+        self.audit.record(who, "authenticate", {}, f"refused: {why}", 0.0)
+        self._count(None)
+
+    def _count(self, denied_action: str | None) -> None:
+        try:
+            self.db._session_or_raise().record_access(denied_action)
+        except Exception:  # metrics never fail a call
+            log.debug("could not count a refused call", exc_info=True)
+
+    def _caller(self, context: flight.ServerCallContext) -> Principal:
+        caller = context.get_middleware("auth")
+        if caller is None:  # the middleware authenticates every call; never served bare
+            raise flight.FlightUnauthenticatedError("AuthenticationError: not authenticated")
+        principal: Principal = caller.principal
+        return principal
+
+    def _require(
+        self,
+        context: flight.ServerCallContext,
+        what: str,
+        needed: str,
+        arguments: dict[str, Any] | None = None,
+    ) -> Principal:
+        principal = self._caller(context)
+        if not role_allows(principal.role, needed):
+            outcome = f"denied: needs {needed}"
+            self.audit.record(principal.name, what, arguments or {}, outcome, 0.0)
+            self._count(what)
+            raise _denied(what, principal.role, needed)
+        return principal
+
+    # -- Flight calls -----------------------------------------------------------------
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        name, command = _command(descriptor)
+        try:
+            if name == "CommandStatementQuery":
+                principal = self._require(context, "query", "reader")
+                table = self._statement(context, principal, command.query)
+            elif name == "CommandPreparedStatementQuery":
+                principal = self._require(context, "query", "reader")
+                table = self._run_prepared(principal, command.prepared_statement_handle)
+            else:
+                self._require(context, "metadata", "reader")
+                table = self._metadata(name, command)
+                return _info(descriptor, table.schema, descriptor.command, table)
+        except Exception as error:
+            raise flight_error(error) from None
+        handle = secrets.token_bytes(16)
+        self._answers.put(handle, _Answer(principal.name, table, time.monotonic() + RESULT_TTL_S))
+        ticket = fsql.pack(fsql.new("TicketStatementQuery", statement_handle=handle))
+        return _info(descriptor, table.schema, ticket, table)
+
+    def get_schema(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.SchemaResult:
+        info = self.get_flight_info(context, descriptor)
+        return flight.SchemaResult(info.schema)
+
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        if len(ticket.ticket) > MAX_COMMAND_BYTES:
+            raise flight.FlightServerError("ticket too large")
+        try:
+            name, command = fsql.unpack(ticket.ticket)
+        except fsql.MalformedCommand as error:
+            raise pa.ArrowInvalid(f"not a ticket of this server: {error}") from None
+        if name == "TicketStatementQuery":
+            principal = self._require(context, "query", "reader")
+            answer = self._answers.take(command.statement_handle)
+            if answer is None or answer.owner != principal.name:
+                raise pa.ArrowKeyError(
+                    "unknown or expired ticket (not from this server, fetched already, or "
+                    f"older than {RESULT_TTL_S:g}s); run the statement again"
+                )
+            return flight.RecordBatchStream(answer.table)
+        self._require(context, "metadata", "reader")
+        try:
+            return flight.RecordBatchStream(self._metadata(name, command))
+        except Exception as error:
+            raise flight_error(error) from None
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        name, command = _command(descriptor)
+        try:
+            if name == "CommandStatementIngest":
+                principal = self._require(context, "ingest", "writer")
+                count = self._ingest(principal, command, reader)
+                writer.write(pa.py_buffer(_update_result(count)))
+            elif name == "CommandPreparedStatementQuery":
+                principal = self._require(context, "query", "reader")
+                handle = command.prepared_statement_handle
+                self._bind(principal, handle, reader.read_all())
+                result = fsql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle)
+                writer.write(pa.py_buffer(result.SerializeToString()))
+            elif name == "CommandStatementUpdate":
+                principal = self._require(context, "update", "reader")
+                self._statement(context, principal, command.query)
+                writer.write(pa.py_buffer(_update_result(-1)))
+            elif name == "CommandPreparedStatementUpdate":
+                principal = self._require(context, "update", "reader")
+                prepared = self._prepared_of(principal, command.prepared_statement_handle)
+                if prepared.parameters is None:
+                    prepared.parameters = reader.read_all()
+                self._run_prepared(principal, command.prepared_statement_handle)
+                writer.write(pa.py_buffer(_update_result(-1)))
+            else:
+                raise pa.ArrowInvalid(f"DoPut does not take {name}")
+        except Exception as error:
+            raise flight_error(error) from None
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        described = {
+            "CreatePreparedStatement": "Flight SQL: prepare a statement (reader)",
+            "ClosePreparedStatement": "Flight SQL: close a prepared statement (reader)",
+            "explain": "where each part of a query would run (reader)",
+            "tables": "the tables, their distribution, shards and rows (reader)",
+            "drop_table": "drop a table (writer)",
+        }
+        described.update({a: f"cluster control: {a} (operator)" for a in CONTROL_ACTIONS})
+        return list(described.items())
+
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[flight.Result]:
+        kind = action.type
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if len(body) > MAX_COMMAND_BYTES:
+            raise pa.ArrowInvalid(f"action body of {len(body)} bytes is too large")
+        needed = {**SQL_ACTIONS, **DATA_ACTIONS, **CONTROL_ACTIONS}.get(kind)
+        if needed is None:
+            raise pa.ArrowInvalid(
+                f"unknown action {kind!r}; list_actions() names the ones this server has"
+            )
+        if kind in SQL_ACTIONS:
+            principal = self._require(context, kind, needed)
+            try:
+                return iter(self._sql_action(principal, kind, body))
+            except Exception as error:
+                raise flight_error(error) from None
+        arguments = _json_body(body)
+        principal = self._require(context, kind, needed, arguments)
+        started = time.perf_counter()
+        try:
+            answer = self._control(kind, arguments)
+        except Exception as error:
+            if kind in CONTROL_ACTIONS:
+                self.audit.record(
+                    principal.name,
+                    kind,
+                    arguments,
+                    f"error: {error}",
+                    time.perf_counter() - started,
+                )
+            raise flight_error(error) from None
+        if kind in CONTROL_ACTIONS:
+            self.audit.record(principal.name, kind, arguments, "ok", time.perf_counter() - started)
+        return iter([flight.Result(answer)])
+
+    # -- statements ---------------------------------------------------------------------
+    def _statement(
+        self, context: flight.ServerCallContext, principal: Principal, query: str
+    ) -> pa.Table:
+        """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
+        SELECT, INSERT INTO ... SELECT/VALUES (writer)."""
+        if not _WRITE_VERB.match(query):
+            return self.db.sql(query)
+        self._require(context, "write statement", "writer")
+        return self._write(query)
+
+    def _write(self, query: str) -> pa.Table:
+        try:
+            statement = sqlglot.parse_one(query, read="duckdb")
+        except sqlglot.errors.ParseError as error:
+            from shardflow.errors import SqlSyntaxError
+
+            raise SqlSyntaxError(str(error).splitlines()[0]) from None
+        empty = pa.table({})
+        if isinstance(statement, exp.Drop) and statement.kind == "TABLE":
+            name = statement.this.name
+            if statement.args.get("exists") and name not in self._table_names():
+                return empty
+            self.db.drop_table(name)
+            return empty
+        if isinstance(statement, exp.Create) and statement.kind == "TABLE":
+            select = statement.expression
+            if not isinstance(select, exp.Query):
+                raise QueryError(
+                    "shardflow creates tables from a query (CREATE TABLE t AS SELECT ...) or "
+                    "by bulk ingest; a column list alone has no rows to place"
+                )
+            self.db.create_table(statement.this.name, self.db.sql(select.sql("duckdb")))
+            return empty
+        if isinstance(statement, exp.Insert):
+            target = statement.this
+            name = target.this.name if isinstance(target, exp.Schema) else target.name
+            source = statement.expression
+            if isinstance(source, exp.Values):
+                alias = exp.TableAlias(this=exp.to_identifier("v"))
+                source = exp.select("*").from_(exp.Subquery(this=source, alias=alias))
+            rows = self.db.sql(source.sql("duckdb"))
+            columns = self._columns(name)
+            if isinstance(target, exp.Schema):
+                columns = [c.name for c in target.expressions]
+            rows = rows.rename_columns(columns[: rows.num_columns])
+            count = self.db.insert(name, rows)
+            return pa.table({"count": pa.array([count], pa.int64())})
+        raise QueryError(
+            "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT and INSERT INTO "
+            f"... SELECT/VALUES; not {type(statement).__name__.upper()}"
+        )
+
+    def _columns(self, name: str) -> list[str]:
+        tables = self.db.tables()
+        for table_name, columns in zip(
+            tables["name"].to_pylist(), tables["columns"].to_pylist(), strict=True
+        ):
+            if table_name == name:
+                return list(columns)
+        raise UnknownTableError(f"Table {name} does not exist")
+
+    def _table_names(self) -> set[str]:
+        return set(self.db.tables()["name"].to_pylist())
+
+    # -- prepared statements ------------------------------------------------------------
+    def _sql_action(self, principal: Principal, kind: str, body: bytes) -> list[flight.Result]:
+        name, command = fsql.unpack(body)
+        if kind == "ClosePreparedStatement":
+            self._prepared_of(principal, command.prepared_statement_handle)
+            self._prepared.take(command.prepared_statement_handle)
+            return []
+        if name != "ActionCreatePreparedStatementRequest":
+            raise pa.ArrowInvalid(f"CreatePreparedStatement takes a request, not {name}")
+        try:
+            statement = sqlglot.parse_one(command.query, read="duckdb")
+        except sqlglot.errors.ParseError as error:
+            from shardflow.errors import SqlSyntaxError
+
+            raise SqlSyntaxError(str(error).splitlines()[0]) from None
+        placeholders = list(statement.find_all(exp.Placeholder, bfs=False))
+        handle = secrets.token_bytes(16)
+        self._prepared.put(
+            handle, _Prepared(principal.name, command.query, placeholders, statement=statement)
+        )
+        result = fsql.new("ActionCreatePreparedStatementResult", prepared_statement_handle=handle)
+        return [flight.Result(fsql.pack(result))]
+
+    def _prepared_of(self, principal: Principal, handle: bytes) -> _Prepared:
+        prepared: _Prepared | None = self._prepared.take(handle, keep=True)
+        if prepared is None or prepared.owner != principal.name:
+            raise pa.ArrowKeyError("unknown prepared statement (closed, or not from this server)")
+        return prepared
+
+    def _bind(self, principal: Principal, handle: bytes, parameters: pa.Table) -> None:
+        prepared = self._prepared_of(principal, handle)
+        if parameters.num_columns != len(prepared.placeholders):
+            raise QueryError(
+                f"the statement has {len(prepared.placeholders)} parameter(s); "
+                f"{parameters.num_columns} were bound"
+            )
+        prepared.parameters = parameters
+
+    def _run_prepared(self, principal: Principal, handle: bytes) -> pa.Table:
+        prepared = self._prepared_of(principal, handle)
+        if not prepared.placeholders:
+            return self._plain(prepared.query)
+        if prepared.parameters is None or prepared.parameters.num_rows == 0:
+            raise QueryError(
+                f"the statement has {len(prepared.placeholders)} parameter(s) and none are bound"
+            )
+        columns = [column.to_pylist() for column in prepared.parameters.columns]
+        answers = [
+            self._plain(_substitute(prepared, list(row))) for row in zip(*columns, strict=True)
+        ]
+        return pa.concat_tables(answers, promote_options="permissive")
+
+    def _plain(self, query: str) -> pa.Table:
+        if _WRITE_VERB.match(query):
+            return self._write(query)
+        return self.db.sql(query)
+
+    # -- bulk ingest --------------------------------------------------------------------
+    def _ingest(
+        self, principal: Principal, command: Any, reader: flight.MetadataRecordBatchReader
+    ) -> int:
+        """ADBC's ``adbc_ingest``: create and/or append, durable before the answer. Appends
+        go in chunks under ``<batch id>:<n>``, so a client that sends the same batch id
+        again (option ``shardflow.batch_id``) has each row kept once."""
+        name = command.table
+        if command.temporary:
+            raise QueryError("shardflow has no temporary tables")
+        if command.catalog not in ("", CATALOG) or command.schema not in ("", SCHEMA):
+            raise QueryError(f"tables live in {CATALOG}.{SCHEMA}")
+        options = dict(command.options)
+        batch_id = options.get("shardflow.batch_id") or secrets.token_hex(16)
+        definition = command.table_definition_options
+        exists = name in self._table_names()
+        if exists and definition.if_exists in (fsql.IF_EXISTS["FAIL"], 0):
+            from shardflow.errors import TableExistsError
+
+            raise TableExistsError(f"table {name} exists (ingest mode 'create')")
+        if not exists and definition.if_not_exist != fsql.IF_NOT_EXIST["CREATE"]:
+            raise UnknownTableError(f"Table {name} does not exist (ingest mode 'append')")
+        if exists and definition.if_exists == fsql.IF_EXISTS["REPLACE"]:
+            self.db.drop_table(name)
+            exists = False
+        if not exists:  # all or nothing: the table appears whole, or not at all
+            table = self._read_bounded(reader)
+            return self.db.create_table(
+                name,
+                table,
+                distributed_by=options.get("shardflow.distributed_by") or None,
+                replicated=options.get("shardflow.replicated", "").lower() == "true",
+                colocate_with=options.get("shardflow.colocate_with") or None,
+            )
+        count, pending, pending_bytes, total, part = 0, [], 0, 0, 0
+        for chunk in reader:
+            batch = chunk.data
+            if batch is None:
+                continue
+            total += batch.nbytes
+            self._check_size(total)
+            pending.append(batch)
+            pending_bytes += batch.nbytes
+            if pending_bytes >= INGEST_CHUNK_BYTES:
+                count += self.db.insert(
+                    name, pa.Table.from_batches(pending), batch_id=f"{batch_id}:{part}"
+                )
+                pending, pending_bytes, part = [], 0, part + 1
+        if pending:
+            count += self.db.insert(
+                name, pa.Table.from_batches(pending), batch_id=f"{batch_id}:{part}"
+            )
+        return count
+
+    def _read_bounded(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
+        batches, total = [], 0
+        for chunk in reader:
+            if chunk.data is not None:
+                total += chunk.data.nbytes
+                self._check_size(total)
+                batches.append(chunk.data)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+    def _check_size(self, total: int) -> None:
+        if total > self.options.max_request_bytes:
+            raise QueryError(
+                f"the ingest sends more than max_request_bytes={self.options.max_request_bytes}"
+                " bytes; send it in several calls"
+            )
+
+    # -- metadata ------------------------------------------------------------------------
+    def _metadata(self, name: str, command: Any) -> pa.Table:
+        if name == "CommandGetSqlInfo":
+            return self._sql_info(list(command.info))
+        if name == "CommandGetCatalogs":
+            return pa.table({"catalog_name": [CATALOG]}, schema=fsql.CATALOGS_SCHEMA)
+        if name == "CommandGetDbSchemas":
+            keep = _matches(command.db_schema_filter_pattern, SCHEMA) and command.catalog in (
+                "",
+                CATALOG,
+            )
+            rows = {"catalog_name": [CATALOG], "db_schema_name": [SCHEMA]} if keep else None
+            return pa.table(
+                rows or {"catalog_name": [], "db_schema_name": []}, schema=fsql.DB_SCHEMAS_SCHEMA
+            )
+        if name == "CommandGetTables":
+            return self._tables(command)
+        if name == "CommandGetTableTypes":
+            return pa.table({"table_type": [TABLE_TYPE]}, schema=fsql.TABLE_TYPES_SCHEMA)
+        if name == "CommandGetPrimaryKeys":
+            return fsql.PRIMARY_KEYS_SCHEMA.empty_table()
+        raise pa.ArrowNotImplementedError(f"Flight SQL {name} is not supported by shardflow")
+
+    def _sql_info(self, wanted: list[int]) -> pa.Table:
+        values: dict[int, str | bool | int] = {
+            fsql.SERVER_NAME: "shardflow",
+            fsql.SERVER_VERSION: version("shardflow"),
+            fsql.SERVER_ARROW_VERSION: pa.__version__,
+            fsql.SERVER_READ_ONLY: False,
+            fsql.SERVER_SQL: True,
+            fsql.SERVER_SUBSTRAIT: False,
+            fsql.SERVER_CANCEL: False,
+            fsql.SQL_DDL_CATALOG: False,
+            fsql.SQL_DDL_SCHEMA: False,
+            fsql.SQL_DDL_TABLE: True,
+            fsql.SQL_IDENTIFIER_QUOTE_CHAR: '"',
+        }
+        if wanted:
+            values = {k: v for k, v in values.items() if k in wanted}
+        return fsql.sql_info_table(values)
+
+    def _tables(self, command: Any) -> pa.Table:
+        tables = self.db.tables()
+        wanted_types = set(command.table_types)
+        in_scope = (
+            command.catalog in ("", CATALOG)
+            and _matches(command.db_schema_filter_pattern, SCHEMA)
+            and (not wanted_types or TABLE_TYPE in wanted_types)
+        )
+        names = [
+            n
+            for n in tables["name"].to_pylist()
+            if in_scope and _matches(command.table_name_filter_pattern, n)
+        ]
+        columns: dict[str, list[Any]] = {
+            "catalog_name": [CATALOG] * len(names),
+            "db_schema_name": [SCHEMA] * len(names),
+            "table_name": names,
+            "table_type": [TABLE_TYPE] * len(names),
+        }
+        if not command.include_schema:
+            return pa.table(columns, schema=fsql.TABLES_SCHEMA)
+        session = self.db._session_or_raise()
+        columns["table_schema"] = [
+            session.table_spec(n).schema.serialize().to_pybytes() for n in names
+        ]
+        return pa.table(columns, schema=fsql.TABLES_WITH_SCHEMA)
+
+    # -- control and data actions ---------------------------------------------------------
+    def _control(self, kind: str, arguments: dict[str, Any]) -> bytes:
+        cluster = self.db.cluster
+        if kind == "explain":
+            return _json(self.db.explain(_arg(arguments, "query", str)))
+        if kind == "tables":
+            return _ipc(self.db.tables())
+        if kind == "drop_table":
+            self.db.drop_table(_arg(arguments, "name", str))
+            return _json(None)
+        if kind == "migrate":
+            record = cluster.migrate(_shard(arguments, "shard"), _arg(arguments, "to", str))
+            return _json(record)
+        if kind == "split":
+            return _json(cluster.split(_shard(arguments, "shard")))
+        if kind == "merge":
+            return _json(cluster.merge(_shard(arguments, "first"), _shard(arguments, "second")))
+        if kind == "drain":
+            deadline = float(arguments.get("deadline", 300.0))
+            return _json(cluster.drain(_arg(arguments, "node", str), deadline))
+        if kind == "rebalance":
+            return _json(cluster.rebalance(bool(arguments.get("dry_run", True))))
+        if kind == "add_node":
+            return _json(cluster.add_node())
+        if kind == "nodes":
+            return _json(cluster.nodes())
+        if kind == "shards":
+            return _ipc(cluster.shards())
+        if kind == "migrations":
+            return _json(cluster.migrations())
+        if kind == "metrics_url":
+            return _json(cluster.metrics_url())
+        raise pa.ArrowInvalid(f"unknown action {kind!r}")
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _command(descriptor: flight.FlightDescriptor) -> tuple[str, Any]:
+    if descriptor.descriptor_type != flight.DescriptorType.CMD or descriptor.command is None:
+        raise pa.ArrowInvalid("shardflow takes Flight SQL commands, not paths")
+    if len(descriptor.command) > MAX_COMMAND_BYTES:
+        raise pa.ArrowInvalid(
+            f"a command of {len(descriptor.command)} bytes is too large "
+            f"(at most {MAX_COMMAND_BYTES}); send data by bulk ingest"
+        )
+    try:
+        return fsql.unpack(descriptor.command)
+    except fsql.MalformedCommand as error:
+        raise pa.ArrowInvalid(str(error)) from None
+
+
+def _info(
+    descriptor: flight.FlightDescriptor, schema: pa.Schema, ticket: bytes, table: pa.Table
+) -> flight.FlightInfo:
+    endpoint = flight.FlightEndpoint(ticket, [])
+    return flight.FlightInfo(schema, descriptor, [endpoint], table.num_rows, table.nbytes)
+
+
+def _update_result(count: int) -> bytes:
+    # DoPut's answers travel as bare messages, not packed in Any as commands are
+    return bytes(fsql.new("DoPutUpdateResult", record_count=count).SerializeToString())
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """SQL LIKE (``%``, ``_``) as Flight SQL's filter patterns use it; empty matches all."""
+    if not pattern:
+        return True
+    parts = (".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern)
+    return re.fullmatch("".join(parts), name, re.DOTALL) is not None
+
+
+def _substitute(prepared: _Prepared, values: list[Any]) -> str:
+    """The statement with each placeholder replaced by its bound value as a literal
+    (``?`` in order; ``$n`` by number), by position: parameter columns' names vary."""
+    statement = prepared.statement.copy() if prepared.statement is not None else None
+    if statement is None:
+        raise QueryError("the prepared statement was not parsed")
+    for position, node in enumerate(list(statement.find_all(exp.Placeholder, bfs=False))):
+        index = int(node.name) - 1 if node.name and node.name.isdigit() else position
+        if not 0 <= index < len(values):
+            raise QueryError(f"parameter {index + 1} is not bound")
+        node.replace(exp.convert(values[index]))
+    return str(statement.sql("duckdb"))
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise pa.ArrowInvalid("an action's body is a JSON object") from None
+    if not isinstance(value, dict):
+        raise pa.ArrowInvalid("an action's body is a JSON object")
+    return value
+
+
+def _arg(arguments: dict[str, Any], name: str, kind: type) -> Any:
+    value = arguments.get(name)
+    if not isinstance(value, kind):
+        raise ConfigError(f"the action needs {name!r} ({kind.__name__})")
+    return value
+
+
+def _shard(arguments: dict[str, Any], name: str) -> str | int:
+    value = arguments.get(name)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigError(f"the action needs {name!r}: a shard as 'table#unit' or a unit id")
+    return value
+
+
+def _json(value: Any) -> bytes:
+    from dataclasses import asdict, is_dataclass
+
+    def plain(item: Any) -> Any:
+        if is_dataclass(item) and not isinstance(item, type):
+            return asdict(item)
+        if isinstance(item, list | tuple):
+            return [plain(i) for i in item]
+        return item
+
+    return json.dumps(plain(value), default=str).encode()
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())

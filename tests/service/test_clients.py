@@ -1,0 +1,155 @@
+"""Clients others wrote against ``shardflow serve``: the ADBC Flight SQL driver (DB-API) and
+plain ``pyarrow.flight``; and shardflow's own remote ``connect``. Answers are checked
+against DuckDB on the same rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import duckdb
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import shardflow
+from shardflow import flightsql as fsql
+from tests.service.conftest import PASSWORDS, Served, sample_table
+
+pytestmark = pytest.mark.cluster
+
+
+def adbc(served: Served, user: str) -> flight_sql.Connection:
+    return flight_sql.connect(
+        served.uri,
+        db_kwargs={"username": user, "password": PASSWORDS[user]},
+        autocommit=True,
+    )
+
+
+@pytest.fixture()
+def reader(served: Served) -> Iterator[flight_sql.Connection]:
+    with adbc(served, "alice") as conn:
+        yield conn
+
+
+def oracle(query: str, **tables: pa.Table) -> pa.Table:
+    con = duckdb.connect()
+    for name, table in tables.items():
+        con.register(name, table)
+    return con.sql(query).to_arrow_table()
+
+
+def same_rows(got: pa.Table, expected: pa.Table) -> None:
+    assert got.column_names == expected.column_names
+    assert sorted(got.to_pylist(), key=repr) == sorted(expected.to_pylist(), key=repr)
+
+
+def test_adbc_query_fetches_arrow_equal_to_duckdb(reader: flight_sql.Connection) -> None:
+    query = "SELECT g, count(*) AS n, sum(x) AS total, min(d) AS first FROM t GROUP BY g"
+    with reader.cursor() as cur:
+        cur.execute(query)
+        got = cur.fetch_arrow_table()
+    same_rows(got, oracle(query, t=sample_table()))
+    with reader.cursor() as cur:
+        cur.execute("SELECT * FROM t WHERE id < 10 ORDER BY id")
+        assert [r[0] for r in cur.fetchall()] == list(range(10))
+
+
+def test_adbc_parameters_bind_as_values(reader: flight_sql.Connection) -> None:
+    query = "SELECT count(*) AS n FROM t WHERE g = ? AND s = ? AND id >= ?"
+    with reader.cursor() as cur:
+        cur.execute(query, parameters=(3, "item-17", 100))
+        got = cur.fetchall()
+    expected = oracle(
+        "SELECT count(*) AS n FROM t WHERE g = 3 AND s = 'item-17' AND id >= 100", t=sample_table()
+    )
+    assert got == [(expected["n"][0].as_py(),)]
+    with reader.cursor() as cur:  # a quote in a value stays a value
+        cur.execute("SELECT count(*) FROM t WHERE s = ?", parameters=("x' OR '1'='1",))
+        assert cur.fetchall() == [(0,)]
+
+
+def test_adbc_ingest_create_append_and_exactly_once(served: Served) -> None:
+    rows = pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]})
+    with adbc(served, "bob") as conn, conn.cursor() as cur:
+        assert cur.adbc_ingest("ingested", rows, mode="create") == 3
+        assert cur.adbc_ingest("ingested", rows, mode="append") == 3
+        with pytest.raises(adbc_driver_manager.Error, match="TableExistsError"):
+            cur.adbc_ingest("ingested", rows, mode="create")
+        cur.execute("SELECT count(*), sum(k) FROM ingested")
+        assert cur.fetchall() == [(6, 12)]
+    # the same batch id twice keeps the rows once (a client's retry after a lost answer)
+    with shardflow.connect(served.uri, user="bob", password=PASSWORDS["bob"]) as db:
+        db.insert("ingested", rows, batch_id="retry-1")
+        db.insert("ingested", rows, batch_id="retry-1")
+        assert db.sql("SELECT count(*) AS n FROM ingested")["n"][0].as_py() == 9
+        db.drop_table("ingested")
+
+
+def test_adbc_get_objects_and_table_schema(reader: flight_sql.Connection) -> None:
+    objects = reader.adbc_get_objects().read_all().to_pylist()
+    catalogs = {c["catalog_name"]: c for c in objects}
+    schemas = catalogs["shardflow"]["catalog_db_schemas"]
+    tables = {t["table_name"]: t for s in schemas for t in s["db_schema_tables"]}
+    assert "t" in tables and tables["t"]["table_type"] == "TABLE"
+    assert [c["column_name"] for c in tables["t"]["table_columns"]] == ["id", "g", "s", "x", "d"]
+    assert reader.adbc_get_table_schema("t") == sample_table().schema
+    assert reader.adbc_get_table_types() == ["TABLE"]
+    info = reader.adbc_get_info()
+    assert info["vendor_name"] == "shardflow"
+
+
+def test_adbc_errors_are_dbapi_exceptions_with_shardflow_messages(
+    reader: flight_sql.Connection,
+) -> None:
+    with reader.cursor() as cur:
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match="UnknownTableError"):
+            cur.execute("SELECT * FROM no_such_table")
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match=r"SqlSyntaxError|Parser"):
+            cur.execute("SELEC oops FROM")
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match="PermissionDeniedError"):
+            cur.adbc_ingest("t", sample_table(1), mode="append")
+        cur.execute("SELECT count(*) FROM t")  # the connection still works
+        assert cur.fetchall() == [(2000,)]
+
+
+def test_plain_pyarrow_flight_calls(served: Served) -> None:
+    client = flight.FlightClient(served.uri)
+    header = client.authenticate_basic_token("alice", PASSWORDS["alice"])
+    options = flight.FlightCallOptions(headers=[header])
+    command = fsql.pack(fsql.new("CommandStatementQuery", query="SELECT sum(id) AS s FROM t"))
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+    assert info.schema.names == ["s"]
+    table = client.do_get(info.endpoints[0].ticket, options).read_all()
+    assert table["s"][0].as_py() == sum(range(2000))
+    with pytest.raises(pa.ArrowKeyError, match="unknown or expired ticket"):
+        client.do_get(info.endpoints[0].ticket, options).read_all()  # a ticket is read once
+    actions = {a.type for a in client.list_actions(options)}
+    assert {"migrate", "CreatePreparedStatement", "tables"} <= actions
+    tables = client.do_action(flight.Action("tables", b"{}"), options)
+    listed = pa.ipc.open_stream(next(iter(tables)).body).read_all()
+    assert "t" in listed["name"].to_pylist()
+    client.close()
+
+
+def test_remote_database_has_the_local_methods(served: Served) -> None:
+    with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
+        assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
+        assert "pushdown" in db.explain("SELECT * FROM t WHERE id = 3")
+        nodes = db.cluster.nodes()
+        assert len(nodes) == 2 and all(n.alive for n in nodes)
+        shards = db.cluster.shards()
+        moving = shards.filter(pa.compute.equal(shards["table"], "t"))[0:1].to_pylist()[0]
+        target = next(n.node_id for n in nodes if n.node_id != moving["node"])
+        record = db.cluster.migrate(moving["shard"], target)
+        assert record.phase == "done" and target in record.to_nodes
+        after = db.cluster.shards().to_pylist()
+        assert {r["node"] for r in after if r["shard"] == moving["shard"]} == {target}
+        assert db.cluster.migrations()[-1].move_id == record.move_id
+        assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
+        plan = db.cluster.rebalance(dry_run=True)
+        assert isinstance(plan, dict)
+        json.dumps(plan)

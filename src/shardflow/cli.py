@@ -302,7 +302,9 @@ def _serve_flight(
     from shardflow.service.main import serve_flight, service_options
 
     settings = Settings().with_text(assignments or [])
-    options = service_options(host, port, tls_cert, tls_key, insecure, settings.token_ttl_s)
+    options = service_options(
+        host, port, tls_cert, tls_key, insecure, settings.token_ttl_s, settings.max_request_mb << 20
+    )
     if not AuthStore(data_dir).users() and not AuthStore(data_dir).service_tokens():
         console.print(
             "[yellow]no users yet: add one with shardflow user add NAME --role operator "
@@ -315,10 +317,8 @@ def _serve_flight(
             db._handle.owns_actors = False  # the cluster keeps serving when this door closes
 
         def ready(server) -> None:  # type: ignore[no-untyped-def]
-            console.print(
-                f"shardflow serves {data_dir.absolute()}: Flight SQL on {server.location}"
-            )
-            sys.stdout.flush()
+            console.print(f"shardflow serves {data_dir.absolute()}")
+            print(f"Flight SQL on {server.location}", flush=True)  # one line, never wrapped
 
         serve_flight(db, str(data_dir.absolute()), options, ready)
     finally:

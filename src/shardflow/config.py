@@ -66,6 +66,9 @@ class Settings:
             exited — and this cluster's writes are refused from then on.
         token_ttl_s: how long a bearer token from the password handshake of the Flight SQL
             service lasts (seconds); the client then logs in again.
+        max_request_mb: the most one bulk ingest into the Flight SQL service may send
+            (MiB); a bigger one is refused with an error and keeps nothing that was not
+            acknowledged.
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
@@ -104,6 +107,7 @@ class Settings:
     profile_queries: bool = True
     lease_ttl_s: float = 10.0
     token_ttl_s: float = 3600.0
+    max_request_mb: int = 256
     engine: str = "auto"
     test_fault_move_copy: str = ""
     test_hold_results_s: float = 0.0
@@ -140,6 +144,8 @@ class Settings:
             raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:
             raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
+        if self.max_request_mb < 1:
+            raise ConfigError("setting max_request_mb must be >= 1")
         if self.health_misses < 1 or self.max_concurrent_moves < 1:
             raise ConfigError("settings health_misses and max_concurrent_moves must be >= 1")
         for name in (

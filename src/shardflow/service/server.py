@@ -229,7 +229,7 @@ class ServiceOptions:
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     token_ttl_s: float = 3600.0
-    max_request_bytes: int = 1 << 30
+    max_request_bytes: int = 256 << 20
     """The most bytes one bulk ingest may send."""
 
 
@@ -550,9 +550,10 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def _ingest(
         self, principal: Principal, command: Any, reader: flight.MetadataRecordBatchReader
     ) -> int:
-        """ADBC's ``adbc_ingest``: create and/or append, durable before the answer. Appends
-        go in chunks under ``<batch id>:<n>``, so a client that sends the same batch id
-        again (option ``shardflow.batch_id``) has each row kept once."""
+        """ADBC's ``adbc_ingest``: create and/or append, durable before the answer. The
+        stream is read whole first (at most ``max_request_mb``), so a refused one keeps
+        nothing; appends then go in chunks under ``<batch id>:<n>``, so a client that sends
+        the same batch id again (option ``shardflow.batch_id``) has each row kept once."""
         name = command.table
         if command.temporary:
             raise QueryError("shardflow has no temporary tables")
@@ -568,11 +569,11 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             raise TableExistsError(f"table {name} exists (ingest mode 'create')")
         if not exists and definition.if_not_exist != fsql.IF_NOT_EXIST["CREATE"]:
             raise UnknownTableError(f"Table {name} does not exist (ingest mode 'append')")
+        table = self._read_bounded(reader)  # refused whole if too big: nothing kept
         if exists and definition.if_exists == fsql.IF_EXISTS["REPLACE"]:
             self.db.drop_table(name)
             exists = False
         if not exists:  # all or nothing: the table appears whole, or not at all
-            table = self._read_bounded(reader)
             return self.db.create_table(
                 name,
                 table,
@@ -580,24 +581,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 replicated=options.get("shardflow.replicated", "").lower() == "true",
                 colocate_with=options.get("shardflow.colocate_with") or None,
             )
-        count, pending, pending_bytes, total, part = 0, [], 0, 0, 0
-        for chunk in reader:
-            batch = chunk.data
-            if batch is None:
-                continue
-            total += batch.nbytes
-            self._check_size(total)
-            pending.append(batch)
-            pending_bytes += batch.nbytes
-            if pending_bytes >= INGEST_CHUNK_BYTES:
-                count += self.db.insert(
-                    name, pa.Table.from_batches(pending), batch_id=f"{batch_id}:{part}"
-                )
-                pending, pending_bytes, part = [], 0, part + 1
-        if pending:
-            count += self.db.insert(
-                name, pa.Table.from_batches(pending), batch_id=f"{batch_id}:{part}"
-            )
+        count, offset, part = 0, 0, 0
+        rows_per_chunk = max(1, INGEST_CHUNK_BYTES * table.num_rows // max(1, table.nbytes))
+        while offset < table.num_rows or part == 0:
+            chunk = table.slice(offset, rows_per_chunk)
+            count += self.db.insert(name, chunk, batch_id=f"{batch_id}:{part}")
+            offset, part = offset + rows_per_chunk, part + 1
         return count
 
     def _read_bounded(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
@@ -612,8 +601,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def _check_size(self, total: int) -> None:
         if total > self.options.max_request_bytes:
             raise QueryError(
-                f"the ingest sends more than max_request_bytes={self.options.max_request_bytes}"
-                " bytes; send it in several calls"
+                f"the ingest sends more than {self.options.max_request_bytes >> 20} MiB "
+                "(setting max_request_mb); send it in several calls"
             )
 
     # -- metadata ------------------------------------------------------------------------

@@ -153,3 +153,30 @@ def test_remote_database_has_the_local_methods(served: Served) -> None:
         plan = db.cluster.rebalance(dry_run=True)
         assert isinstance(plan, dict)
         json.dumps(plan)
+
+
+def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> None:
+    """ADBC refuses gRPC messages over 16 MiB: a 48 MB answer must come in many batches."""
+    import numpy as np
+
+    values = np.arange(3_000_000, dtype=np.int64)
+    with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
+        db.create_table("big", pa.table({"v": values, "w": values * 2}), distributed_by="v")
+    with adbc(served, "alice") as conn, conn.cursor() as cur:
+        cur.execute("SELECT v, w FROM big")
+        got = cur.fetch_arrow_table()
+    assert got.num_rows == 3_000_000 and got.nbytes > 16 << 20
+    assert pa.compute.sum(got["w"]).as_py() == 2 * int(values.sum())
+
+
+def test_adbc_write_statements_for_a_writer(served: Served) -> None:
+    with adbc(served, "bob") as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE evens AS SELECT id, s FROM t WHERE id % 2 = 0")
+        cur.execute("INSERT INTO evens VALUES (?, ?)", parameters=(5001, "new"))
+        cur.execute("INSERT INTO evens SELECT id, s FROM t WHERE id = 1")
+        cur.execute("SELECT count(*), max(id) FROM evens")
+        assert cur.fetchall() == [(1002, 5001)]
+        cur.execute("DROP TABLE evens")
+        cur.execute("DROP TABLE IF EXISTS evens")
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match="UnknownTableError"):
+            cur.execute("SELECT * FROM evens")

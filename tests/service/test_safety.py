@@ -325,3 +325,36 @@ def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
         untrusted.close()
     finally:
         assert service.stop() == 0
+
+
+def test_a_reader_cannot_write_through_adbc_statements(served: Served) -> None:
+    """ADBC prepares every statement: the prepared path checks roles as the text path."""
+    conn = flight_sql.connect(
+        served.uri, db_kwargs={"username": "alice", "password": PASSWORDS["alice"]},
+        autocommit=True,
+    )  # fmt: skip
+    with conn, conn.cursor() as cur:
+        for statement, parameters in (
+            ("INSERT INTO t SELECT * FROM t", None),
+            ("INSERT INTO t (id, g) VALUES (?, ?)", (99_999, 1)),
+            ("DROP TABLE t", None),
+            ("CREATE TABLE copy_of_t AS SELECT * FROM t", None),
+        ):
+            with pytest.raises(adbc_driver_manager.Error, match="needs role writer"):
+                cur.execute(statement, parameters=parameters)
+    assert_serving(served)  # t still has its 2000 rows
+    with as_user(served, "alice") as alice:
+        assert "copy_of_t" not in alice.tables()["name"].to_pylist()
+
+
+def test_sql_cannot_read_the_servers_files(served: Served) -> None:
+    users = served.data_dir / "auth" / "users.json"
+    assert users.exists()
+    with as_user(served, "olga") as olga:
+        for query in (
+            f"SELECT * FROM read_text('{users}')",
+            f"SELECT * FROM read_csv('{users}')",
+            "SELECT * FROM glob('/etc/*')",
+        ):
+            with pytest.raises(shardflow.QueryError, match="disabled by config"):
+                olga.sql(query)

@@ -27,7 +27,10 @@ class DuckDBEngine:
     name = "duckdb"
 
     def __init__(self, threads: int | None = None, memory_limit: str | None = None) -> None:
-        config: dict[str, str | int] = {}
+        # SQL reaches data only through shardflow's tables: no file, no network, no
+        # ATTACH (a query over the Flight service must not read the server's files), and
+        # a query cannot turn that back on
+        config: dict[str, str | int | bool] = {"enable_external_access": False}
         if threads:
             config["threads"] = threads
         if memory_limit:

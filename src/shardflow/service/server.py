@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,7 +39,9 @@ from shardflow.errors import (
     MoveRefusedError,
     QueryError,
     SchemaMismatchError,
+    SqlSyntaxError,
     TableError,
+    TableExistsError,
     UnknownShardError,
     UnknownTableError,
 )
@@ -57,6 +60,8 @@ RESULT_TTL_S = 300.0
 MAX_PENDING_RESULTS = 1024
 MAX_PREPARED = 4096
 INGEST_CHUNK_BYTES = 64 << 20
+BATCH_BYTES = 4 << 20
+"""Answers stream in record batches of about this size."""
 _WRITE_VERB = re.compile(r"^\s*(drop|create|insert)\b", re.IGNORECASE)
 
 # Flight actions shardflow adds (DoAction type -> role needed); Flight SQL's own actions
@@ -75,6 +80,8 @@ CONTROL_ACTIONS = {
 }
 DATA_ACTIONS = {"explain": "reader", "tables": "reader", "drop_table": "writer"}
 SQL_ACTIONS = {"CreatePreparedStatement": "reader", "ClosePreparedStatement": "reader"}
+AUDITED_ACTIONS = {*CONTROL_ACTIONS, "drop_table"}
+"""Written to the audit log with their outcome (every denied call is, too)."""
 
 
 # -- authentication -----------------------------------------------------------------------
@@ -266,6 +273,18 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         except Exception:  # metrics never fail a call
             log.debug("could not count a refused call", exc_info=True)
 
+    @contextmanager
+    def _audited(self, who: str, action: str, arguments: dict[str, Any]) -> Iterator[None]:
+        """Write ``action`` to the audit log when it ends: ok, or the error it raised."""
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as error:
+            outcome = f"error: {type(error).__name__}: {error}"
+            self.audit.record(who, action, arguments, outcome, time.perf_counter() - started)
+            raise
+        self.audit.record(who, action, arguments, "ok", time.perf_counter() - started)
+
     def _caller(self, context: flight.ServerCallContext) -> Principal:
         caller = context.get_middleware("auth")
         if caller is None:  # the middleware authenticates every call; never served bare
@@ -299,7 +318,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 table = self._statement(context, principal, command.query)
             elif name == "CommandPreparedStatementQuery":
                 principal = self._require(context, "query", "reader")
-                table = self._run_prepared(principal, command.prepared_statement_handle)
+                table = self._run_prepared(context, principal, command.prepared_statement_handle)
             else:
                 self._require(context, "metadata", "reader")
                 table = self._metadata(name, command)
@@ -334,10 +353,10 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                     "unknown or expired ticket (not from this server, fetched already, or "
                     f"older than {RESULT_TTL_S:g}s); run the statement again"
                 )
-            return flight.RecordBatchStream(answer.table)
+            return _stream(answer.table)
         self._require(context, "metadata", "reader")
         try:
-            return flight.RecordBatchStream(self._metadata(name, command))
+            return _stream(self._metadata(name, command))
         except Exception as error:
             raise flight_error(error) from None
 
@@ -351,8 +370,10 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         name, command = _command(descriptor)
         try:
             if name == "CommandStatementIngest":
-                principal = self._require(context, "ingest", "writer")
-                count = self._ingest(principal, command, reader)
+                arguments = {"table": command.table, "options": dict(command.options)}
+                principal = self._require(context, "ingest", "writer", arguments)
+                with self._audited(principal.name, "ingest", arguments):
+                    count = self._ingest(principal, command, reader)
                 writer.write(pa.py_buffer(_update_result(count)))
             elif name == "CommandPreparedStatementQuery":
                 principal = self._require(context, "query", "reader")
@@ -369,7 +390,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 prepared = self._prepared_of(principal, command.prepared_statement_handle)
                 if prepared.parameters is None:
                     prepared.parameters = reader.read_all()
-                self._run_prepared(principal, command.prepared_statement_handle)
+                self._run_prepared(context, principal, command.prepared_statement_handle)
                 writer.write(pa.py_buffer(_update_result(-1)))
             else:
                 raise pa.ArrowInvalid(f"DoPut does not take {name}")
@@ -432,19 +453,18 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         SELECT, INSERT INTO ... SELECT/VALUES (writer)."""
         if not _WRITE_VERB.match(query):
             return self.db.sql(query)
-        self._require(context, "write statement", "writer")
-        return self._write(query)
+        self._require(context, "write statement", "writer", {"statement": query[:1000]})
+        with self._audited(principal.name, "write statement", {"statement": query[:1000]}):
+            return self._write(query)
 
     def _write(self, query: str) -> pa.Table:
-        try:
-            statement = sqlglot.parse_one(query, read="duckdb")
-        except sqlglot.errors.ParseError as error:
-            from shardflow.errors import SqlSyntaxError
-
-            raise SqlSyntaxError(str(error).splitlines()[0]) from None
+        statement = _parse(query)
         empty = pa.table({})
         if isinstance(statement, exp.Drop) and statement.kind == "TABLE":
-            name = statement.this.name
+            dropped = statement.find(exp.Table)
+            if dropped is None:
+                raise QueryError("DROP TABLE names no table")
+            name = dropped.name
             if statement.args.get("exists") and name not in self._table_names():
                 return empty
             self.db.drop_table(name)
@@ -498,12 +518,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return []
         if name != "ActionCreatePreparedStatementRequest":
             raise pa.ArrowInvalid(f"CreatePreparedStatement takes a request, not {name}")
-        try:
-            statement = sqlglot.parse_one(command.query, read="duckdb")
-        except sqlglot.errors.ParseError as error:
-            from shardflow.errors import SqlSyntaxError
-
-            raise SqlSyntaxError(str(error).splitlines()[0]) from None
+        statement = _parse(command.query)
         placeholders = list(statement.find_all(exp.Placeholder, bfs=False))
         handle = secrets.token_bytes(16)
         self._prepared.put(
@@ -527,24 +542,24 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             )
         prepared.parameters = parameters
 
-    def _run_prepared(self, principal: Principal, handle: bytes) -> pa.Table:
+    def _run_prepared(
+        self, context: flight.ServerCallContext, principal: Principal, handle: bytes
+    ) -> pa.Table:
+        """Run a prepared statement once per row of its parameters, each checked as a
+        statement sent as text is (a write needs ``writer``)."""
         prepared = self._prepared_of(principal, handle)
         if not prepared.placeholders:
-            return self._plain(prepared.query)
+            return self._statement(context, principal, prepared.query)
         if prepared.parameters is None or prepared.parameters.num_rows == 0:
             raise QueryError(
                 f"the statement has {len(prepared.placeholders)} parameter(s) and none are bound"
             )
         columns = [column.to_pylist() for column in prepared.parameters.columns]
         answers = [
-            self._plain(_substitute(prepared, list(row))) for row in zip(*columns, strict=True)
+            self._statement(context, principal, _substitute(prepared, list(row)))
+            for row in zip(*columns, strict=True)
         ]
         return pa.concat_tables(answers, promote_options="permissive")
-
-    def _plain(self, query: str) -> pa.Table:
-        if _WRITE_VERB.match(query):
-            return self._write(query)
-        return self.db.sql(query)
 
     # -- bulk ingest --------------------------------------------------------------------
     def _ingest(
@@ -564,8 +579,6 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         definition = command.table_definition_options
         exists = name in self._table_names()
         if exists and definition.if_exists in (fsql.IF_EXISTS["FAIL"], 0):
-            from shardflow.errors import TableExistsError
-
             raise TableExistsError(f"table {name} exists (ingest mode 'create')")
         if not exists and definition.if_not_exist != fsql.IF_NOT_EXIST["CREATE"]:
             raise UnknownTableError(f"Table {name} does not exist (ingest mode 'append')")
@@ -730,6 +743,19 @@ def _info(
     return flight.FlightInfo(schema, descriptor, [endpoint], table.num_rows, table.nbytes)
 
 
+def _stream(table: pa.Table) -> flight.RecordBatchStream:
+    """The answer as a stream of record batches of at most ``BATCH_BYTES`` each (clients
+    refuse bigger gRPC messages: ADBC's limit is 16 MiB), cut lazily as they are sent."""
+    rows = max(1, BATCH_BYTES * table.num_rows // max(1, table.nbytes))
+    batches = (batch for chunk in table.to_batches() for batch in _cut(chunk, rows))
+    return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(table.schema, batches))
+
+
+def _cut(batch: pa.RecordBatch, rows: int) -> Iterator[pa.RecordBatch]:
+    for offset in range(0, batch.num_rows, rows):
+        yield batch.slice(offset, rows)
+
+
 def _update_result(count: int) -> bytes:
     # DoPut's answers travel as bare messages, not packed in Any as commands are
     return bytes(fsql.new("DoPutUpdateResult", record_count=count).SerializeToString())
@@ -755,6 +781,13 @@ def _substitute(prepared: _Prepared, values: list[Any]) -> str:
             raise QueryError(f"parameter {index + 1} is not bound")
         node.replace(exp.convert(values[index]))
     return str(statement.sql("duckdb"))
+
+
+def _parse(query: str) -> Any:
+    try:
+        return sqlglot.parse_one(query, read="duckdb")
+    except sqlglot.errors.ParseError as error:
+        raise SqlSyntaxError(str(error).splitlines()[0]) from None
 
 
 def _json_body(body: bytes) -> dict[str, Any]:

@@ -1,0 +1,186 @@
+"""The Flight SQL service against its baselines, in one run.
+
+Fetch: ``SELECT * FROM lineitem`` through ``shardflow serve``'s Flight SQL door (the ADBC
+Flight SQL driver as client: the query runs over the shards, the answer streams back)
+against a plain ``pyarrow.flight`` DoGet of the same Arrow table from a trivial server that
+holds it in memory. QPS: short queries through Flight SQL (ADBC, one connection per client
+thread) against the same queries through the in-process API, 4 client threads each.
+
+The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y`` (shardflow / baseline).
+
+    python bench/serve.py --sf 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
+import pyarrow.flight as flight
+
+import shardflow
+from shardflow import flightsql as fsql
+from shardflow import tpch
+from shardflow.service.auth import AuthStore
+from shardflow.service.server import FlightSqlService, ServiceOptions
+
+USER, PASSWORD = "bench", "bench-password"
+SHORT_QUERIES = [
+    "SELECT o_orderstatus, o_totalprice FROM orders WHERE o_orderkey = {k}",
+    "SELECT count(*) FROM lineitem WHERE l_orderkey = {k}",
+    "SELECT c_name, c_acctbal FROM customer WHERE c_custkey = {c}",
+    "SELECT n_name FROM nation WHERE n_nationkey = {n}",
+]
+
+
+class TableServer(flight.FlightServerBase):  # type: ignore[misc]
+    """The baseline: DoGet streams a table it already holds."""
+
+    def __init__(self, table: pa.Table) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.table = table
+
+    def do_get(self, context: object, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        return flight.RecordBatchStream(self.table)
+
+
+def best_of(repeat: int, run: Callable[[], int]) -> tuple[float, int]:
+    """(best seconds, bytes) of ``repeat`` runs."""
+    timings = []
+    size = 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        size = run()
+        timings.append(time.perf_counter() - started)
+    return min(timings), size
+
+
+def qps(threads: int, seconds: float, make_client: Callable[[], Callable[[int], object]]) -> float:
+    """Queries per second of ``threads`` clients, each running short queries for
+    ``seconds``."""
+    done = [0] * threads
+    stop = threading.Event()
+
+    def client(index: int) -> None:
+        run = make_client()
+        i = index
+        run(i)  # warm: connection, plan cache
+        while not stop.is_set():
+            run(i)
+            done[index] += 1
+            i += threads
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(client, i) for i in range(threads)]
+        time.sleep(1.0)  # every client connected and warm
+        before = sum(done)
+        started = time.perf_counter()
+        time.sleep(seconds)
+        count = sum(done) - before
+        elapsed = time.perf_counter() - started
+        stop.set()
+        for future in futures:
+            future.result()
+    return count / elapsed
+
+
+def short_query(i: int) -> str:
+    template = SHORT_QUERIES[i % len(SHORT_QUERIES)]
+    return template.format(k=1 + (i * 7919) % 6_000_000, c=1 + i % 1000, n=i % 25)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3, help="fetch runs (best counts)")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per QPS measurement")
+    parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    args = parser.parse_args()
+    data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
+    with tempfile.TemporaryDirectory(prefix="shardflow-bench-serve-") as data_dir:
+        AuthStore(data_dir).add_user(USER, "reader", PASSWORD)
+        with shardflow.connect(workers=args.workers, data_dir=data_dir) as db:
+            tpch.load(db, data, progress=True)
+            service = FlightSqlService(db, data_dir, ServiceOptions(port=0))
+            uri = f"grpc://127.0.0.1:{service.port}"
+            try:
+                run_bench(args, db, uri)
+            finally:
+                service.shutdown()
+
+
+def run_bench(args: argparse.Namespace, db: shardflow.Database, uri: str) -> None:
+    credentials = {"username": USER, "password": PASSWORD}
+    conn = flight_sql.connect(uri, db_kwargs=credentials, autocommit=True)
+
+    def through_flight_sql() -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT * FROM lineitem")
+            return int(cur.fetch_arrow_table().nbytes)
+
+    lineitem = db.sql("SELECT * FROM lineitem")
+    baseline = TableServer(lineitem)
+    plain = flight.FlightClient(f"grpc://127.0.0.1:{baseline.port}")
+
+    def through_plain_flight() -> int:
+        return int(plain.do_get(flight.Ticket(b"lineitem")).read_all().nbytes)
+
+    served_s, size = best_of(args.repeat, through_flight_sql)
+    plain_s, plain_size = best_of(args.repeat, through_plain_flight)
+    assert size == plain_size, (size, plain_size)
+    baseline.shutdown()
+    plain.close()
+    conn.close()
+    mb = size / 1e6
+    print(f"SELECT * FROM lineitem ({lineitem.num_rows} rows, {mb:.0f} MB):")
+    print(f"  Flight SQL (ADBC): {served_s:.2f}s = {mb / served_s:.0f} MB/s")
+    print(f"  plain DoGet of the table: {plain_s:.2f}s = {mb / plain_s:.0f} MB/s")
+
+    def flight_client() -> Callable[[int], object]:
+        connection = flight_sql.connect(uri, db_kwargs=credentials, autocommit=True)
+        cursor = connection.cursor()  # kept, as an application keeps its cursor
+
+        def run(i: int) -> object:
+            cursor.execute(short_query(i))
+            return cursor.fetch_arrow_table()
+
+        return run
+
+    def pyarrow_client() -> Callable[[int], object]:
+        client = flight.FlightClient(uri)
+        options = flight.FlightCallOptions(
+            headers=[client.authenticate_basic_token(USER, PASSWORD)]
+        )
+
+        def run(i: int) -> object:
+            command = fsql.pack(fsql.new("CommandStatementQuery", query=short_query(i)))
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+            return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+        return run
+
+    def local_client() -> Callable[[int], object]:
+        return lambda i: db.sql(short_query(i))
+
+    served_qps = qps(args.threads, args.seconds, flight_client)
+    pyarrow_qps = qps(args.threads, args.seconds, pyarrow_client)
+    local_qps = qps(args.threads, args.seconds, local_client)
+    print(f"short queries, {args.threads} client threads:")
+    print(f"  Flight SQL (ADBC): {served_qps:.0f} queries/s")
+    print(f"  Flight SQL (pyarrow.flight client): {pyarrow_qps:.0f} queries/s")
+    print(f"  in-process API: {local_qps:.0f} queries/s")
+    fetch_ratio = (mb / served_s) / (mb / plain_s)
+    print(f"flight_fetch_ratio={fetch_ratio:.2f} flight_qps_ratio={served_qps / local_qps:.2f}")
+
+
+if __name__ == "__main__":
+    main()

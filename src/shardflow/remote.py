@@ -81,6 +81,11 @@ class RemoteCluster:
     def nodes(self) -> list[NodeInfo]:
         return [NodeInfo(**n) for n in self._db._action("nodes", {})]
 
+    def settings(self) -> dict[str, Any]:
+        """The settings the service runs with (operator)."""
+        settings: dict[str, Any] = self._db._action("settings", {})
+        return settings
+
     def metrics_url(self) -> str:
         url: str = self._db._action("metrics_url", {})
         return url

@@ -150,6 +150,7 @@ def test_remote_database_has_the_local_methods(served: Served) -> None:
         assert {r["node"] for r in after if r["shard"] == moving["shard"]} == {target}
         assert db.cluster.migrations()[-1].move_id == record.move_id
         assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
+        assert db.cluster.settings()["max_request_mb"] == 256
         plan = db.cluster.rebalance(dry_run=True)
         assert isinstance(plan, dict)
         json.dumps(plan)

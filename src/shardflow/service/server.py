@@ -14,6 +14,7 @@ one fetches expire.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import re
@@ -77,6 +78,7 @@ CONTROL_ACTIONS = {
     "shards": "operator",
     "migrations": "operator",
     "metrics_url": "operator",
+    "settings": "operator",
 }
 DATA_ACTIONS = {"explain": "reader", "tables": "reader", "drop_table": "writer"}
 SQL_ACTIONS = {"CreatePreparedStatement": "reader", "ClosePreparedStatement": "reader"}
@@ -718,6 +720,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return _json(cluster.migrations())
         if kind == "metrics_url":
             return _json(cluster.metrics_url())
+        if kind == "settings":  # what the service runs with (they are set at its start)
+            return _json(dataclasses.asdict(self.db._handle.settings))
         raise pa.ArrowInvalid(f"unknown action {kind!r}")
 
 

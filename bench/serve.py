@@ -1,6 +1,7 @@
 """The Flight SQL service against its baselines, in one run.
 
-Fetch: ``SELECT * FROM lineitem`` through ``shardflow serve``'s Flight SQL door (the ADBC
+The service runs as ``shardflow serve`` in a process of its own, as clients meet it.
+Fetch: ``SELECT * FROM lineitem`` through its Flight SQL door (the ADBC
 Flight SQL driver as client: the query runs over the shards, the answer streams back)
 against a plain ``pyarrow.flight`` DoGet of the same Arrow table from a trivial server that
 holds it in memory. QPS: short queries through Flight SQL (ADBC, one connection per client
@@ -14,11 +15,15 @@ The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y`` (shardflow / baseli
 from __future__ import annotations
 
 import argparse
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -29,7 +34,6 @@ import shardflow
 from shardflow import flightsql as fsql
 from shardflow import tpch
 from shardflow.service.auth import AuthStore
-from shardflow.service.server import FlightSqlService, ServiceOptions
 
 USER, PASSWORD = "bench", "bench-password"
 SHORT_QUERIES = [
@@ -108,17 +112,35 @@ def main() -> None:
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-serve-") as data_dir:
         AuthStore(data_dir).add_user(USER, "reader", PASSWORD)
+        # the in-process side first; then the same data directory served by its own process
         with shardflow.connect(workers=args.workers, data_dir=data_dir) as db:
             tpch.load(db, data, progress=True)
-            service = FlightSqlService(db, data_dir, ServiceOptions(port=0))
-            uri = f"grpc://127.0.0.1:{service.port}"
-            try:
-                run_bench(args, db, uri)
-            finally:
-                service.shutdown()
+            lineitem = db.sql("SELECT * FROM lineitem")
+            local_qps = qps(args.threads, args.seconds, lambda: lambda i: db.sql(short_query(i)))
+        with served(data_dir, args.workers) as uri:
+            run_bench(args, uri, lineitem, local_qps)
 
 
-def run_bench(args: argparse.Namespace, db: shardflow.Database, uri: str) -> None:
+@contextmanager
+def served(data_dir: str, workers: int) -> Iterator[str]:
+    """``shardflow serve`` on ``data_dir`` in a process of its own; yields its address."""
+    command = [str(Path(sys.executable).parent / "shardflow"), "serve", "--data-dir", data_dir,
+               "--flight-port", "0", "--workers", str(workers)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "Flight SQL on " in line:
+                yield line.split("Flight SQL on ", 1)[1].strip()
+                break
+        else:
+            raise SystemExit(f"shardflow serve exited with {process.wait()}")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps: float) -> None:
     credentials = {"username": USER, "password": PASSWORD}
     conn = flight_sql.connect(uri, db_kwargs=credentials, autocommit=True)
 
@@ -127,7 +149,6 @@ def run_bench(args: argparse.Namespace, db: shardflow.Database, uri: str) -> Non
             cur.execute("SELECT * FROM lineitem")
             return int(cur.fetch_arrow_table().nbytes)
 
-    lineitem = db.sql("SELECT * FROM lineitem")
     baseline = TableServer(lineitem)
     plain = flight.FlightClient(f"grpc://127.0.0.1:{baseline.port}")
 
@@ -168,12 +189,8 @@ def run_bench(args: argparse.Namespace, db: shardflow.Database, uri: str) -> Non
 
         return run
 
-    def local_client() -> Callable[[int], object]:
-        return lambda i: db.sql(short_query(i))
-
     served_qps = qps(args.threads, args.seconds, flight_client)
     pyarrow_qps = qps(args.threads, args.seconds, pyarrow_client)
-    local_qps = qps(args.threads, args.seconds, local_client)
     print(f"short queries, {args.threads} client threads:")
     print(f"  Flight SQL (ADBC): {served_qps:.0f} queries/s")
     print(f"  Flight SQL (pyarrow.flight client): {pyarrow_qps:.0f} queries/s")

@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog.model import Unit
 from shardflow.catalog.types import storage_schema
 from shardflow.control.placement import place_units
 from shardflow.engine import DuckDBEngine
@@ -88,10 +89,17 @@ class InMemoryCluster:
         result, _, _ = answer(query, planned, self.catalog, self, client or self.engine)
         return result
 
-    def _tables_on(self, node: str, names: tuple[str, ...]) -> dict[str, pa.Table]:
+    def _tables_on(
+        self, node: str, names: tuple[str, ...], running: list[Unit] | None = None
+    ) -> dict[str, pa.Table]:
+        chosen = {u.unit_id for u in running} if running is not None else None
         tables = dict(self.replicated)
         for name in names:
-            units = [u.unit_id for u in self.catalog.group_of(name).units if u.node == node]
+            units = [
+                u.unit_id
+                for u in self.catalog.group_of(name).units
+                if u.node == node and (chosen is None or u.unit_id in chosen)
+            ]
             tables[name] = concat([self.shards[(name, u)] for u in units])
         return tables
 
@@ -99,9 +107,10 @@ class InMemoryCluster:
         assert stage.group is not None
         group = self.catalog.groups[stage.group]
         given = {name: value.table() for name, value in inputs.items()}
+        units = stage.units_to_run(group)
         return [
-            self._run(node, stage.sql, {**self._tables_on(node, stage.tables), **given})
-            for node in sorted({u.node for u in group.units})
+            self._run(node, stage.sql, {**self._tables_on(node, stage.tables, units), **given})
+            for node in sorted({u.node for u in units})
         ]
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:

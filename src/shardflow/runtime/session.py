@@ -238,7 +238,7 @@ class Session:
         return result, report
 
     def explain(self, sql: str) -> str:
-        return explain(self.plan(sql).plan)
+        return explain(self.plan(sql).plan, self.catalog)
 
     # -- inserts ------------------------------------------------------------------------
     def insert(self, name: str, data: object, batch_id: str | None = None) -> int:
@@ -657,7 +657,7 @@ class _RayRunner:
             group = catalog.groups.get(stage.group or "")
             if group is None:
                 raise QueryError("a table of the query was dropped while it ran")
-            current = {u.unit_id for u in group.units}
+            current = {u.unit_id for u in stage.units_to_run(group)}
             if pending is None or pending - current:
                 # first attempt, or a split/merge replaced units still to do: the parts
                 # done so far may overlap the new units, so the stage starts over

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlglot
 
+from shardflow.catalog import Catalog
 from shardflow.sql.parse import DIALECT
 from shardflow.sql.plan import DistributedPlan, Stage
 
@@ -14,14 +15,25 @@ _WHERE = {
 }
 
 
-def explain(plan: DistributedPlan) -> str:
+def explain(plan: DistributedPlan, catalog: Catalog | None = None) -> str:
+    """The plan as text; with ``catalog``, a routed stage names the shards it runs on now."""
     lines = [f"Distributed plan: {len(plan.stages)} stage(s), pushdown: {plan.pushdown}"]
     for index, stage in enumerate(plan.stages, start=1):
-        lines.extend(_stage_lines(index, stage))
+        lines.extend(_stage_lines(index, stage, catalog))
     return "\n".join(lines)
 
 
-def _stage_lines(index: int, stage: Stage) -> list[str]:
+def _router(stage: Stage, catalog: Catalog | None) -> str:
+    assert stage.buckets is not None
+    group = catalog.groups.get(stage.group or "") if catalog is not None else None
+    if group is None:
+        return f"    router: bucket(s) {', '.join(map(str, stage.buckets))} only"
+    units = stage.units_to_run(group)
+    nodes = ", ".join(sorted({u.node for u in units}))
+    return f"    router: {len(units)} shard{'s' if len(units) != 1 else ''} ({nodes})"
+
+
+def _stage_lines(index: int, stage: Stage, catalog: Catalog | None = None) -> list[str]:
     target = f"-> {stage.output}" if stage.output else "-> result"
     head = f"[{index}] {stage.strategy} {_WHERE[stage.placement]} {target}"
     lines = [head]
@@ -29,6 +41,8 @@ def _stage_lines(index: int, stage: Stage) -> list[str]:
         lines.append(f"    why: {stage.reason}")
     if stage.tables:
         lines.append(f"    shards of: {', '.join(stage.tables)}")
+    if stage.buckets is not None:
+        lines.append(_router(stage, catalog))
     if stage.inputs:
         lines.append(f"    reads earlier results: {', '.join(stage.inputs)}")
     lines.append("    fragment:" if stage.placement == "shards" else "    sql:")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shardflow.catalog.model import Group, Unit
+
 Placement = Literal["shards", "worker", "client"]
 """Where a stage's SQL runs: on every worker over its shards, on one worker, on the client."""
 
@@ -37,6 +39,16 @@ class Stage:
     inputs: tuple[str, ...] = ()
     merge_sql: str | None = None
     merge_on: Literal["client", "worker"] = "client"
+    buckets: tuple[int, ...] | None = None
+    """For ``"shards"``: the only buckets its rows can come from (the key equals constants,
+    :mod:`shardflow.sql.pruning`); None: any bucket."""
+
+    def units_to_run(self, group: Group) -> list[Unit]:
+        """The units of ``group`` this stage runs on: every one, or those owning
+        ``buckets`` (a routed query)."""
+        if self.buckets is None:
+            return list(group.units)
+        return [u for u in group.units if any(u.lo <= b < u.hi for b in self.buckets)]
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from shardflow.sql.parse import (
     tables_read,
 )
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
+from shardflow.sql.pruning import key_buckets
 from shardflow.sql.rules import FINISHING_RULES, Finish
 from shardflow.sql.verbatim import resolved_whole_reason, whole_query_reason
 
@@ -248,6 +249,7 @@ class Planner:
             inputs=inputs,
             merge_sql=finish.merge.sql(DIALECT) if finish.merge is not None else None,
             merge_on=merge_on,
+            buckets=key_buckets(finish.fragment, self.catalog),
         )
 
     def materialize(self, query: exp.Expr, env: Env) -> str:

@@ -1,0 +1,120 @@
+"""Shard pruning: a query whose rows must all have one of a few values of a distribution key
+(``WHERE o.o_orderkey = 42``, ``... IN (1, 2, 3)``) needs only the shards that own those
+values' buckets.
+
+A fragment is pruned when a top-level conjunct of its own WHERE compares the key column of
+a distributed table of its FROM/JOINs with constants: every row it returns then carries one
+of those key values from that table, and that table's rows with a given value live in one
+bucket. Other shards would return nothing (or, for a partial aggregate, an empty partial
+that the merge does not change). Anything less certain (OR, expressions on the key, a key
+compared with a column, a CTE or subquery in FROM) is not pruned.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from sqlglot import exp
+
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog.buckets import bucket_of, key_family
+
+MAX_PRUNED_VALUES = 64
+"""An IN-list longer than this scatters as usual (it would reach most shards anyway)."""
+
+
+def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
+    """The buckets every row of ``fragment`` falls in, or None when it may touch any."""
+    if not isinstance(fragment, exp.Select):
+        return None
+    where = fragment.args.get("where")
+    if where is None:
+        return None
+    specs = _distributed_sources(fragment, catalog)
+    if not specs:
+        return None
+    found: set[int] | None = None
+    for conjunct in _conjuncts(where.this):
+        values = _key_values(conjunct, specs)
+        if values is None:
+            continue
+        spec, constants = values
+        buckets = _buckets(spec, constants, catalog.n_buckets)
+        if buckets is None:
+            continue
+        found = buckets if found is None else found & buckets
+    return tuple(sorted(found)) if found is not None else None
+
+
+def _distributed_sources(select: exp.Select, catalog: Catalog) -> dict[str, TableSpec]:
+    """Alias (or name) -> spec of each distributed catalog table read directly in the
+    FROM and JOINs of ``select``."""
+    found: dict[str, TableSpec] = {}
+    sources = [select.args.get("from_") or select.args.get("from")]
+    sources += [  # a semi or anti join's rows are not in the result: its key says nothing
+        join for join in select.args.get("joins") or [] if join.kind not in ("SEMI", "ANTI")
+    ]
+    for source in sources:
+        table = source.this if source is not None else None
+        if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+            continue
+        spec = catalog.find_table(table.name)
+        if spec is not None and spec.distributed and spec.key:
+            found[table.alias_or_name] = spec
+    return found
+
+
+def _conjuncts(condition: exp.Expr) -> list[exp.Expr]:
+    while isinstance(condition, exp.Paren):
+        condition = condition.this
+    if isinstance(condition, exp.And):
+        return _conjuncts(condition.left) + _conjuncts(condition.right)
+    return [condition]
+
+
+def _key_values(
+    conjunct: exp.Expr, specs: dict[str, TableSpec]
+) -> tuple[TableSpec, list[exp.Literal]] | None:
+    """(table, constants) when ``conjunct`` is ``key = constant`` or ``key IN (...)``."""
+    if isinstance(conjunct, exp.EQ):
+        column, other = conjunct.left, conjunct.right
+        if not isinstance(column, exp.Column):
+            column, other = other, column
+        constants = [other]
+    elif isinstance(conjunct, exp.In) and not conjunct.args.get("query"):
+        column, constants = conjunct.this, list(conjunct.expressions)
+        if not constants or len(constants) > MAX_PRUNED_VALUES:
+            return None
+    else:
+        return None
+    if not isinstance(column, exp.Column) or not column.table:
+        return None
+    spec = specs.get(column.table)
+    if spec is None or column.name != spec.key:
+        return None
+    if not all(isinstance(c, exp.Literal) for c in constants):
+        return None
+    return spec, [c for c in constants if isinstance(c, exp.Literal)]
+
+
+def _buckets(spec: TableSpec, constants: list[exp.Literal], n_buckets: int) -> set[int] | None:
+    """The buckets of ``constants`` as values of ``spec``'s key, or None when a constant
+    is not plainly one (only integer keys with integer literals and string keys with string
+    literals are pruned: they hash exactly as the stored values)."""
+    key_type = spec.schema.field(spec.key).type
+    family = key_family(key_type)
+    values: list[object] = []
+    for constant in constants:
+        if family == "integer" and pa.types.is_integer(key_type) and not constant.is_string:
+            try:
+                values.append(int(constant.this))
+            except ValueError:
+                return None
+        elif family == "string" and constant.is_string:
+            values.append(constant.this)
+        else:
+            return None
+    try:
+        column = pa.array(values, type=key_type)
+    except (pa.ArrowInvalid, OverflowError):
+        return None  # a constant the key cannot hold: no row matches; leave it to DuckDB
+    return {int(b) for b in bucket_of(column, n_buckets)}

@@ -41,6 +41,10 @@ def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
         buckets = _buckets(spec, constants, catalog.n_buckets)
         if buckets is None:
             continue
+        if found is not None and not found & buckets:
+            # contradictory (key = 2 AND key = 4): no row qualifies, but one shard must
+            # still answer, with no rows or an empty partial aggregate
+            return (min(found),)
         found = buckets if found is None else found & buckets
     return tuple(sorted(found)) if found is not None else None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import signal
 import threading
 from collections.abc import Callable
@@ -10,16 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from shardflow.errors import ConfigError
+from shardflow.runtime.cluster import is_loopback
 from shardflow.service.server import FlightSqlService, ServiceOptions
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def service_options(
@@ -35,7 +26,7 @@ def service_options(
     (or ``insecure``, said out loud)."""
     if (tls_cert is None) != (tls_key is None):
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
-    if tls_cert is None and not is_loopback_host(host) and not insecure:
+    if tls_cert is None and not is_loopback(f"{host}:0") and not insecure:
         raise ConfigError(
             f"refusing to serve {host} without TLS: passwords and data would cross the "
             "network in the clear. Give --tls-cert/--tls-key, or --insecure to do it anyway"

@@ -500,16 +500,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         )
 
     def _columns(self, name: str) -> list[str]:
-        tables = self.db.tables()
-        for table_name, columns in zip(
-            tables["name"].to_pylist(), tables["columns"].to_pylist(), strict=True
-        ):
-            if table_name == name:
-                return list(columns)
-        raise UnknownTableError(f"Table {name} does not exist")
+        return list(self.db._session_or_raise().table_spec(name).schema.names)
 
-    def _table_names(self) -> set[str]:
-        return set(self.db.tables()["name"].to_pylist())
+    def _table_names(self) -> list[str]:
+        """The tables the routing snapshot knows (no call to any worker: metadata calls and
+        ingests ask this often; a table made a moment ago elsewhere shows once it refreshes)."""
+        return sorted(self.db._session_or_raise().catalog.tables)
 
     # -- prepared statements ------------------------------------------------------------
     def _sql_action(self, principal: Principal, kind: str, body: bytes) -> list[flight.Result]:
@@ -662,7 +658,6 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         return fsql.sql_info_table(values)
 
     def _tables(self, command: Any) -> pa.Table:
-        tables = self.db.tables()
         wanted_types = set(command.table_types)
         in_scope = (
             command.catalog in ("", CATALOG)
@@ -671,7 +666,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         )
         names = [
             n
-            for n in tables["name"].to_pylist()
+            for n in self._table_names()
             if in_scope and _matches(command.table_name_filter_pattern, n)
         ]
         columns: dict[str, list[Any]] = {

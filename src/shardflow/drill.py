@@ -238,12 +238,28 @@ def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
     with SIGKILL; returns its name and Ray node id."""
     if target in ("coordinator", MID_MOVE, RESULTS):
         host = db.cluster.coordinator_host()
-        if target == RESULTS:  # any node holding results, but not the coordinator's
-            target = next(n.name for n in local.nodes() if not n.head and n.node_id != host)
+        if target == RESULTS:  # the node holding most of the big table, not the coordinator's
+            target = results_node(db, local, host)
         else:
             target = next(n.name for n in local.nodes() if n.node_id == host)
     node = local.remove_node(target, kill=True)
     return node.name, node.node_id
+
+
+def results_node(db: Database, local: LocalRayCluster, host: str) -> str:
+    """The Ray node, neither the head nor the coordinator's, whose data nodes hold the most
+    shards of the big table (so it holds results of the held scan)."""
+    ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+    held: dict[str, int] = {}
+    for shard in db.cluster.shards().to_pylist():
+        if shard["table"] == BIG:
+            ray_id = ray_node.get(str(shard["node"]), "")
+            held[ray_id] = held.get(ray_id, 0) + 1
+    candidates = [n for n in local.nodes() if not n.head and n.node_id != host]
+    best = max(candidates, key=lambda n: held.get(n.node_id, 0), default=None)
+    if best is None or not held.get(best.node_id):
+        raise RuntimeError("no node beside the coordinator's holds a shard of the big table")
+    return best.name
 
 
 class HeldResults:
@@ -260,7 +276,10 @@ class HeldResults:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._scan, daemon=True)
         self.thread.start()
-        time.sleep(RESULT_HOLD_S / 2)  # the fragments ran; their results wait
+        session = self.holder._session
+        assert session is not None
+        if not session.results_held.wait(RECOVERY_TIMEOUT_S):  # the fragments ran; results wait
+            raise RuntimeError("the held scan's fragments did not finish")
 
     def _scan(self) -> None:
         try:

@@ -125,6 +125,9 @@ class Session:
         self._binder = Binder(self.engine)
         self.closed = threading.Event()
         """Set by :meth:`close`: retries stop, and calls in flight end."""
+        self.results_held = threading.Event()
+        """Tests only (``test_hold_results_s``): set while a stage's results wait on the
+        workers, so a test kills a node holding them at the right moment."""
         self.profiling = self.settings.profile_queries
         """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
         self.catalog = Catalog()
@@ -695,7 +698,9 @@ class _RayRunner:
 
         session._retrying("query", attempt)
         if session.settings.test_hold_results_s:  # tests only: results wait on the workers
+            session.results_held.set()
             time.sleep(session.settings.test_hold_results_s)
+            session.results_held.clear()
         return results
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:

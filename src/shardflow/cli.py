@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shardflow.errors import Error
+from shardflow.errors import ConfigError, Error
 
 if TYPE_CHECKING:
     from shardflow.service.auth import AuthStore
@@ -262,6 +262,13 @@ def serve(
         typer.Option("--insecure", help="Allow a non-loopback --host without TLS."),
     ] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running service.")] = False,
+    operator_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="A file holding a service token (e.g. a mounted Kubernetes Secret) to accept "
+            "as the operator-role token named 'k8s-operator'."
+        ),
+    ] = None,
     assignments: Sets = None,
 ) -> None:
     """Run shardflow as a service. With --flight-port, serve Arrow Flight SQL (ADBC, JDBC,
@@ -281,8 +288,21 @@ def serve(
             raise typer.BadParameter("give --flight-port, --address, or both")
         _start_service(address, data_dir, workers, assignments)
         return
+    if operator_token_file is not None:
+        _accept_operator_token(data_dir, operator_token_file)
     _serve_flight(address, data_dir, workers, assignments, flight_port, host, tls_cert, tls_key,
                   insecure)  # fmt: skip
+
+
+OPERATOR_TOKEN_NAME = "k8s-operator"
+
+
+def _accept_operator_token(data_dir: Path, path: Path) -> None:
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        raise typer.BadParameter(f"cannot read --operator-token-file: {error}") from None
+    _auth_store(data_dir).put_service_token(OPERATOR_TOKEN_NAME, "operator", token)
 
 
 def _serve_flight(
@@ -589,6 +609,25 @@ def audit(
         )
         view.add_row(*(Text(cell) for cell in cells))  # Text: "[...]" in SQL is not markup
     console.print(view)
+
+
+@app.command()
+def operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(help="Watch this namespace (repeatable); none: the whole cluster."),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Log at debug level.")] = False,
+) -> None:
+    """Run the Kubernetes operator (ShardflowCluster, ShardMigration) until stopped; it needs
+    the k8s extra: pip install 'shardflow[k8s]'. See docs/kubernetes.md."""
+    try:
+        from shardflow.k8s import operator as k8s_operator
+    except ImportError as error:
+        raise ConfigError(
+            f"the operator needs the k8s extra (pip install 'shardflow[k8s]'): {error}"
+        ) from None
+    k8s_operator.run(namespace or [], verbose)
 
 
 def main() -> None:

@@ -67,6 +67,10 @@ class RemoteCluster:
         moved = self._db._action("drain", {"node": node, "deadline": deadline})
         return [self._record(r) for r in moved]
 
+    def drain_host(self, ray_node_id: str, deadline: float = 300.0) -> list[MigrationRecord]:
+        arguments = {"ray_node_id": ray_node_id, "deadline": deadline}
+        return [self._record(r) for r in self._db._action("drain_host", arguments)]
+
     def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
         plan: dict[str, Any] = self._db._action("rebalance", {"dry_run": dry_run})
         return plan

@@ -56,11 +56,11 @@ def add_users(data_dir: Path) -> None:
         assert made.returncode == 0, made.stdout + made.stderr
 
 
-def start_service(data_dir: Path, *extra: str) -> Served:
+def start_service(data_dir: Path, *extra: str, workers: int | None = 2) -> Served:
     """Start ``shardflow serve`` and wait for the line that gives its Flight address."""
+    sized = ["--workers", str(workers)] if workers else []
     process = subprocess.Popen(
-        [SHARDFLOW, "serve", "--data-dir", str(data_dir), "--flight-port", "0", "--workers", "2",
-         *extra],
+        [SHARDFLOW, "serve", "--data-dir", str(data_dir), "--flight-port", "0", *sized, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: queue.Queue[str | None] = queue.Queue()

@@ -124,6 +124,7 @@ def test_roles_guard_every_change_and_a_denied_call_changes_nothing(served: Serv
             lambda: alice.cluster.migrate(shard, nodes[-1]),
             lambda: alice.cluster.split(shard),
             lambda: alice.cluster.drain(nodes[0]),
+            lambda: alice.cluster.drain_host("any-ray-node"),
             lambda: alice.cluster.rebalance(dry_run=False),
             lambda: alice.cluster.nodes(),
             lambda: alice.insert("t", sample_table(5)),

@@ -334,3 +334,20 @@ def test_parse_since() -> None:
     for bad in ("yesterday", "10 minutes", "-5m", ""):
         with pytest.raises(ConfigError, match="since takes"):
             parse_since(bad)
+
+
+def test_a_token_made_elsewhere_replaces_the_older_one_of_its_name(tmp_path: Path) -> None:
+    """``shardflow serve --operator-token-file``: the Kubernetes Secret's token is accepted
+    as the operator's; a new Secret value makes the old token invalid."""
+    accounts = store(tmp_path)
+    first, second = "sft_" + "a" * 40, "sft_" + "b" * 40
+    accounts.put_service_token("k8s-operator", "operator", first)
+    assert accounts.principal_for_token(first) == Principal("k8s-operator", "operator", "service")
+    accounts.put_service_token("k8s-operator", "operator", second)
+    assert accounts.principal_for_token(first) is None
+    assert accounts.principal_for_token(second) is not None
+    assert [t["name"] for t in accounts.service_tokens()] == ["k8s-operator"]
+    for bad in ("a" * 50, "sft_short"):
+        with pytest.raises(ConfigError, match="starts with"):
+            accounts.put_service_token("k8s-operator", "operator", bad)
+    assert accounts.principal_for_token(second) is not None  # a refused one changes nothing

@@ -300,6 +300,23 @@ class AuthStore:
             self._tokens.write(tokens)
         return name, token
 
+    def put_service_token(self, name: str, role: str, token: str) -> None:
+        """Keep ``token`` (made elsewhere, e.g. a Kubernetes Secret) as the service token
+        ``name``, valid until revoked; an older token of that name stops being valid."""
+        check_role(role)
+        _check_name(name, "service token")
+        if not token.startswith(TOKEN_PREFIX) or len(token) < len(TOKEN_PREFIX) + 32:
+            raise ConfigError(
+                f"a service token starts with {TOKEN_PREFIX!r} and has at least 32 more "
+                "characters (make one with: python -c \"import secrets; "
+                f"print('{TOKEN_PREFIX}' + secrets.token_urlsafe(32))\")"
+            )
+        record = {"name": name, "role": role, "created": _stamp(self._clock()), "expires": None}
+        with self._writing():
+            tokens = {h: r for h, r in self._tokens.read().items() if r.get("name") != name}
+            tokens[_digest(token)] = record
+            self._tokens.write(tokens)
+
     def service_tokens(self) -> list[dict[str, Any]]:
         """Every service token: name, role, created, expires (None: never), expired; no hashes."""
         with self._lock:

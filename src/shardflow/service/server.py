@@ -72,6 +72,7 @@ CONTROL_ACTIONS = {
     "split": "operator",
     "merge": "operator",
     "drain": "operator",
+    "drain_host": "operator",
     "rebalance": "operator",
     "add_node": "operator",
     "nodes": "operator",
@@ -703,6 +704,9 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         if kind == "drain":
             deadline = float(arguments.get("deadline", 300.0))
             return _json(cluster.drain(_arg(arguments, "node", str), deadline))
+        if kind == "drain_host":
+            deadline = float(arguments.get("deadline", 300.0))
+            return _json(cluster.drain_host(_arg(arguments, "ray_node_id", str), deadline))
         if kind == "rebalance":
             return _json(cluster.rebalance(bool(arguments.get("dry_run", True))))
         if kind == "add_node":

@@ -1,0 +1,380 @@
+"""What the operator does, as plain functions: reconcile a ``ShardflowCluster`` (scale-downs
+drain first) and carry out a ``ShardMigration``. Kubernetes and the shardflow service are
+injected (:class:`Kube`, :class:`Control`): the kopf wiring in :mod:`.operator` passes the
+API server and ``shardflow.connect("grpc://...")``; tests pass a real service and an
+in-memory Kubernetes. Reconciling goes in two steps: observe, then take the next step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from shardflow.errors import ClusterError, ConfigError, Error, MigrationError
+from shardflow.k8s.render import ClusterSpec, cluster_spec, render
+from shardflow.records import MigrationRecord, NodeInfo
+
+DRAIN_DEADLINE_S = 600.0
+"""How long the shards of one pod going away may take to move before the scale-down waits
+for the next reconcile (the pod stays until they moved)."""
+POLL_S = 0.2
+"""How often a running ``ShardMigration`` reads the move's phase for its status."""
+
+
+class NotYet(Exception):
+    """The step cannot be taken now (the service is not up yet, a drain ran out of time):
+    reconcile again in ``delay`` seconds (kopf's temporary error)."""
+
+    def __init__(self, message: str, delay: float = 15.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class Kube(Protocol):
+    """The Kubernetes API as the operator uses it."""
+
+    def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]: ...
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        """Create or update (server-side apply) one manifest, owned by the custom resource."""
+
+    def ensure_token(self, namespace: str, secret: str) -> str:
+        """The operator token in Secret ``secret`` (key ``token``), made if missing."""
+
+
+class Control(Protocol):
+    """``db.cluster`` of ``shardflow.connect("grpc://...", token=...)`` (operator role)."""
+
+    def nodes(self) -> list[NodeInfo]: ...
+
+    def migrations(self) -> list[MigrationRecord]: ...
+
+    def migrate(self, shard: str | int, to: str) -> MigrationRecord: ...
+
+    def split(self, shard: str | int) -> MigrationRecord: ...
+
+    def merge(self, first: str | int, second: str | int) -> MigrationRecord: ...
+
+    def drain(self, node: str, deadline: float = ...) -> list[MigrationRecord]: ...
+
+    def drain_host(self, ray_node_id: str, deadline: float = ...) -> list[MigrationRecord]: ...
+
+
+Connect = Callable[[ClusterSpec, str], Control]
+"""Dial a cluster's Flight SQL door with the operator token; raises ClusterError while the
+service does not answer."""
+
+
+# -- ShardflowCluster ---------------------------------------------------------------------
+def reconcile_cluster(
+    body: Mapping[str, Any],
+    kube: Kube,
+    connect: Connect,
+    drain_deadline_s: float = DRAIN_DEADLINE_S,
+) -> dict[str, Any]:
+    """Bring the cluster to ``body``'s spec; returns the status to patch. A group scaled down
+    first drains the pods going away (their shards move live to the others) and only then
+    tells KubeRay which pods to delete; a group scaled up gets pods the balancer fills."""
+    spec = cluster_spec(body)
+    token = kube.ensure_token(spec.namespace, spec.operator_token_secret)
+    observed = kube.get_ray_cluster(spec.namespace, spec.name)
+    running = replicas_of(observed)
+    shrinking = {g.name: running[g.name] - g.replicas for g in spec.groups
+                 if running.get(g.name, 0) > g.replicas}  # fmt: skip
+    control = _dial(spec, token, connect, needed=bool(shrinking))
+    to_delete: dict[str, list[str]] = {}
+    if shrinking:
+        assert control is not None
+        nodes = control.nodes()
+        for group, count in shrinking.items():
+            pods = kube.list_pods(spec.namespace, group_labels(spec, group))
+            going = pods_to_remove(pods, nodes, count)
+            for pod in going:
+                for ray_node_id in ray_nodes_of(pod, nodes):
+                    try:
+                        control.drain_host(ray_node_id, drain_deadline_s)
+                    except Error as error:  # the pod stays; the next reconcile goes on
+                        raise NotYet(f"draining pod {_name(pod)}: {error}", 30.0) from None
+            to_delete[group] = [_name(p) for p in going]
+    for manifest in render(spec, to_delete):
+        kube.apply(manifest)
+    return cluster_status(body, spec, control, scaling=bool(shrinking) or _growing(spec, running))
+
+
+def _dial(spec: ClusterSpec, token: str, connect: Connect, needed: bool) -> Control | None:
+    try:
+        return connect(spec, token)
+    except ClusterError as error:
+        if needed:  # a scale-down waits: nothing may go before its shards moved
+            raise NotYet(f"the service at {spec.flight_address} does not answer: {error}") from None
+        return None  # starting: the manifests are applied all the same
+
+
+def replicas_of(ray_cluster: Mapping[str, Any] | None) -> dict[str, int]:
+    """Worker group -> replicas of an observed RayCluster (none: empty)."""
+    groups = ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or []
+    return {str(g["groupName"]): int(g.get("replicas", 0)) for g in groups}
+
+
+def _growing(spec: ClusterSpec, running: Mapping[str, int]) -> bool:
+    return any(g.replicas > running.get(g.name, 0) for g in spec.groups)
+
+
+def group_labels(spec: ClusterSpec, group: str) -> dict[str, str]:
+    """The labels KubeRay puts on the pods of a worker group."""
+    return {"ray.io/cluster": spec.name, "ray.io/group": group}
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def ray_nodes_of(pod: Mapping[str, Any], nodes: Sequence[NodeInfo]) -> list[str]:
+    """The Ray node ids of a pod's workers: the Ray node named as the pod (its
+    ``shardflow-name`` label) or at the pod's IP.
+
+    >>> node = NodeInfo(**{**_BLANK, "ray_node_id": "r1", "host": "10.0.0.7"})
+    >>> ray_nodes_of({"metadata": {"name": "p"}, "status": {"podIP": "10.0.0.7"}}, [node])
+    ['r1']
+    """
+    name = _name(pod)
+    ip = (pod.get("status") or {}).get("podIP")
+    return sorted(
+        {
+            n.ray_node_id
+            for n in nodes
+            if n.alive and n.ray_node_id and (n.ray_node_name == name or (ip and n.host == ip))
+        }
+    )
+
+
+def pods_to_remove(
+    pods: Sequence[Mapping[str, Any]], nodes: Sequence[NodeInfo], count: int
+) -> list[dict[str, Any]]:
+    """The ``count`` pods a scale-down removes: pods not running first (they hold nothing),
+    then those whose workers hold the fewest shards (the least to move), the newest first.
+
+    >>> pods = [{"metadata": {"name": n, "creationTimestamp": t}, "status": {"phase": p}}
+    ...         for n, t, p in [("a", "1", "Running"), ("b", "2", "Running"),
+    ...                         ("c", "3", "Pending")]]
+    >>> [p["metadata"]["name"] for p in pods_to_remove(pods, [], 2)]
+    ['c', 'b']
+    """
+
+    def held(pod: Mapping[str, Any]) -> int:
+        ids = set(ray_nodes_of(pod, nodes))
+        return sum(n.shards for n in nodes if n.ray_node_id in ids)
+
+    def order(pod: Mapping[str, Any]) -> tuple[bool, int, str, str]:
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        created = str(pod["metadata"].get("creationTimestamp", ""))
+        return (running, held(pod), _negated(created), _negated(_name(pod)))
+
+    return [dict(p) for p in sorted(pods, key=order)[: max(count, 0)]]
+
+
+def _negated(text: str) -> str:
+    """A key that sorts strings in reverse order (newest timestamp first)."""
+    return "".join(chr(0x10FFFF - ord(c)) for c in text)
+
+
+def cluster_status(
+    body: Mapping[str, Any], spec: ClusterSpec, control: Control | None, scaling: bool
+) -> dict[str, Any]:
+    """The ``status`` of a ShardflowCluster: nodes, shards, phase, last rebalance and
+    conditions, as the service reports them."""
+    generation = (body.get("metadata") or {}).get("generation")
+    now = _iso(time.time())
+    if control is None:
+        return {
+            "phase": "Starting",
+            "observedGeneration": generation,
+            "conditions": [_condition("Ready", False, "ServiceUnreachable", now,
+                                      f"no answer from {spec.flight_address} yet")],
+        }  # fmt: skip
+    nodes = control.nodes()
+    alive = [n for n in nodes if n.alive]
+    balanced = [m for m in control.migrations() if _by_balancer(m)]
+    last = max(balanced, key=lambda m: m.started_at, default=None)
+    phase = "Scaling" if scaling else ("Running" if len(alive) == len(nodes) else "Degraded")
+    ready = phase != "Degraded"
+    status = {
+        "phase": phase,
+        "observedGeneration": generation,
+        "nodes": len(alive),
+        "shards": sum(n.shards for n in alive),
+        "conditions": [
+            _condition("Ready", ready, phase, now, f"{len(alive)} of {len(nodes)} nodes serve"),
+            _condition("Scaling", scaling, "Replicas" if scaling else "Steady", now, ""),
+        ],
+    }
+    if last is not None:
+        status["lastRebalance"] = _iso(last.started_at + last.seconds)
+    return status
+
+
+def _by_balancer(move: MigrationRecord) -> bool:
+    return move.reason != "requested" and not move.reason.startswith("drain")
+
+
+def _condition(kind: str, ok: bool, reason: str, now: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason,
+            "message": message, "lastTransitionTime": now}  # fmt: skip
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- ShardMigration -----------------------------------------------------------------------
+ACTIONS = ("move", "split", "merge", "drain")
+
+
+@dataclass(frozen=True)
+class MigrationSpec:
+    """A checked ``ShardMigration`` spec."""
+
+    action: str
+    shard: str | None = None
+    to: str | None = None
+    other: str | None = None
+    drain: str | None = None
+    deadline_s: float = DRAIN_DEADLINE_S
+
+
+def migration_spec(spec: Mapping[str, Any]) -> MigrationSpec:
+    """``spec.action`` (``move`` when ``to`` is given, ``drain`` when ``drain`` is) and what
+    that action needs; :class:`ConfigError` says what is missing.
+
+    >>> migration_spec({"shard": "t#3", "to": "node-2"}).action
+    'move'
+    """
+    action = spec.get("action") or ("drain" if spec.get("drain") else "move")
+    if action not in ACTIONS:
+        raise ConfigError(f"spec.action must be one of {ACTIONS}, not {action!r}")
+    needs = {"move": ("shard", "to"), "split": ("shard",), "merge": ("shard", "with"),
+             "drain": ("drain",)}[action]  # fmt: skip
+    missing = [f"spec.{k}" for k in needs if not spec.get(k)]
+    if missing:
+        raise ConfigError(f"a {action} needs {' and '.join(missing)}")
+    return MigrationSpec(
+        action=action,
+        shard=_text(spec.get("shard")),
+        to=_text(spec.get("to")),
+        other=_text(spec.get("with")),
+        drain=_text(spec.get("drain")),
+        deadline_s=float(spec.get("deadlineSeconds", DRAIN_DEADLINE_S)),
+    )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def carry_out_migration(
+    spec: Mapping[str, Any],
+    control: Control,
+    progress: Callable[[dict[str, Any]], None] = lambda status: None,
+) -> dict[str, Any]:
+    """Do the ShardMigration's move through the service and return its final status;
+    ``progress`` gets the status each time the move's phase changes while it runs."""
+    wanted = migration_spec(spec)
+    started = time.time()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["records"] = _perform(wanted, control)
+        except Error as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="shard-migration", daemon=True)
+    worker.start()
+    seen: str | None = None
+    while worker.is_alive():
+        worker.join(POLL_S)
+        record = _latest(control, wanted, started) if wanted.shard else None
+        if record is not None and record.phase != seen:
+            seen = record.phase
+            progress(migration_status(wanted, [record], started))
+    if "error" in outcome:
+        error = outcome["error"]
+        record = _latest(control, wanted, started) if wanted.shard else None
+        if isinstance(error, MigrationError) and record is not None:
+            return migration_status(wanted, [record], started)  # rolled back
+        return {"phase": "Failed", "outcome": f"{type(error).__name__}: {error}",
+                "startedAt": _iso(started), "finishedAt": _iso(time.time())}  # fmt: skip
+    return migration_status(wanted, outcome["records"], started)
+
+
+def _perform(wanted: MigrationSpec, control: Control) -> list[MigrationRecord]:
+    if wanted.action == "move":
+        return [control.migrate(_shard(wanted.shard), str(wanted.to))]
+    if wanted.action == "split":
+        return [control.split(_shard(wanted.shard))]
+    if wanted.action == "merge":
+        return [control.merge(_shard(wanted.shard), _shard(wanted.other))]
+    return control.drain(str(wanted.drain), wanted.deadline_s)
+
+
+def _shard(value: str | None) -> str | int:
+    """A shard id (``orders#3``) or a unit id (digits)."""
+    text = str(value)
+    return int(text) if text.isdigit() else text
+
+
+def _latest(control: Control, wanted: MigrationSpec, since: float) -> MigrationRecord | None:
+    mine = [m for m in control.migrations()
+            if m.started_at >= since - 1.0 and _touches(m, wanted)]  # fmt: skip
+    return max(mine, key=lambda m: m.started_at, default=None)
+
+
+def _touches(move: MigrationRecord, wanted: MigrationSpec) -> bool:
+    shards = {str(wanted.shard), str(wanted.other)}
+    return bool(shards & set(move.shards)) or move.move_id in shards
+
+
+def migration_status(
+    wanted: MigrationSpec, records: Sequence[MigrationRecord], started: float
+) -> dict[str, Any]:
+    """The ``status`` of a ShardMigration from the move records (one; a drain's several)."""
+    if not records:  # a drain of a node that held nothing
+        return {"phase": "done", "outcome": "done", "moves": 0, "startedAt": _iso(started),
+                "finishedAt": _iso(time.time()), "bytes": 0}  # fmt: skip
+    last = records[-1]
+    finished = last.phase in ("done", "rolled_back")
+    status: dict[str, Any] = {
+        "phase": last.phase if len(records) == 1 else ("done" if finished else last.phase),
+        "outcome": last.outcome,
+        "moveId": last.move_id,
+        "moves": len(records),
+        "shards": sorted({s for r in records for s in r.shards}),
+        "from": sorted({n for r in records for n in r.from_nodes}),
+        "to": sorted({n for r in records for n in r.to_nodes}),
+        "startedAt": _iso(min(r.started_at for r in records)),
+        "bytes": sum(r.bytes for r in records),
+        "rows": sum(r.rows for r in records),
+        "phaseSeconds": {k: round(v, 3) for k, v in last.phase_seconds.items()},
+    }
+    if finished:
+        status["finishedAt"] = _iso(max(r.started_at + r.seconds for r in records))
+        status["durationSeconds"] = round(sum(r.seconds for r in records), 3)
+    if last.phase == "rolled_back":
+        status["rollbackReason"] = last.outcome
+    return status
+
+
+_BLANK: dict[str, Any] = {
+    "node_id": "node-0", "alive": True, "vendor": "cpu", "model": "", "engine": "duckdb",
+    "memory_bytes": 0, "cores": 1, "capacity": 1.0, "simulated": False, "shards": 0, "rows": 0,
+    "bytes": 0, "queries_running": 0, "utilization": None, "busy_fraction": 0.0,
+    "memory_used_bytes": 0, "memory_free_bytes": 0, "device_utilization": None,
+    "device_memory_used_bytes": None, "device_memory_free_bytes": None, "engine_note": "",
+    "calibration": {},
+}  # fmt: skip
+"""A NodeInfo's fields for examples (docstrings, tests)."""

@@ -1,0 +1,329 @@
+"""Desired state: a ``ShardflowCluster`` custom resource in, the KubeRay ``RayCluster`` and
+the Service of its Flight SQL door out. Pure functions of plain data (no API calls), so the
+operator's output is checked by golden files and schema validation.
+
+>>> body = {"metadata": {"name": "sf", "namespace": "data"},
+...         "spec": {"image": "shardflow:0.1.0", "dataDir": {"uri": "file:///data"},
+...                  "nodeGroups": [{"name": "cpu", "deviceClass": "cpu", "replicas": 2}]}}
+>>> [m["kind"] for m in render(cluster_spec(body))]
+['RayCluster', 'Service']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from shardflow.errors import ConfigError
+
+GROUP = "shardflow.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+RAY_API_VERSION = "ray.io/v1"
+RAY_VERSION = "2.60.0"
+"""The Ray release of the image (``pyproject.toml`` pins ray 2.60)."""
+GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+"""The extended resource each GPU vendor's device plugin announces."""
+DEVICE_CLASSES = ("nvidia", "amd", "cpu")
+DATA_NODE_RESOURCE = "shardflow"
+"""The Ray resource of nodes that serve shards (the head, control only, lacks it); the same
+name as :data:`shardflow.runtime.raynode.DATA_NODE_RESOURCE`."""
+FLIGHT_PORT = 8815
+OPERATOR_TOKEN_DIR = "/etc/shardflow/operator"
+TLS_DIR = "/etc/shardflow/tls"
+MANAGED_BY = "shardflow-operator"
+BALANCER_SETTINGS = {
+    "autoBalance": "auto_balance",
+    "intervalSeconds": "balance_interval_s",
+    "utilizationThreshold": "utilization_threshold",
+    "tolerance": "balance_tolerance",
+    "maxConcurrentMoves": "max_concurrent_moves",
+    "migrationBandwidthMBps": "migration_bandwidth_mb_s",
+}
+"""``spec.balancer`` fields and the shardflow settings they set (``shardflow serve --set``)."""
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One KubeRay worker group: Ray nodes of one device class."""
+
+    name: str
+    device_class: str
+    replicas: int
+    gpus_per_node: int = 0
+    cpu: str = "4"
+    memory: str = "16Gi"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A checked ``ShardflowCluster``."""
+
+    name: str
+    namespace: str
+    image: str
+    data_path: str
+    volume_claim: str | None
+    groups: tuple[NodeGroup, ...]
+    flight_port: int = FLIGHT_PORT
+    tls_secret: str | None = None
+    operator_token_secret: str = ""
+    head_cpu: str = "2"
+    head_memory: str = "8Gi"
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """shardflow settings of ``spec.balancer``, by shardflow's names."""
+
+    @property
+    def flight_service(self) -> str:
+        return f"{self.name}-flight"
+
+    @property
+    def flight_address(self) -> str:
+        """The Flight SQL door as the operator dials it (inside the cluster)."""
+        scheme = "grpc+tls" if self.tls_secret else "grpc"
+        host = f"{self.flight_service}.{self.namespace}.svc"
+        return f"{scheme}://{host}:{self.flight_port}"
+
+
+def cluster_spec(body: Mapping[str, Any]) -> ClusterSpec:
+    """The checked spec of a ``ShardflowCluster`` body; :class:`ConfigError` says what is
+    wrong (the API server's schema check catches most of it before)."""
+    metadata = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    name = _required(metadata, "name", "metadata.name")
+    image = _required(spec, "image", "spec.image")
+    data = spec.get("dataDir") or {}
+    uri = urlparse(_required(data, "uri", "spec.dataDir.uri"))
+    if uri.scheme != "file" or not uri.path.startswith("/") or uri.netloc:
+        raise ConfigError(
+            f"spec.dataDir.uri must be file:///<absolute path> (shards live on a file system "
+            f"every pod mounts, e.g. a ReadWriteMany volume), not {data['uri']!r}"
+        )
+    groups = tuple(_group(g, i) for i, g in enumerate(spec.get("nodeGroups") or []))
+    if not groups:
+        raise ConfigError("spec.nodeGroups needs at least one group of data nodes")
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"spec.nodeGroups names must differ: {names}")
+    balancer = spec.get("balancer") or {}
+    unknown = sorted(set(balancer) - set(BALANCER_SETTINGS))
+    if unknown:
+        raise ConfigError(f"spec.balancer has unknown fields {unknown}; known: "
+                          f"{sorted(BALANCER_SETTINGS)}")  # fmt: skip
+    head = spec.get("head") or {}
+    return ClusterSpec(
+        name=name,
+        namespace=str(metadata.get("namespace") or "default"),
+        image=image,
+        data_path=uri.path,
+        volume_claim=data.get("volumeClaim"),
+        groups=groups,
+        flight_port=int(spec.get("flightPort", FLIGHT_PORT)),
+        tls_secret=spec.get("tlsSecret"),
+        operator_token_secret=str(spec.get("operatorTokenSecret") or f"{name}-operator-token"),
+        head_cpu=str(head.get("cpu", "2")),
+        head_memory=str(head.get("memory", "8Gi")),
+        settings={BALANCER_SETTINGS[k]: v for k, v in sorted(balancer.items())},
+    )
+
+
+def _required(section: Mapping[str, Any], key: str, where: str) -> str:
+    value = section.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} is required (a non-empty string)")
+    return value
+
+
+def _group(group: Mapping[str, Any], index: int) -> NodeGroup:
+    where = f"spec.nodeGroups[{index}]"
+    name = _required(group, "name", f"{where}.name")
+    device = str(group.get("deviceClass", "cpu"))
+    if device not in DEVICE_CLASSES:
+        raise ConfigError(f"{where}.deviceClass must be one of {DEVICE_CLASSES}, not {device!r}")
+    replicas = group.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+        raise ConfigError(f"{where}.replicas must be a whole number >= 0, not {replicas!r}")
+    gpus = group.get("gpusPerNode", 1 if device != "cpu" else 0)
+    if device == "cpu" and gpus:
+        raise ConfigError(f"{where}: a cpu group has no GPUs (gpusPerNode must be 0)")
+    if device != "cpu" and (not isinstance(gpus, int) or gpus < 1):
+        raise ConfigError(f"{where}.gpusPerNode must be at least 1 on a {device} group")
+    resources = group.get("resources") or {}
+    return NodeGroup(
+        name=name,
+        device_class=device,
+        replicas=replicas,
+        gpus_per_node=int(gpus),
+        cpu=str(resources.get("cpu", "4")),
+        memory=str(resources.get("memory", "16Gi")),
+        node_selector=dict(group.get("nodeSelector") or {}),
+        image=group.get("image"),
+    )
+
+
+# -- rendering ----------------------------------------------------------------------------
+def render(
+    spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]] | None = None
+) -> list[dict[str, Any]]:
+    """The manifests of ``spec``: its RayCluster, then the Service of its Flight SQL door.
+    ``workers_to_delete`` (group -> pod names) tells KubeRay which pods a scale-down removes
+    (pods whose shards the operator has already moved away)."""
+    manifests = [ray_cluster(spec, workers_to_delete or {}), flight_service(spec)]
+    fresh: list[dict[str, Any]] = json.loads(json.dumps(manifests))  # no shared parts: no
+    return fresh  # YAML aliases, and a change to one place changes only that place
+
+
+def labels(spec: ClusterSpec) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "shardflow",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def ray_cluster(
+    spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
+        "spec": {
+            "rayVersion": RAY_VERSION,
+            "authOptions": {"mode": "token"},  # Ray's token authentication stays on
+            "headGroupSpec": {
+                "rayStartParams": {"num-cpus": "0", "dashboard-host": "127.0.0.1"},
+                "template": _head_pod(spec),
+            },
+            "workerGroupSpecs": [
+                _worker_group(spec, g, sorted(workers_to_delete.get(g.name, ())))
+                for g in spec.groups
+            ],
+        },
+    }
+
+
+def flight_service(spec: ClusterSpec) -> dict[str, Any]:
+    """The cluster-internal door to Flight SQL on the head pod (Ray's own ports get none)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": spec.flight_service,
+            "namespace": spec.namespace,
+            "labels": labels(spec),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"ray.io/cluster": spec.name, "ray.io/node-type": "head"},
+            "ports": [{"name": "flight", "port": spec.flight_port, "targetPort": spec.flight_port}],
+        },
+    }
+
+
+def serve_command(spec: ClusterSpec) -> list[str]:
+    """``shardflow serve`` on the head pod, attached to the Ray head beside it."""
+    command = [
+        "shardflow", "serve", "--address", "127.0.0.1:6379", "--data-dir", spec.data_path,
+        "--flight-port", str(spec.flight_port), "--host", "0.0.0.0",
+        "--operator-token-file", f"{OPERATOR_TOKEN_DIR}/token",
+    ]  # fmt: skip
+    if spec.tls_secret:
+        command += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
+    else:  # inside the cluster network only (a ClusterIP Service); docs say when to add TLS
+        command += ["--insecure"]
+    for name, value in spec.settings.items():
+        command += ["--set", f"{name}={json.dumps(value)}"]
+    return command
+
+
+def _data_volume(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if spec.volume_claim is None:
+        return [], []
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": spec.volume_claim}}
+    return [volume], [{"name": "data", "mountPath": spec.data_path}]
+
+
+def _head_pod(spec: ClusterSpec) -> dict[str, Any]:
+    volumes, mounts = _data_volume(spec)
+    volumes.append({"name": "operator-token", "secret": {"secretName": spec.operator_token_secret}})
+    serve_mounts = [*mounts, {"name": "operator-token", "mountPath": OPERATOR_TOKEN_DIR,
+                              "readOnly": True}]  # fmt: skip
+    if spec.tls_secret:
+        volumes.append({"name": "tls", "secret": {"secretName": spec.tls_secret}})
+        serve_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    resources = {"cpu": spec.head_cpu, "memory": spec.head_memory}
+    return {
+        "metadata": {"labels": labels(spec)},
+        "spec": {
+            "containers": [
+                {
+                    "name": "ray-head",
+                    "image": spec.image,
+                    "resources": {"requests": resources, "limits": resources},
+                    "volumeMounts": mounts,
+                },
+                {  # the service: restarted by the kubelet until the Ray head answers
+                    "name": "shardflow-serve",
+                    "image": spec.image,
+                    "command": serve_command(spec),
+                    "ports": [{"name": "flight", "containerPort": spec.flight_port}],
+                    "readinessProbe": {
+                        "tcpSocket": {"port": spec.flight_port},
+                        "periodSeconds": 5,
+                    },
+                    "volumeMounts": serve_mounts,
+                },
+            ],
+            "volumes": volumes,
+        },
+    }
+
+
+def _worker_group(spec: ClusterSpec, group: NodeGroup, to_delete: list[str]) -> dict[str, Any]:
+    volumes, mounts = _data_volume(spec)
+    requests: dict[str, str] = {"cpu": group.cpu, "memory": group.memory}
+    limits = dict(requests)
+    params: dict[str, str] = {}
+    pod: dict[str, Any] = {}
+    gpu = GPU_RESOURCES.get(group.device_class)
+    if gpu is not None:
+        limits[gpu] = str(group.gpus_per_node)
+        params["num-gpus"] = str(group.gpus_per_node)  # KubeRay infers NVIDIA's only
+        pod["tolerations"] = [{"key": gpu, "operator": "Exists", "effect": "NoSchedule"}]
+    if group.node_selector:
+        pod["nodeSelector"] = dict(group.node_selector)
+    worker = {
+        "groupName": group.name,
+        "replicas": group.replicas,
+        "minReplicas": 0,
+        "maxReplicas": max(group.replicas, 1) * 4,
+        "rayStartParams": params,
+        "resources": {DATA_NODE_RESOURCE: "1"},
+        "labels": {"shardflow.io/device-class": group.device_class},
+        "template": {
+            "metadata": {
+                "labels": {**labels(spec), "shardflow.io/device-class": group.device_class}
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": group.image or spec.image,
+                        "resources": {"requests": requests, "limits": limits},
+                        "volumeMounts": mounts,
+                    }
+                ],
+                "volumes": volumes,
+                **pod,
+            },
+        },
+    }
+    if to_delete:
+        worker["scaleStrategy"] = {"workersToDelete": to_delete}
+    return worker

@@ -206,7 +206,8 @@ class Cluster:
 
     @_while_open
     def metrics_url(self) -> str:
-        """Where the coordinator serves Prometheus metrics (always on 127.0.0.1)."""
+        """Where the coordinator serves Prometheus metrics (always on 127.0.0.1). The same
+        address without ``/metrics`` is the read-only console page."""
         return self._db._session_or_raise().metrics_url()
 
     @_while_open

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 import ray
-from prometheus_client import start_http_server
 from ray._private import state as ray_state
 from ray.exceptions import RayTaskError
 
@@ -53,6 +52,7 @@ from shardflow.runtime.ray_workers import (
 from shardflow.runtime.raynode import NAME_LABEL
 from shardflow.runtime.slots import Slot, slot_options, worker_slots
 from shardflow.runtime.worker import WorkerNode, check_shared
+from shardflow.telemetry.console import ConsoleServer
 from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
 
@@ -75,7 +75,7 @@ COORDINATOR_CONCURRENCY = 16
 
 class CoordinatorService:
     """The coordinator actor: the control plane (:class:`CoordinatorState`, the
-    :class:`Controller`) and its Prometheus endpoint."""
+    :class:`Controller`), its Prometheus endpoint and the read-only console page beside it."""
 
     def __init__(
         self,
@@ -90,8 +90,10 @@ class CoordinatorService:
         self.workers = RayWorkers(prefix)
         self.controller = Controller(self.state, self.workers, settings)
         registry, self.controller.recorder = registry_for(self.controller.gauges)
-        server, _ = start_http_server(settings.metrics_port, addr=LOOPBACK, registry=registry)
-        self.metrics_port = int(server.server_port)
+        self.console = ConsoleServer(
+            settings.metrics_port, registry, self.controller.console_state, host=LOOPBACK
+        )
+        self.metrics_port = self.console.port
         self.prefix = prefix
         self.data_dir = data_dir
         self.settings = settings

@@ -308,7 +308,7 @@ class AuthStore:
         if not token.startswith(TOKEN_PREFIX) or len(token) < len(TOKEN_PREFIX) + 32:
             raise ConfigError(
                 f"a service token starts with {TOKEN_PREFIX!r} and has at least 32 more "
-                "characters (make one with: python -c \"import secrets; "
+                'characters (make one with: python -c "import secrets; '
                 f"print('{TOKEN_PREFIX}' + secrets.token_urlsafe(32))\")"
             )
         record = {"name": name, "role": role, "created": _stamp(self._clock()), "expires": None}

@@ -8,6 +8,8 @@ snapshot function called at every scrape, so they are never stale.
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,9 @@ from prometheus_client.registry import Collector
 NAMESPACE = "shardflow"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 MOVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+QPS_WINDOW_S = 10
+"""The window of the queries-per-second figure the console shows: long enough that a few
+slow queries do not make it flicker, short enough to follow a load change."""
 
 
 def name(metric: str) -> str:
@@ -47,6 +52,46 @@ class ClusterGauges:
     failovers: int = 0
     decisions: Mapping[str, int] = field(default_factory=dict)
     """Balancer decisions by whether they acted."""
+
+
+class RateWindow:
+    """Events per second over the last ``window_s`` whole seconds, counted in one-second
+    slots (so memory stays bounded whatever the rate); also the total since the start.
+
+    >>> clock = iter([100.2, 100.7, 101.5, 101.9]).__next__
+    >>> window = RateWindow(2, clock)
+    >>> window.add(); window.add(); window.add()
+    >>> window.rate(), window.total  # 3 events in the 2 seconds 100 and 101
+    (1.5, 3)
+    """
+
+    def __init__(self, window_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.total = 0
+        self._clock = clock
+        self._slots: deque[list[int]] = deque()
+        """[second, events] per second that saw events, oldest first."""
+        self._lock = threading.Lock()
+
+    def add(self, count: int = 1) -> None:
+        second = int(self._clock())
+        with self._lock:
+            self.total += count
+            if self._slots and self._slots[-1][0] == second:
+                self._slots[-1][1] += count
+            else:
+                self._slots.append([second, count])
+            self._trim(second)
+
+    def rate(self) -> float:
+        second = int(self._clock())
+        with self._lock:
+            self._trim(second)
+            return sum(count for _, count in self._slots) / self.window_s
+
+    def _trim(self, second: int) -> None:
+        while self._slots and self._slots[0][0] <= second - self.window_s:
+            self._slots.popleft()
 
 
 class Recorder:
@@ -96,6 +141,8 @@ class Recorder:
             ["action"],
             registry=registry,
         )
+        self.query_rate = RateWindow(QPS_WINDOW_S)
+        """Queries per second over the last few seconds (the console's QPS)."""
         self._lock = threading.Lock()
 
     def access(self, denied_action: str | None) -> None:
@@ -107,6 +154,7 @@ class Recorder:
 
     def query(self, seconds: float, ok: bool) -> None:
         self.queries.inc()
+        self.query_rate.add()
         if not ok:
             self.failed.inc()
         self.latency.observe(seconds)

@@ -84,6 +84,8 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
             device_memory_free_bytes=None,
             engine_note="",
             calibration={},
+            health=load.health if load is not None else "healthy",
+            failure_rate=load.failure_rate if load is not None else 0.0,
         )
     profile = info.profile
     held: list[ShardInfo | ReplicaInfo] = [*info.shards, *info.replicas]
@@ -113,6 +115,8 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         ray_node_id=info.host.ray_node_id,
         host=info.host.address,
         ray_node_name=info.host.name,
+        health=load.health if load is not None else "healthy",
+        failure_rate=load.failure_rate if load is not None else 0.0,
     )
 
 

@@ -56,8 +56,8 @@ class Settings:
         min_shard_bytes: adjacent cold units smaller than this together are merged; the target
             size of a unit lies between the two, smaller for units whose queries cost more per
             byte.
-        metrics_port: port of the coordinator's Prometheus endpoint on 127.0.0.1; 0 picks a
-            free port (``db.cluster.metrics_url()`` says which).
+        metrics_port: port of the coordinator's Prometheus endpoint and read-only console
+            page on 127.0.0.1; 0 picks a free port (``db.cluster.metrics_url()`` says which).
         profile_queries: keep the per-fragment timings that ``db.profile()`` and
             ``db.last_report`` show (on by default: it costs under 2 %).
         lease_ttl_s: how long the data directory's owner lease lasts without renewal (the
@@ -72,6 +72,22 @@ class Settings:
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
+        node_failure_rate: a node failing more than this share of its operations
+            (fragments and inserts that failed on it, missed health checks, device errors)
+            over ``node_failure_window_s`` becomes *suspect*: it gets no new shards and its
+            shards move off live, the most loaded first, within ``max_concurrent_moves``. It
+            is re-admitted after ``suspect_cooldown_s`` without a failure (a node that keeps
+            failing stays suspect and empty); one suspect a third time is *failing*: kept
+            empty and reported until removed. 0 turns this off.
+        node_failure_min_ops: operations a node must have done in the window before its
+            rate counts (and 3 of them must have failed): one failure of an idle node is not
+            a rate.
+        node_failure_window_s: the sliding window of the failure rate (seconds).
+        suspect_cooldown_s: seconds without a failure after which a suspect node gets
+            shards again.
+        test_flaky_node: for tests only, off ("") by default. "node-1=0.05" makes worker
+            node-1 fail that share of its fragments (evenly spread: one in 20 here) with a
+            retryable error, as a dying device would.
         test_fault_move_copy: for tests only, off ("") by default. "drop_row" or
             "change_value" makes the target of every live move remove one row from, or
             change one value in, its copy once the copy is stored, so that the move's
@@ -109,6 +125,11 @@ class Settings:
     token_ttl_s: float = 3600.0
     max_request_mb: int = 256
     engine: str = "auto"
+    node_failure_rate: float = 0.01
+    node_failure_min_ops: int = 100
+    node_failure_window_s: float = 60.0
+    suspect_cooldown_s: float = 120.0
+    test_flaky_node: str = ""
     test_fault_move_copy: str = ""
     test_hold_results_s: float = 0.0
 
@@ -163,10 +184,35 @@ class Settings:
                 "setting test_fault_move_copy (tests only) must be one of "
                 + ", ".join(repr(f) for f in MOVE_COPY_FAULTS)
             )
+        if not 0 <= self.node_failure_rate < 1:
+            raise ConfigError("setting node_failure_rate must be in [0, 1) (0: off)")
+        if self.node_failure_min_ops < 1 or self.node_failure_window_s <= 0:
+            raise ConfigError(
+                "settings node_failure_min_ops must be >= 1 and node_failure_window_s positive"
+            )
+        if self.suspect_cooldown_s < 0:
+            raise ConfigError("setting suspect_cooldown_s must not be negative")
+        self.flaky_node()  # checks the test hook's form
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("setting metrics_port must be a port number (0: any free port)")
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:
             raise ConfigError("settings need 0 < min_shard_bytes < max_shard_bytes")
+
+    def flaky_node(self) -> tuple[str, float] | None:
+        """``test_flaky_node`` read: (node, share of fragments to fail), or None (off)."""
+        if not self.test_flaky_node:
+            return None
+        node, _, share = self.test_flaky_node.partition("=")
+        try:
+            rate = float(share)
+        except ValueError:
+            rate = -1.0
+        if not node or not 0 < rate <= 1:
+            raise ConfigError(
+                "setting test_flaky_node (tests only) takes node=share, e.g. node-1=0.05, "
+                f"not {self.test_flaky_node!r}"
+            )
+        return node, rate
 
     def with_text(self, assignments: list[str]) -> Settings:
         """These settings with ``name=value`` assignments from a command line applied (the

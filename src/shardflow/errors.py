@@ -129,6 +129,12 @@ class WorkerTimeout(Retryable):
     dying, and the caller decides whether to ask again."""
 
 
+class NodeFault(Retryable):
+    """Internal: the node failed this operation (a device, memory or I/O error, or the
+    test hook ``test_flaky_node``); the caller tries again. It counts toward the node's
+    failure rate, which makes a failing node suspect (``node_failure_rate``)."""
+
+
 class Moved(Retryable):
     """Internal: a worker no longer owns a shard at the routing epoch it was asked for."""
 

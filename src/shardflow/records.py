@@ -47,6 +47,12 @@ class NodeInfo:
     """That Ray node's address."""
     ray_node_name: str = ""
     """That Ray node's name (its ``shardflow-name`` label, else Ray's node name)."""
+    health: str = "healthy"
+    """``healthy``; ``suspect`` (failing more than ``node_failure_rate`` of its operations:
+    it gets no new shards and its shards move off); ``failing`` (kept empty until removed)."""
+    failure_rate: float = 0.0
+    """Share of its operations (fragments, inserts, health checks) the node failed over
+    the last ``node_failure_window_s``."""
 
 
 @dataclass(frozen=True)

@@ -185,3 +185,28 @@ def test_load_swing_triggers_a_replan() -> None:
     decision = plan(nodes, units, SETTINGS, previous_load=0.5)
     assert round(decision.total_load, 6) == 2.0
     assert decision.actions == ()  # it swung, but every node is still within the band
+
+
+def test_an_excluded_node_is_evacuated_most_loaded_first_within_the_move_limit() -> None:
+    nodes = [NodeState(n, 1.0) for n in ("a", "b", "c")]
+    units = units_on("a", 4, 0) + units_on("b", 4, 4) + units_on("c", 4, 8)
+    units[2] = replace(units[2], load=0.5)  # the busiest unit of "a"
+    settings = replace(SETTINGS, max_moves=3)
+    decision = plan(nodes, units, settings, excluded=frozenset({"a"}))
+    assert "evacuating suspect node(s) a" in decision.reason
+    assert all(isinstance(m, Move) and m.to in ("b", "c") for m in decision.actions)
+    assert len(decision.actions) == 3 and decision.actions[0].unit_id == 2  # type: ignore[union-attr]
+    # round after round, everything leaves and nothing comes back
+    for _ in range(3):
+        units = apply(units, plan(nodes, units, settings, excluded=frozenset({"a"})).actions)
+    assert [u for u in units if u.node == "a"] == []
+    decision = plan(nodes, units, SETTINGS, excluded=frozenset({"a"}))
+    assert all(getattr(a, "to", None) != "a" for a in decision.actions)
+    assert "evacuating" not in decision.reason
+
+
+def test_an_empty_readmitted_node_gets_its_share_again() -> None:
+    nodes = [NodeState(n, 1.0) for n in ("a", "b", "c")]
+    units = units_on("b", 6, 0) + units_on("c", 6, 6)
+    decision = plan(nodes, units, SETTINGS)
+    assert sum(1 for a in decision.actions if getattr(a, "to", None) == "a") >= 3

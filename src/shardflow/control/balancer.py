@@ -123,8 +123,11 @@ def plan(
     settings: BalancerSettings,
     previous_load: float | None = None,
     busy: frozenset[int] = frozenset(),
+    excluded: frozenset[str] = frozenset(),
 ) -> Decision:
-    """What to do now. ``busy`` units are being moved already and are left alone."""
+    """What to do now. ``busy`` units are being moved already and are left alone.
+    ``excluded`` nodes (suspect or failing, :mod:`shardflow.control.health`) get no share:
+    their units move off, the most loaded first, before anything else moves."""
     if not nodes:
         return Decision((), "no nodes", "load", 0.0, 0.0)
     total_load = sum(u.load for u in units)
@@ -138,10 +141,13 @@ def plan(
         if unit.node in capacity:
             held[unit.node] += weight(unit, unit.node)
     total = sum(held.values())
-    total_capacity = sum(capacity.values())
-    share = {n: total * capacity[n] / total_capacity for n in capacity}
+    excluded = frozenset(n for n in excluded if n in capacity)
+    serving = [n for n in capacity if n not in excluded]
+    serving_capacity = sum(capacity[n] for n in serving)
+    share = {n: total * capacity[n] / serving_capacity if n in serving else 0.0 for n in capacity}
     ratio = {n: (held[n] / share[n] if share[n] > 0 else 0.0) for n in capacity}
-    spread = max((abs(r - 1.0) for r in ratio.values()), default=0.0) if total > 0 else 0.0
+    spread = max((abs(ratio[n] - 1.0) for n in serving), default=0.0) if total > 0 else 0.0
+    evacuating = sorted((n for n in excluded if held[n] > 0), key=lambda n: -held[n])
     hot = [n.node for n in nodes if n.utilization > settings.utilization_threshold]
     swing = (
         previous_load is not None
@@ -149,21 +155,29 @@ def plan(
         and abs(total_load - previous_load) / previous_load > settings.load_swing
     )
 
+    free = [u for u in units if u.unit_id not in busy]
+    if evacuating and serving:  # first of all; splits, merges and balancing come after
+        leaving = [u for u in free if u.node in excluded]
+        moves = _evacuate(leaving, excluded, capacity, held, share, settings, weight)
+        why = f"{len(moves)} move(s): evacuating suspect node(s) " + ", ".join(evacuating)
+        projected = {n: held[n] / share[n] for n in serving if share[n] > 0}
+        return Decision(tuple(moves), why, measure, spread, total_load, projected)
+    free = [u for u in free if u.node not in excluded]
+
     actions: list[Action] = []
     reasons: list[str] = []
-    free = [u for u in units if u.unit_id not in busy]
     actions += _splits(free, settings, share, measure)
     if actions:
         reasons.append(f"{len(actions)} shard(s) too big or too hot")
     merges = _merges(
-        free, settings, {a.unit_id for a in actions if isinstance(a, Split)}, len(nodes)
+        free, settings, {a.unit_id for a in actions if isinstance(a, Split)}, len(serving)
     )
     if merges:
         reasons.append(f"{len(merges)} pair(s) of small cold shards")
     actions += merges
 
     unbalanced = spread > settings.tolerance and total > 0
-    projected = {n: ratio[n] for n in capacity}
+    projected = {n: ratio[n] for n in serving}
     if (unbalanced or hot or swing) and len(actions) < settings.max_moves:
         touched = {a.unit_id for a in actions if isinstance(a, Split)}
         touched |= {u for a in actions if isinstance(a, Merge) for u in (a.first, a.second)}
@@ -223,6 +237,30 @@ def _weight(
     if measure == "bytes":
         return size
     return load_for_mix if speeds else load
+
+
+def _evacuate(
+    units: Sequence[UnitState],
+    excluded: frozenset[str],
+    capacity: dict[str, float],
+    held: dict[str, float],
+    share: dict[str, float],
+    settings: BalancerSettings,
+    weight: Weight,
+) -> list[Action]:
+    """Move units off excluded nodes, the most loaded first, each to the serving node
+    furthest below its share (room or not: the units must go), within the move limit.
+    ``held`` is updated as if the moves were done."""
+    serving = [n for n in capacity if n not in excluded and share[n] > 0]
+    moves: list[Action] = []
+    for unit in sorted(units, key=lambda u: (-weight(u, u.node), u.unit_id)):
+        if len(moves) >= settings.max_moves or not serving:
+            break
+        dst = min(serving, key=lambda n: ((held[n] + weight(unit, n)) / share[n], n))
+        held[unit.node] -= weight(unit, unit.node)
+        held[dst] += weight(unit, dst)
+        moves.append(Move(unit.unit_id, dst, unit.bytes, f"evacuate suspect node {unit.node}"))
+    return moves
 
 
 def _splits(

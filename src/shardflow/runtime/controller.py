@@ -16,6 +16,7 @@ from typing import Any
 
 from shardflow.config import Settings
 from shardflow.control import balancer, cost
+from shardflow.control.health import HealthSettings, HealthTracker, Transition
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan, Phase
 from shardflow.errors import Error, MoveRefusedError, UnknownShardError, WorkerGone
 from shardflow.runtime.coordinator import CoordinatorState
@@ -76,6 +77,16 @@ class Controller:
         """Each shard's execution seconds per second over the last observed window."""
         self.recorder: Recorder | None = None
         self._adopting = False
+        self.health = HealthTracker(
+            HealthSettings(
+                threshold=settings.node_failure_rate,
+                min_operations=settings.node_failure_min_ops,
+                window_s=settings.node_failure_window_s,
+                cooldown_s=settings.suspect_cooldown_s,
+            )
+        )
+        self.health_changes: list[dict[str, Any]] = []
+        """The last changes of node health (suspect, re-admitted, failing), newest last."""
 
     # -- workers ------------------------------------------------------------------------
     def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
@@ -163,10 +174,12 @@ class Controller:
                 try:
                     reply.get(timeout=self.settings.health_interval_s)
                     misses[node] = 0
+                    self.health.record(node, time.monotonic(), 1, 0)
                 except WorkerGone:
                     misses[node] = self.settings.health_misses  # died: no doubt about it
                 except Error:  # no answer in time (or a confused one): a miss
                     misses[node] += 1
+                    self.health.record(node, time.monotonic(), 1, 1)
             for node in watched:
                 if misses[node] >= self.settings.health_misses:
                     misses.pop(node)
@@ -182,6 +195,7 @@ class Controller:
         if catalog is None:
             return None
         log.warning("node %s is gone; %d unit(s) reassigned", node, units)
+        self.health.forget(node)
         self.workers.forget(node)
         self.state.profiles.pop(node, None)
         self.broadcast(catalog)
@@ -274,6 +288,8 @@ class Controller:
                     shards=len(info.shards),
                     bytes=sum(s.bytes for s in info.shards),
                     capacity=capacities[node],
+                    failure_rate=self.health.rate(node, time.monotonic())[0],
+                    suspect=node in self.state.excluded,
                 )
             )
         acted = Counter(
@@ -342,7 +358,16 @@ class Controller:
         placement and the balancer use (relative to the median node)."""
         nodes = list(self.state.catalog.nodes)
         capacities = self.state.capacities(nodes)
-        return {n: NodeLoad(self.utilization.get(n), capacities[n]) for n in nodes}
+        now = time.monotonic()
+        return {
+            n: NodeLoad(
+                self.utilization.get(n),
+                capacities[n],
+                self.health.health(n).value,
+                self.health.rate(n, now)[0],
+            )
+            for n in nodes
+        }
 
     # -- balancing ----------------------------------------------------------------------
     def balancer_settings(self) -> balancer.BalancerSettings:
@@ -380,6 +405,7 @@ class Controller:
             def rate(now: float, then: float, w: float = window) -> float:
                 return max(0.0, now - then) / w if w > 0 else 0.0
 
+            self._record_health(node, report, before)
             busy = rate(report.busy_seconds, before.busy_seconds) if before else 0.0
             device = report.device_utilization
             self.utilization[node] = busy
@@ -424,10 +450,44 @@ class Controller:
         models = {n: device_model(profiles[n]) if n in profiles else n for n in nodes}
         return cost.relative_speeds(calibrations, models)
 
+    def _record_health(self, node: str, report: LoadReport, before: LoadReport | None) -> None:
+        """What the node did and failed since its last report (a device's new uncorrectable
+        errors count as failed operations)."""
+        operations = report.operations - (before.operations if before else 0)
+        failures = report.failures - (before.failures if before else 0)
+        if report.device_errors is not None and before and before.device_errors is not None:
+            errors = max(0, report.device_errors - before.device_errors)
+            operations, failures = operations + errors, failures + errors
+        self.health.record(node, time.monotonic(), operations, failures)
+
+    def follow_health(self) -> list[Transition]:
+        """Apply the changes of node health due now: suspect and failing nodes get no new
+        units (the balancer moves theirs off), re-admitted ones get units again."""
+        changes = self.health.evaluate(time.monotonic())
+        members = set(self.state.catalog.nodes)
+        self.state.excluded = frozenset(n for n in self.health.excluded() if n in members)
+        for change in changes:
+            log.warning("node %s: %s -> %s (%s)", change.node, change.before.value,
+                        change.after.value, change.reason)  # fmt: skip
+            self.health_changes.append(
+                {"node": change.node, "from": change.before.value, "to": change.after.value,
+                 "reason": change.reason, "at": time.time()}
+            )  # fmt: skip
+        del self.health_changes[:-100]
+        return changes
+
     def decide(self) -> balancer.Decision:
         nodes, units = self.observe()
+        self.follow_health()
         busy = frozenset(u.unit_id for plan in self.state.moving.values() for u in plan.sources)
-        decision = balancer.plan(nodes, units, self.balancer_settings(), self._previous_load, busy)
+        decision = balancer.plan(
+            nodes,
+            units,
+            self.balancer_settings(),
+            self._previous_load,
+            busy,
+            excluded=self.state.excluded,
+        )
         self._previous_load = decision.total_load
         return decision
 
@@ -465,11 +525,13 @@ class Controller:
             try:
                 with self._balancing:
                     decision = self.decide()  # keeps the load rates fresh either way
-                    if not self.settings.auto_balance:
+                    evacuating = any(_evacuation(a) for a in decision.actions)
+                    if not self.settings.auto_balance and not evacuating:
                         continue
-                    # act on an imbalance seen twice in a row, not on one noisy window
+                    # act on an imbalance seen twice in a row, not on one noisy window; a
+                    # suspect node is evacuated at once
                     self._unbalanced_polls = self._unbalanced_polls + 1 if decision.actions else 0
-                    if decision.actions and self._unbalanced_polls >= 2:
+                    if decision.actions and (self._unbalanced_polls >= 2 or evacuating):
                         self.decisions.append(
                             {**describe(decision), "dry_run": False, "at": time.time()}
                         )
@@ -481,8 +543,13 @@ class Controller:
 
     def _least_loaded(self, nodes: list[str]) -> str:
         held = Counter(u.node for g in self.state.catalog.groups.values() for u in g.units)
-        capacity = self.state.capacities(nodes)
+        capacity = self.state.placement_capacities(nodes)
+        nodes = list(capacity)
         return min(nodes, key=lambda n: (held[n] / max(capacity[n], 1e-9), n))
+
+
+def _evacuation(action: balancer.Action) -> bool:
+    return isinstance(action, balancer.Move) and action.reason.startswith("evacuate")
 
 
 def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:

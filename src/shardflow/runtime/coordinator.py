@@ -73,6 +73,8 @@ class CoordinatorState:
         self.profiles: dict[str, NodeProfile] = {}
         """Every live worker's device profile and calibration, as it reported them."""
         self.operator_mix: dict[str, float] = {}
+        self.excluded: frozenset[str] = frozenset()
+        """Nodes that get no new units (suspect or failing: ``control/health.py``)."""
         """The cluster's load by calibrated operator over the last observed window (shares;
         empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
@@ -117,7 +119,7 @@ class CoordinatorState:
             current = Counter(
                 u.node for g in self.catalog.groups.values() for u in g.units if u.node in nodes
             )
-            owners = place_units(len(orphans), self.capacities(nodes), current)
+            owners = place_units(len(orphans), self.placement_capacities(nodes), current)
             placement = {unit.unit_id: owner for unit, owner in zip(orphans, owners, strict=True)}
             if orphans:
                 log.info("reassigning %d units of departed nodes", len(orphans))
@@ -246,6 +248,12 @@ class CoordinatorState:
         and ``db.cluster.nodes()`` use."""
         return node_capacities(nodes, self.profiles, self.operator_mix)
 
+    def placement_capacities(self, nodes: list[str]) -> dict[str, float]:
+        """:meth:`capacities` of the nodes that may receive units: not the excluded ones
+        (unless every node is)."""
+        serving = [n for n in nodes if n not in self.excluded] or nodes
+        return self.capacities(serving)
+
     # -- tables -------------------------------------------------------------------------
     def begin_create(
         self,
@@ -283,7 +291,7 @@ class CoordinatorState:
                     current = Counter(u.node for g in catalog.groups.values() for u in g.units)
                     owners = place_units(
                         self.settings.shards_per_worker * len(nodes),
-                        self.capacities(nodes),
+                        self.placement_capacities(nodes),
                         current,
                     )
                     key_type = schema.field(key).type if key else pa.int64()

@@ -105,6 +105,12 @@ class LoadReport:
     op_seconds: Mapping[str, float]
     """Execution seconds by calibrated operator (the node's operator mix)."""
     device_utilization: float | None
+    operations: int = 0
+    """Fragments and appends run on this worker since it started."""
+    failures: int = 0
+    """Of those, the ones the node failed (not the caller's errors: bad SQL, wrong types)."""
+    device_errors: int | None = None
+    """The device's uncorrectable error count (None: no such telemetry)."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,10 @@ class NodeLoad:
     """Busy fraction over the balancer's last window; None until a window has passed."""
     capacity: float
     """Capacity for the cluster's operator mix relative to the median node."""
+    health: str = "healthy"
+    """``healthy``, ``suspect`` or ``failing`` (``control/health.py``)."""
+    failure_rate: float = 0.0
+    """Share of its operations the node failed over ``node_failure_window_s``."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
-from shardflow.errors import ConfigError, Moved
+from shardflow.errors import ConfigError, Moved, NodeFault
 from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
@@ -116,6 +116,12 @@ def node_profile(
     )
 
 
+NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)
+"""Errors of the node rather than of the query (a failing disk, an engine fault): the
+fragment is tried again, and the node's failure rate counts them. Running out of memory is
+the query's size, not the node's health: it is not among them."""
+
+
 @functools.lru_cache(maxsize=1024)
 def _operators(sql: str) -> tuple[str, ...]:
     return operator_mix(sql)
@@ -174,6 +180,12 @@ class WorkerNode:
         self._running = 0
         self._busy_seconds = 0.0
         self._started = time.monotonic()
+        self._operations = 0
+        self._failures = 0
+        """Operations run and failed by the node (the failure rate's counts)."""
+        flaky = settings.flaky_node()
+        self._flaky_share = flaky[1] if flaky is not None and flaky[0] == node_id else 0.0
+        self._flaky_count = 0
         if catalog is not None:
             self.sync(catalog)
 
@@ -371,7 +383,12 @@ class WorkerNode:
             shard = self.shards.get((table, unit))
             if shard is None:
                 raise Moved(f"{table}#{unit}", epoch)
-            lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
+            try:
+                lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
+            except OSError:  # a full or failing disk: the node's failure (the caller retries)
+                self._count(failed=True)
+                raise
+        self._count(failed=False)
         return lsns
 
     def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
@@ -423,8 +440,16 @@ class WorkerNode:
             rows_in += sum(t.num_rows for t in inputs.values())
             bytes_in += sum(t.nbytes for t in inputs.values())
         try:
+            self._flaky_fault()
             result = distinct_names(self.executor.run(sql, inputs, views))
+        except NodeFault:
+            self._count(failed=True)
+            raise
+        except NODE_ERRORS as error:  # the node's failure, not the query's: try again
+            self._count(failed=True)
+            raise NodeFault(f"{self.node_id} failed a fragment: {error}") from None
         except duckdb.Error as error:
+            self._count(failed=False)
             raise query_error(error) from None
         finally:
             elapsed = time.perf_counter() - started
@@ -442,6 +467,7 @@ class WorkerNode:
                         self._unit_seconds[unit][operator] += elapsed / len(units) / len(operators)
                 for key in reading:
                     self._shard_seconds[key] += elapsed / len(reading)
+        self._count(failed=False)
         if not profile:
             return result, FragmentStats(elapsed, result.num_rows)
         fell_back = getattr(self.executor, "fell_back", "")
@@ -461,6 +487,22 @@ class WorkerNode:
             engine=engine,
             device=f"{self.profile.vendor} {self.profile.model}",
         )
+
+    def _count(self, failed: bool) -> None:
+        with self.lock:
+            self._operations += 1
+            self._failures += failed
+
+    def _flaky_fault(self) -> None:
+        """``test_flaky_node`` (tests only): fail this share of the fragments, evenly spread
+        (the n-th fails when n * share crosses a whole number)."""
+        if not self._flaky_share:
+            return
+        with self.lock:
+            self._flaky_count += 1
+            n = self._flaky_count
+        if int(n * self._flaky_share) > int((n - 1) * self._flaky_share):
+            raise NodeFault(f"{self.node_id} failed a fragment (test_flaky_node)")
 
     # -- what a live move asks before it starts ---------------------------------------------
     def memory_headroom(self) -> int:
@@ -495,6 +537,9 @@ class WorkerNode:
                 unit_bytes=dict(unit_bytes),
                 op_seconds=dict(self._op_seconds),
                 device_utilization=device.utilization,
+                operations=self._operations,
+                failures=self._failures,
+                device_errors=device.errors,
             )
 
     def info(self) -> WorkerInfo:

@@ -12,6 +12,7 @@ import os
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 CPU_ENGINE = "duckdb"
 GPU_ENGINE = "polars-gpu"
@@ -118,6 +119,9 @@ class DeviceState:
     utilization: float | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
+    errors: int | None = None
+    """Uncorrectable ECC errors since the driver loaded (NVML's volatile count, AMD SMI's
+    total); a rising count makes the node's failure rate rise."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ def device_state(device: DeviceInfo) -> DeviceState:
                 utilization=pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
                 memory_used_bytes=int(memory.used),
                 memory_free_bytes=int(memory.free),
+                errors=_nvidia_errors(pynvml, handle),
             )
         if device.vendor == "amd":
             import amdsmi
@@ -151,10 +156,29 @@ def device_state(device: DeviceInfo) -> DeviceState:
                 utilization=amdsmi.amdsmi_get_gpu_activity(handle)["gfx_activity"] / 100.0,
                 memory_used_bytes=used,
                 memory_free_bytes=device.memory_bytes - used,
+                errors=_amd_errors(amdsmi, handle),
             )
     except Exception:  # telemetry must never break a worker
         pass
     return DeviceState()
+
+
+def _nvidia_errors(pynvml: Any, handle: Any) -> int | None:
+    try:  # GPUs without ECC (most consumer ones) have no count
+        return int(
+            pynvml.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            )
+        )
+    except Exception:
+        return None
+
+
+def _amd_errors(amdsmi: Any, handle: Any) -> int | None:
+    try:
+        return int(amdsmi.amdsmi_get_gpu_total_ecc_count(handle)["uncorrectable_count"])
+    except Exception:
+        return None
 
 
 def cuda_index(physical: int, visible: str | None = None) -> int:

@@ -44,6 +44,10 @@ class NodeGauges:
     shards: int
     bytes: int
     capacity: float
+    failure_rate: float = 0.0
+    """Share of its operations failed over the failure window."""
+    suspect: bool = False
+    """Suspect or failing: it gets no new shards and its shards move off."""
 
 
 @dataclass
@@ -200,6 +204,11 @@ class ClusterCollector(Collector):
             "node_shards": ("Shards served", "shards"),
             "node_bytes": ("Bytes of shard data served", "bytes"),
             "node_capacity": ("Calibrated capacity relative to the median node", "capacity"),
+            "node_failure_rate": (
+                "Share of the node's operations that failed over node_failure_window_s",
+                "failure_rate",
+            ),
+            "node_suspect": ("1 while the node is suspect or failing (being evacuated)", "suspect"),
         }
         for metric, (help_text, attribute) in per_node.items():
             family = GaugeMetricFamily(name(metric), help_text, labels=["node"])

@@ -210,3 +210,11 @@ def test_an_empty_readmitted_node_gets_its_share_again() -> None:
     units = units_on("b", 6, 0) + units_on("c", 6, 6)
     decision = plan(nodes, units, SETTINGS)
     assert sum(1 for a in decision.actions if getattr(a, "to", None) == "a") >= 3
+
+
+def test_a_unit_without_load_is_evacuated_too() -> None:
+    nodes = [NodeState(n, 1.0) for n in ("a", "b")]
+    units = units_on("a", 2, 0, load=0.0) + units_on("b", 2, 2, load=1.0)
+    decision = plan(nodes, units, SETTINGS, excluded=frozenset({"a"}))
+    assert decision.measure == "load" and len(decision.actions) == 2
+    assert all(isinstance(a, Move) and a.to == "b" for a in decision.actions)

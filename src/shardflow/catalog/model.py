@@ -146,6 +146,9 @@ class Catalog:
     groups: Mapping[str, Group] = field(default_factory=lambda: MappingProxyType({}))
     next_unit_id: int = 0
     next_node_index: int = 0
+    excluded: tuple[str, ...] = ()
+    """Nodes that get no new work (suspect or failing): no units are placed there and
+    stages that may run anywhere run elsewhere."""
 
     # -- reading -------------------------------------------------------------------------
     def find_table(self, name: str) -> TableSpec | None:
@@ -184,6 +187,15 @@ class Catalog:
         return refs
 
     @property
+    def serving(self) -> tuple[str, ...]:
+        """The nodes work may be sent to: every node but the excluded (all of them, if
+        every node is excluded)."""
+        return tuple(n for n in self.nodes if n not in self.excluded) or self.nodes
+
+    def with_excluded(self, nodes: Iterable[str]) -> Catalog:
+        return self._next(excluded=tuple(sorted(set(nodes) & set(self.nodes), key=_node_order)))
+
+    @property
     def primary(self) -> str | None:
         """The node that writes the log of replicated tables (the lowest-numbered node)."""
         return min(self.nodes, key=_node_order) if self.nodes else None
@@ -217,6 +229,7 @@ class Catalog:
             groups=MappingProxyType(groups),
             epoch=self.epoch + 1 if moved else self.epoch,
             next_node_index=max([self.next_node_index, *(i + 1 for i in indexes)]),
+            excluded=tuple(n for n in self.excluded if n in nodes),
         )
 
     def orphaned_units(self, nodes: Iterable[str]) -> list[Unit]:
@@ -316,6 +329,7 @@ class Catalog:
             "nodes": list(self.nodes),
             "next_unit_id": self.next_unit_id,
             "next_node_index": self.next_node_index,
+            "excluded": list(self.excluded),
             "tables": [t.to_json() for t in self.tables.values()],
             "groups": [
                 {
@@ -345,4 +359,5 @@ class Catalog:
             groups=MappingProxyType(groups),
             next_unit_id=data["next_unit_id"],
             next_node_index=data.get("next_node_index", len(data["nodes"])),
+            excluded=tuple(data.get("excluded", ())),
         )

@@ -147,7 +147,8 @@ def plan(
     share = {n: total * capacity[n] / serving_capacity if n in serving else 0.0 for n in capacity}
     ratio = {n: (held[n] / share[n] if share[n] > 0 else 0.0) for n in capacity}
     spread = max((abs(ratio[n] - 1.0) for n in serving), default=0.0) if total > 0 else 0.0
-    evacuating = sorted((n for n in excluded if held[n] > 0), key=lambda n: -held[n])
+    # any unit counts, also one without load (a table only written to)
+    evacuating = sorted({u.node for u in units if u.node in excluded})
     hot = [n.node for n in nodes if n.utilization > settings.utilization_threshold]
     swing = (
         previous_load is not None
@@ -169,8 +170,9 @@ def plan(
     actions += _splits(free, settings, share, measure)
     if actions:
         reasons.append(f"{len(actions)} shard(s) too big or too hot")
+    # a group keeps a unit per node, excluded ones counted: they may be re-admitted
     merges = _merges(
-        free, settings, {a.unit_id for a in actions if isinstance(a, Split)}, len(serving)
+        free, settings, {a.unit_id for a in actions if isinstance(a, Split)}, len(nodes)
     )
     if merges:
         reasons.append(f"{len(merges)} pair(s) of small cold shards")

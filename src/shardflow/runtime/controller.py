@@ -464,8 +464,9 @@ class Controller:
         """Apply the changes of node health due now: suspect and failing nodes get no new
         units (the balancer moves theirs off), re-admitted ones get units again."""
         changes = self.health.evaluate(time.monotonic())
-        members = set(self.state.catalog.nodes)
-        self.state.excluded = frozenset(n for n in self.health.excluded() if n in members)
+        catalog = self.state.exclude(self.health.excluded())
+        if catalog is not None:  # sessions send no work there from now on
+            self.broadcast(catalog, wait=False)
         for change in changes:
             log.warning("node %s: %s -> %s (%s)", change.node, change.before.value,
                         change.after.value, change.reason)  # fmt: skip

@@ -73,8 +73,6 @@ class CoordinatorState:
         self.profiles: dict[str, NodeProfile] = {}
         """Every live worker's device profile and calibration, as it reported them."""
         self.operator_mix: dict[str, float] = {}
-        self.excluded: frozenset[str] = frozenset()
-        """Nodes that get no new units (suspect or failing: ``control/health.py``)."""
         """The cluster's load by calibrated operator over the last observed window (shares;
         empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
@@ -247,6 +245,18 @@ class CoordinatorState:
         median node (``control/placement.node_capacities``): what placement, the balancer
         and ``db.cluster.nodes()`` use."""
         return node_capacities(nodes, self.profiles, self.operator_mix)
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        """Nodes that get no new units or work (suspect or failing: ``control/health.py``)."""
+        return frozenset(self.catalog.excluded)
+
+    def exclude(self, nodes: frozenset[str]) -> dict[str, Any] | None:
+        """Make ``nodes`` the excluded ones; the new catalog (to broadcast) if it changed."""
+        with self._lock:
+            if frozenset(nodes) & set(self.catalog.nodes) == self.excluded:
+                return None
+            return self._save(self.catalog.with_excluded(nodes))
 
     def placement_capacities(self, nodes: list[str]) -> dict[str, float]:
         """:meth:`capacities` of the nodes that may receive units: not the excluded ones

@@ -708,7 +708,7 @@ class _RayRunner:
         names, refs = self._refs(inputs)
 
         def attempt() -> FragmentResult:
-            nodes = session.catalog.nodes
+            nodes = session.catalog.serving
             node = nodes[next(session._round_robin) % len(nodes)]
             table_ref, stats_reply, submitted = self._call(node, sql, {}, 0, names, refs)
             try:

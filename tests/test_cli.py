@@ -86,3 +86,55 @@ def test_from_a_parquet_file_to_a_query_with_the_command_alone(tmp_path: Path) -
     missing = run("load", "u", str(tmp_path / "nope.parquet"), *common)
     assert missing.returncode == 2 and "TableError" in missing.stdout
     assert len(missing.stdout.strip().splitlines()) <= 3  # one readable error, no traceback
+
+
+def test_the_cluster_commands_attach_to_the_running_cluster_of_the_data_directory(
+    tmp_path: Path,
+) -> None:
+    """With `shardflow cluster up` serving a data directory, every command attaches to it
+    (no --address needed): load, nodes, shards, migrate, migrations, rebalance, drain and
+    profile act on that one cluster."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data_dir = str(tmp_path / "data")
+    common = ("--data-dir", data_dir)
+    up = run("cluster", "up", "--nodes", "3", "--object-store-mb", "128", *common)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    try:
+        pq.write_table(pa.table({"id": list(range(3000))}), tmp_path / "t.parquet")
+        loaded = run("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", *common)
+        assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
+
+        def rows(*args: str) -> list[dict[str, object]]:
+            done = run("cluster", *args, "--format", "json", *common)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            return [json.loads(line) for line in done.stdout.splitlines()]
+
+        nodes = rows("nodes")
+        assert len(nodes) == 3 and all(n["health"] == "healthy" for n in nodes)
+        assert {str(n["ray_node"]) for n in nodes} == {"ray-1", "ray-2", "ray-3"}  # attached
+        shard = rows("shards")[0]
+        target = next(str(n["node"]) for n in nodes if n["node"] != shard["node"])
+        moved = run("cluster", "migrate", str(shard["shard"]), target, *common)
+        assert moved.returncode == 0 and "done" in moved.stdout, moved.stdout[-2000:]
+        assert {s["shard"]: s["node"] for s in rows("shards")}[shard["shard"]] == target
+        history = rows("migrations")
+        assert history[-1]["to"] == target and history[-1]["phase"] == "done"
+        plan = run("cluster", "rebalance", *common)
+        assert plan.returncode == 0 and "balanced by" in plan.stdout
+        drained = run("cluster", "drain", target, *common)
+        assert drained.returncode == 0 and f"drained {target}" in drained.stdout
+        assert target not in {n["node"] for n in rows("nodes")}
+        page = tmp_path / "profile.html"
+        profiled = run("profile", "SELECT count(*) FROM t", "--html", str(page), *common)
+        assert (
+            profiled.returncode == 0
+            and "planning" in profiled.stdout
+            and "1 rows" in (profiled.stdout)
+        )
+        assert 'id="axis"' in page.read_text()
+        bad = run("cluster", "migrate", "t#999", target, *common)
+        assert bad.returncode == 2 and len(bad.stdout.strip().splitlines()) <= 3
+    finally:
+        run("cluster", "down", *common)

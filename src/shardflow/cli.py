@@ -6,7 +6,7 @@ import enum
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pyarrow as pa
 import typer
@@ -92,8 +92,12 @@ Address = Annotated[
 
 
 def _connect(data_dir: Path, workers: int, address: str | None):  # type: ignore[no-untyped-def]
+    """Attach to the cluster serving ``data_dir`` — at ``address``, or the local cluster of
+    ``shardflow cluster up`` when it runs there (fast) — else start an embedded one."""
     from shardflow.api import connect
 
+    if address is None and _local(data_dir).running:
+        address = _local(data_dir).address
     if address is not None:  # attach to the service serving data_dir there
         return _attach(address, data_dir)
     return connect(workers=workers, data_dir=data_dir)
@@ -189,10 +193,38 @@ def tables(
         _print_table(db.tables())
 
 
+FormatOption = Annotated[
+    Format,
+    typer.Option("--format", help="table, or every row as csv, json lines or an arrow stream."),
+]
+
+
+@app.command()
+def profile(
+    query: str,
+    html: Annotated[
+        Path | None, typer.Option(help="Write the timeline page (one lane per worker) here.")
+    ] = None,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Run a query and show where its time went: planning, and per fragment the worker,
+    device, engine, queue wait, execution, rows and bytes, transfer; and the merges."""
+    with _connect(data_dir, workers, address) as db:
+        result, found = db.profile(query)
+    console.print(found.text(), markup=False, highlight=False)
+    console.print(f"{result.num_rows} rows")
+    if html is not None:
+        html.write_text(found.html(), encoding="utf-8")
+        console.print(f"timeline written to {html}")
+
+
 # -- a detached service and a local multi-node cluster ------------------------------------
 cluster_app = typer.Typer(
-    help="A real multi-node Ray cluster on this machine (each node its own processes, all "
-    "on 127.0.0.1) with shardflow serving on it.",
+    help="The cluster of a data directory — its nodes, shards and moves (attached to the "
+    "one serving it, else an embedded one) — and a real multi-node Ray cluster on this "
+    "machine (cluster up: each node its own processes, all on 127.0.0.1).",
     no_args_is_help=True,
 )
 app.add_typer(cluster_app, name="cluster")
@@ -350,6 +382,142 @@ def _local(data_dir: Path):  # type: ignore[no-untyped-def]
     from shardflow.runtime.localcluster import LocalRayCluster
 
     return LocalRayCluster(data_dir)
+
+
+@cluster_app.command("nodes")
+def cluster_nodes(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """Every node: device, engine, capacity, utilisation, health, shards, rows, bytes."""
+    with _connect(data_dir, workers, address) as db:
+        nodes = db.cluster.nodes()
+    rows = [
+        {
+            "node": n.node_id,
+            "alive": n.alive,
+            "health": n.health,
+            "device": f"{n.vendor} {n.model}".strip(),
+            "engine": n.engine,
+            "capacity": round(n.capacity, 3),
+            "utilization": None if n.utilization is None else round(n.utilization, 3),
+            "failure_rate": round(n.failure_rate, 4),
+            "shards": n.shards,
+            "rows": n.rows,
+            "bytes": n.bytes,
+            "ray_node": n.ray_node_name,
+        }
+        for n in nodes
+    ]
+    _write(pa.Table.from_pylist(rows), form)
+
+
+@cluster_app.command("shards")
+def cluster_shards(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """Every shard: its table, unit, bucket range, node, rows and bytes."""
+    with _connect(data_dir, workers, address) as db:
+        _write(db.cluster.shards(), form)
+
+
+def _moves_table(records: list[Any]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {
+                "move": r.move_id,
+                "kind": r.kind,
+                "shards": ", ".join(r.shards),
+                "from": ", ".join(r.from_nodes),
+                "to": ", ".join(r.to_nodes),
+                "phase": r.phase,
+                "outcome": r.outcome,
+                "seconds": round(r.seconds, 3),
+                "bytes": r.bytes,
+                "fence_ms": round(r.fence_seconds * 1000, 1),
+                "reason": r.reason,
+            }
+            for r in records
+        ]
+    )
+
+
+@cluster_app.command("migrations")
+def cluster_migrations(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """The history of live moves: phase, outcome, time, bytes, the write fence, why."""
+    with _connect(data_dir, workers, address) as db:
+        _write(_moves_table(db.cluster.migrations()), form)
+
+
+@cluster_app.command("migrate")
+def cluster_migrate(
+    shard: Annotated[str, typer.Argument(help="A shard (lineitem#3), as cluster shards lists.")],
+    to: Annotated[str, typer.Argument(help="The node it moves to (node-2).")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Move a shard (with every shard co-located with it) to another node, live."""
+    with _connect(data_dir, workers, address) as db:
+        with console.status(f"moving {shard} to {to}"):
+            record = db.cluster.migrate(shard, to)
+    _print_table(_moves_table([record]))
+
+
+@cluster_app.command("drain")
+def cluster_drain(
+    node: Annotated[str, typer.Argument(help="A shardflow node (node-1).")],
+    deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Move every shard off a node live, then stop its worker."""
+    with _connect(data_dir, workers, address) as db:
+        with console.status(f"draining {node}"):
+            moved = db.cluster.drain(node, deadline)
+    console.print(f"drained {node}: {len(moved)} move(s)")
+    if moved:
+        _print_table(_moves_table(moved))
+
+
+@cluster_app.command("rebalance")
+def cluster_rebalance(
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Carry the plan out (default: only show it).")
+    ] = False,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """What the balancer would do now (splits, merges and moves, with their reasons), or
+    do it with --apply."""
+    with _connect(data_dir, workers, address) as db:
+        plan = db.cluster.rebalance(dry_run=not apply)
+    console.print(f"{plan['reason']} (balanced by {plan['measure']})", markup=False)
+    if plan["actions"]:
+        rows = [
+            {
+                "action": a["action"],
+                "units": ", ".join(str(u) for u in a.get("units", [a.get("unit")])),
+                "to": a.get("to", ""),
+                "reason": a["reason"],
+            }
+            for a in plan["actions"]
+        ]
+        _print_table(pa.Table.from_pylist(rows))
+    if apply:
+        console.print(f"{len(plan.get('moves', []))} move(s) done")
 
 
 @cluster_app.command("up")

@@ -3,6 +3,7 @@ not kill or restart anything (those start clusters of their own)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,22 @@ import pytest
 
 import shardflow
 from shardflow import tpch
+from tests.support.chromium import CHROMIUM, Chromium
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Chromium]:
+    """Debian's headless Chromium for the browser tests (the console, the profile page)."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("SHARDFLOW_SKIP_BROWSER") == "1":
+            pytest.skip(f"{CHROMIUM} is missing and SHARDFLOW_SKIP_BROWSER=1")
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium), "
+            "or set SHARDFLOW_SKIP_BROWSER=1 to skip the browser tests"
+        )
+    browser = Chromium(tmp_path / "chromium")
+    yield browser
+    browser.close()
 
 
 def listening_sockets() -> set[str]:

@@ -4,10 +4,9 @@ shard migrating to it — in flight with its phase, then on its new node."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 import shardflow
 from shardflow.control.migration import TERMINAL, Phase
-from tests.support.chromium import CHROMIUM, Chromium, Page
+from tests.support.chromium import Chromium, Page
 
 pytestmark = pytest.mark.cluster
 IN_FLIGHT = {p.value for p in Phase} - {p.value for p in TERMINAL}
@@ -42,20 +41,6 @@ READ_PAGE = """(() => ({
 }))()"""
 """What the page shows now, read from its DOM. ``openedOnce`` is set by the test when the
 page opens: a reload would lose it."""
-
-
-@pytest.fixture
-def chromium(tmp_path: Path) -> Iterator[Chromium]:
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("SHARDFLOW_SKIP_BROWSER") == "1":
-            pytest.skip(f"{CHROMIUM} is missing and SHARDFLOW_SKIP_BROWSER=1")
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium), "
-            "or set SHARDFLOW_SKIP_BROWSER=1 to skip the browser tests"
-        )
-    browser = Chromium(tmp_path / "chromium")
-    yield browser
-    browser.close()
 
 
 def shown(page: Page) -> dict[str, Any]:

@@ -26,6 +26,8 @@ PROFILE = QueryProfile(
             merge_started_at=100.04,
             merge_seconds=0.005,
             rows=4,
+            sql="SELECT g, count(*) FROM t GROUP BY g",
+            merge_sql="SELECT g, sum(n) FROM partials GROUP BY g",
         ),
         StageProfile(
             2,
@@ -55,4 +57,14 @@ def test_html_timeline_has_a_lane_per_worker_and_the_client() -> None:
     page = PROFILE.html()
     assert page.startswith("<!doctype html>") and page.count('class="lane"') == 3
     assert "node-0" in page and "node-1" in page and "client" in page
-    assert "<script" not in page  # self-contained, static
+    assert "src=" not in page and "http" not in page  # self-contained: loads nothing
+
+
+def test_html_timeline_has_an_axis_a_legend_and_the_sql_of_each_bar() -> None:
+    page = PROFILE.html()
+    assert page.count('class="tick"') == 6 and ">50.0 ms</div>" in page and ">0.0 ms<" in page
+    for key in ("planning", "queued on the worker", "merge", "stage 1: partial aggregate",
+                "stage 2: replicated"):  # fmt: skip
+        assert f"</span>{key}</span>" in page
+    assert 'data-sql="SELECT g, count(*) FROM t GROUP BY g"' in page
+    assert 'data-sql="SELECT g, sum(n) FROM partials GROUP BY g"' in page

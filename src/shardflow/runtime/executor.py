@@ -100,6 +100,9 @@ class StageReport:
     merge_started_at: float | None = None
     merge_on: str | None = None
     rows: int = 0
+    sql: str = ""
+    """The SQL each fragment of the stage ran (on its own shards)."""
+    merge_sql: str = ""
 
     @property
     def shard_seconds(self) -> float:
@@ -146,7 +149,13 @@ def execute(
     for stage in plan.stages:
         stage_started = time.perf_counter()
         inputs = {name: results[name] for name in stage.inputs}
-        stage_report = StageReport(stage.strategy, stage.placement, started_at=time.time())
+        stage_report = StageReport(
+            stage.strategy,
+            stage.placement,
+            started_at=time.time(),
+            sql=stage.sql,
+            merge_sql=stage.merge_sql or "",
+        )
         output: Output
         if stage.placement == "shards":
             fragments = runner.scatter(stage, inputs)

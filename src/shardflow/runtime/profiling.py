@@ -41,6 +41,8 @@ def build_profile(sql: str, report: ExecutionReport) -> QueryProfile:
                 merge_started_at=stage.merge_started_at,
                 merge_seconds=stage.merge_seconds,
                 rows=stage.rows,
+                sql=stage.sql,
+                merge_sql=stage.merge_sql,
             )
         )
     return QueryProfile(

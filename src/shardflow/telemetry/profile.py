@@ -43,6 +43,9 @@ class StageProfile:
     merge_started_at: float | None = None
     merge_seconds: float = 0.0
     rows: int = 0
+    sql: str = ""
+    """What each fragment of the stage ran."""
+    merge_sql: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,17 @@ class QueryProfile:
         """A self-contained HTML page: the query's timeline, one lane per worker."""
         start, total = self.started_at, max(self.seconds, 1e-6)
         lanes: dict[str, list[str]] = {"client": []}
+        legend = {"plan": "planning", "wait": "queued on the worker", "merge": "merge"}
 
-        def bar(lane: str, begin: float, end: float, label: str, kind: str, tip: str) -> None:
+        def bar(
+            lane: str, begin: float, end: float, label: str, kind: str, tip: str, sql: str = ""
+        ) -> None:
             left = 100 * (begin - start) / total
             width = max(0.3, 100 * (end - begin) / total)
             lanes.setdefault(lane, []).append(
                 f'<div class="bar {kind}" style="left:{left:.3f}%;width:{width:.3f}%"'
-                f' title="{html.escape(tip)}">{html.escape(label)}</div>'
+                f' title="{html.escape(tip)}" data-tip="{html.escape(tip)}"'
+                f' data-sql="{html.escape(sql)}">{html.escape(label)}</div>'
             )
 
         bar(
@@ -101,18 +108,14 @@ class QueryProfile:
             f"planning {_ms(self.planning_seconds)}",
         )
         for stage in self.stages:
+            kind = f"stage{stage.number % 6}"
+            legend[kind] = f"stage {stage.number}: {stage.strategy}"
             for f in stage.fragments:
                 tip = f"stage {stage.number} {stage.strategy}: {_fragment_line(f)}"
                 if f.queue_wait > 0:
                     bar(f.worker, f.submitted_at, f.started_at, "", "wait", f"queued {tip}")
-                bar(
-                    f.worker,
-                    f.started_at,
-                    f.finished_at,
-                    f"s{stage.number}",
-                    f"stage{stage.number % 6}",
-                    tip,
-                )
+                bar(f.worker, f.started_at, f.finished_at, f"s{stage.number}", kind, tip,
+                    stage.sql)  # fmt: skip
             if stage.merge_on and stage.merge_started_at is not None:
                 lane = "client" if stage.merge_on == "client" else "merge worker"
                 bar(
@@ -122,7 +125,16 @@ class QueryProfile:
                     f"m{stage.number}",
                     "merge",
                     f"stage {stage.number} merge",
+                    stage.merge_sql,
                 )
+        ticks = "".join(
+            f'<div class="tick" style="left:{100 * i / TICKS:.3f}%">{_ms(total * i / TICKS)}</div>'
+            for i in range(TICKS + 1)
+        )
+        keys = "".join(
+            f'<span class="key"><span class="swatch {kind}"></span>{html.escape(text)}</span>'
+            for kind, text in legend.items()
+        )
         rows = "".join(
             f'<div class="lane"><div class="name">{html.escape(name)}</div>'
             f'<div class="track">{"".join(bars)}</div></div>'
@@ -133,8 +145,13 @@ class QueryProfile:
             sql=html.escape(self.sql.strip()),
             tree=html.escape(self.text()),
             lanes=rows,
-            total=_ms(self.seconds),
+            ticks=ticks,
+            legend=keys,
         )
+
+
+TICKS = 5
+"""Intervals on the timeline's axis (ticks at 0, 20, ... 100 % of the query's time)."""
 
 
 def _fragment_line(f: FragmentProfile) -> str:
@@ -173,11 +190,36 @@ pre {{ background: #f6f6f6; padding: .8em; overflow-x: auto; }}
 .stage0 {{ background: #3f6fb5; }} .stage1 {{ background: #d9822b; }}
 .stage2 {{ background: #2f9e6b; }} .stage3 {{ background: #b5473f; }}
 .stage4 {{ background: #7d5bb5; }} .stage5 {{ background: #3fa2b5; }}
+.bar {{ cursor: pointer; }} .bar.selected {{ outline: 2px solid #000; }}
+#axis {{ position: relative; height: 18px; margin-left: 9em; border-top: 1px solid #999; }}
+.tick {{ position: absolute; top: 0; font-size: 11px; color: #555; transform: translateX(-50%);
+         border-left: 1px solid #999; padding-top: 2px; }}
+#legend {{ margin: .8em 0; font-size: 12px; }}
+.key {{ margin-right: 1.2em; white-space: nowrap; }}
+.swatch {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
+           vertical-align: middle; border-radius: 2px; }}
+#details {{ min-height: 3em; }}
 </style></head><body>
 <h2>{title}</h2>
-<div>{lanes}</div>
-<p style="font-size:12px;color:#666">0 ms ... {total}; hover a bar for details.</p>
+<div id="lanes">{lanes}</div>
+<div id="axis">{ticks}</div>
+<div id="legend">{legend}</div>
+<p style="font-size:12px;color:#666">Hover a bar for its figures; click it for the SQL it ran.</p>
+<h3>Selected</h3><div id="details"><pre id="detail-tip">(click a bar)</pre>
+<pre id="detail-sql"></pre></div>
 <h3>Profile</h3><pre>{tree}</pre>
 <h3>Query</h3><pre>{sql}</pre>
+<script>
+document.querySelectorAll(".bar").forEach(function (bar) {{
+  bar.addEventListener("click", function () {{
+    document.querySelectorAll(".bar.selected").forEach(function (b) {{
+      b.classList.remove("selected");
+    }});
+    bar.classList.add("selected");
+    document.getElementById("detail-tip").textContent = bar.dataset.tip;
+    document.getElementById("detail-sql").textContent = bar.dataset.sql || "(no SQL: waiting)";
+  }});
+}});
+</script>
 </body></html>
 """

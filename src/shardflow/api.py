@@ -7,7 +7,7 @@ import functools
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -23,6 +23,7 @@ from shardflow.runtime.executor import ExecutionReport
 from shardflow.runtime.profiling import build_profile
 from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
 from shardflow.runtime.session import Session
+from shardflow.sql.parameters import bind
 from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
@@ -302,8 +303,12 @@ class Database:
 
     # -- queries ------------------------------------------------------------------------
     @_while_open
-    def sql(self, query: str) -> pa.Table:
-        """Run a SELECT over the cluster and return its answer."""
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run a SELECT over the cluster and return its answer. ``params`` fill the
+        query's ``?`` placeholders in order (or ``$1``, ``$2`` ... by number) as values,
+        never as SQL: ``db.sql("SELECT * FROM t WHERE id = ?", [42])``."""
+        if params is not None:
+            query = bind(query, params)
         result, report = self._session_or_raise().query(query)
         self.last_report = report
         return result

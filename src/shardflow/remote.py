@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from shardflow import errors
 from shardflow import flightsql as fsql
 from shardflow.errors import AuthenticationError, ClosedError, ConfigError, Error
 from shardflow.records import MigrationRecord, NodeInfo
+from shardflow.sql.parameters import bind
 
 T = TypeVar("T")
 _NAMED = re.compile(r"\b([A-Z][A-Za-z]*Error): (.*)", re.DOTALL)
@@ -177,8 +178,11 @@ class RemoteDatabase:
         return pa.ipc.open_stream(self._action_bytes(kind, arguments)).read_all()
 
     # -- the Database methods ---------------------------------------------------------
-    def sql(self, query: str) -> pa.Table:
-        """Run a statement on the server and return its answer."""
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run a statement on the server and return its answer (``params`` as
+        :meth:`shardflow.Database.sql` takes them)."""
+        if params is not None:
+            query = bind(query, params)
         return self._fetch(fsql.new("CommandStatementQuery", query=query))
 
     def explain(self, query: str) -> str:

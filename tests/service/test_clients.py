@@ -138,6 +138,8 @@ def test_plain_pyarrow_flight_calls(served: Served) -> None:
 def test_remote_database_has_the_local_methods(served: Served) -> None:
     with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
         assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
+        picked = db.sql("SELECT id, s FROM t WHERE id = ? AND s = $2", [7, "item-7"])
+        assert picked.to_pylist() == [{"id": 7, "s": "item-7"}]
         assert "pushdown" in db.explain("SELECT * FROM t WHERE id = 3")
         nodes = db.cluster.nodes()
         assert len(nodes) == 2 and all(n.alive for n in nodes)

@@ -47,6 +47,7 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
+from shardflow.sql.parameters import bind_parsed
 
 if TYPE_CHECKING:
     from shardflow.api import Database
@@ -775,15 +776,9 @@ def _matches(pattern: str, name: str) -> bool:
 def _substitute(prepared: _Prepared, values: list[Any]) -> str:
     """The statement with each placeholder replaced by its bound value as a literal
     (``?`` in order; ``$n`` by number), by position: parameter columns' names vary."""
-    statement = prepared.statement.copy() if prepared.statement is not None else None
-    if statement is None:
+    if prepared.statement is None:
         raise QueryError("the prepared statement was not parsed")
-    for position, node in enumerate(list(statement.find_all(exp.Placeholder, bfs=False))):
-        index = int(node.name) - 1 if node.name and node.name.isdigit() else position
-        if not 0 <= index < len(values):
-            raise QueryError(f"parameter {index + 1} is not bound")
-        node.replace(exp.convert(values[index]))
-    return str(statement.sql("duckdb"))
+    return bind_parsed(prepared.statement, values)
 
 
 def _parse(query: str) -> Any:

@@ -30,3 +30,13 @@ def test_the_operator_command_is_documented() -> None:
     done = subprocess.run([sys.executable, "-m", "shardflow.cli", "operator", "--help"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and "--namespace" in done.stdout and "k8s" in done.stdout
+
+
+def test_the_docstring_examples_of_rendering_and_handlers_run() -> None:
+    import doctest
+
+    from shardflow.k8s import handlers, render
+
+    for module in (render, handlers):
+        assert doctest.testmod(module).failed == 0, module.__name__
+        assert doctest.testmod(module).attempted > 0, module.__name__

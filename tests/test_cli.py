@@ -17,12 +17,30 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([SHARDFLOW, *args], capture_output=True, text=True, timeout=600)
 
 
+def summary_of(stdout: str) -> dict[str, float]:
+    """The story's last line, ``queries=N failed=0 ...``, as numbers."""
+    line = next(line for line in reversed(stdout.splitlines()) if line.startswith("queries="))
+    return {k: float(v) for k, v in (part.split("=") for part in line.split())}
+
+
 def test_demo_then_sql_on_its_data_directory(tmp_path: Path) -> None:
-    demo = run("demo", "--sf", "0.01", "--workers", "2", "--repeat", "1", "--home", str(tmp_path))
+    demo = run(
+        *("demo", "--sf", "0.01", "--workers", "2", "--repeat", "1", "--home", str(tmp_path)),
+        *("--no-live", "--pace", "0.5"),
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "answers equal: 22/22" in demo.stdout
     assert "Q22" in demo.stdout and "geometric mean ratio" in demo.stdout
     assert "node-1" in demo.stdout and "duckdb" in demo.stdout  # the workers and engines
+    # the live story, as plain lines: every step ran, the clients saw no failure
+    for step in ("add two nodes", "migrate a shard by hand", "split a shard by hand"):
+        assert step in demo.stdout
+    assert "SIGKILL node-" in demo.stdout and "declared dead" in demo.stdout
+    seen = summary_of(demo.stdout)
+    assert seen["queries"] > 20 and seen["rows_acked"] > 0, seen
+    assert seen["failed"] == seen["wrong"] == seen["rows_lost"] == seen["rows_duplicated"] == 0
+    assert seen["moves_done"] >= 4 and seen["moves_rolled_back"] == 0, seen
+    assert seen["recovery_s"] >= 0, "the SIGKILLed worker's shards were served again"
 
     data_dir = str(tmp_path / "db-sf0.01")
     sql = run("sql", "SELECT count(*) AS n FROM orders", "--data-dir", data_dir, "--workers", "1")

@@ -40,12 +40,37 @@ def demo(
     home: Annotated[Path, typer.Option(help="Where data is generated and loaded.")] = Path(
         ".shardflow-demo"
     ),
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live",
+            help="One live screen for the scaling story, or plain lines (CI logs). "
+            "Default: live on a terminal.",
+        ),
+    ] = None,
+    story: Annotated[
+        bool,
+        typer.Option(help="After the timings, change the cluster live under checked load."),
+    ] = True,
+    pace: Annotated[
+        float, typer.Option(min=0.1, help="Seconds of steady load between the story's steps.")
+    ] = 3.0,
 ) -> None:
-    """Generate TPC-H, load it into a local cluster, run the 22 queries beside DuckDB."""
+    """Generate TPC-H, load it into a local cluster, run the 22 queries beside DuckDB; then
+    add nodes, move, split, drain and kill while checked readers and an inserter run."""
     from shardflow.demo import run_demo
 
-    timings = run_demo(sf=sf, workers=workers, repeat=repeat, home=home, console=console)
-    if not all(t.matches for t in timings):
+    result = run_demo(
+        sf=sf,
+        workers=workers,
+        repeat=repeat,
+        home=home,
+        console=console,
+        live=console.is_terminal if live is None else live,
+        story=story,
+        pace_s=pace,
+    )
+    if not result.ok:
         raise typer.Exit(1)
 
 

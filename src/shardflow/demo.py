@@ -1,4 +1,5 @@
-"""The main job: TPC-H on a local shardflow cluster beside DuckDB on the same data."""
+"""The main job: TPC-H on a local shardflow cluster beside DuckDB on the same data, and the
+live scaling story (:mod:`shardflow.story`) on that cluster."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
-from shardflow import tpch
-from shardflow.api import NodeInfo, connect
+from shardflow import story, tpch
+from shardflow.api import Database, connect
+from shardflow.records import NodeInfo
+from shardflow.story import StorySummary
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,30 @@ def best_of(repeat: int, run: Any) -> float:
     return min(times)
 
 
+@dataclass(frozen=True)
+class DemoResult:
+    timings: list[QueryTiming]
+    story: StorySummary | None
+
+    @property
+    def ok(self) -> bool:
+        answers = all(t.matches for t in self.timings)
+        return answers and (self.story is None or self.story.ok)
+
+
 def run_demo(
     sf: float = 0.1,
     workers: int = 4,
     repeat: int = 3,
     home: Path = Path(".shardflow-demo"),
     console: Console | None = None,
-) -> list[QueryTiming]:
+    *,
+    live: bool = True,
+    story: bool = True,
+    pace_s: float = 3.0,
+) -> DemoResult:
+    """Load TPC-H into a local cluster, time the 22 queries beside DuckDB, then (``story``)
+    change the cluster live under checked readers and an inserter; print both."""
     console = console or Console()
     with console.status(f"generating TPC-H at scale factor {sf:g}"):
         data = tpch.generate(sf, home / "tpch")
@@ -76,18 +98,40 @@ def run_demo(
     db_dir = home / f"db-sf{sf:g}"
     shutil.rmtree(db_dir, ignore_errors=True)  # a fresh load every run
     with console.status(f"starting {workers} local workers"):
-        db = connect(workers=workers, data_dir=db_dir)
-    timings = []
+        db = connect(workers=workers, data_dir=db_dir, auto_balance=False)
+    assert isinstance(db, Database)  # embedded, never a remote service
+    summary = None
     with db:
         started = time.perf_counter()
         tpch.load(db, data, progress=True)
         console.print(f"loaded 8 tables in {time.perf_counter() - started:.1f}s")
         console.print(render_nodes(db.cluster.nodes()))
         oracle = tpch.duckdb_oracle(data)
+        timings, expected = time_queries(db, oracle, repeat, console)
+        if story:
+            summary = tell_story(db, oracle, expected, console, live=live, pace_s=pace_s, sf=sf)
+    console.print(render(timings, sf, workers))
+    if summary is not None:
+        console.print(summary.table())
+        console.print(summary.line(), markup=False, highlight=False, soft_wrap=True)
+        for failure in summary.failures:
+            console.print(f"  {failure}", markup=False, highlight=False, style="red")
+    return DemoResult(timings, summary)
+
+
+def time_queries(
+    db: Database, oracle: duckdb.DuckDBPyConnection, repeat: int, console: Console
+) -> tuple[list[QueryTiming], dict[int, pa.Table]]:
+    """Each TPC-H query on the cluster and in DuckDB (best of ``repeat``), answers compared;
+    returns the timings and DuckDB's answers."""
+    timings = []
+    expected: dict[int, pa.Table] = {}
+    with Progress(*Progress.get_default_columns(), console=console, transient=True) as bar:
+        task = bar.add_task("timing the 22 TPC-H queries beside DuckDB", total=22)
         for number, query in tpch.queries().items():
             answer = db.sql(query)  # warm: plan cached, answer checked against DuckDB
             report = db.last_report
-            expected = oracle.sql(query).to_arrow_table()
+            expected[number] = oracle.sql(query).to_arrow_table()
             ours = best_of(repeat, lambda q=query: db.sql(q))
             theirs = best_of(repeat, lambda q=query: oracle.sql(q).to_arrow_table())
             assert report is not None
@@ -99,11 +143,44 @@ def run_demo(
                     report.pushdown,
                     report.worker_share,
                     answer.num_rows,
-                    same_rows(answer, expected),
+                    same_rows(answer, expected[number]),
                 )
             )
-    console.print(render(timings, sf, workers))
-    return timings
+            bar.advance(task)
+    return timings, expected
+
+
+LOOKUPS = 50
+"""Order keys the point-lookup reader cycles through."""
+
+
+def tell_story(
+    db: Database,
+    oracle: duckdb.DuckDBPyConnection,
+    expected: dict[int, pa.Table],
+    console: Console,
+    *,
+    live: bool,
+    pace_s: float,
+    sf: float,
+) -> StorySummary:
+    """The live scaling story (``shardflow.story``) over the loaded TPC-H tables."""
+    db.create_table(
+        story.EVENTS,
+        pa.table({"id": pa.array([], pa.int64()), "amount": pa.array([], pa.int64())}),
+        distributed_by="id",
+    )
+    keys = oracle.sql(
+        f"SELECT o_orderkey FROM orders ORDER BY hash(o_orderkey) LIMIT {LOOKUPS}"
+    ).to_arrow_table()
+    lookups = {
+        key: oracle.execute(story.LOOKUP_SQL, [key]).to_arrow_table()
+        for key in keys.column(0).to_pylist()
+    }
+    checked = {f"Q{n:02d}": (tpch.query(n), answer) for n, answer in expected.items()}
+    clients = story.Clients(db, checked, lookups, same_rows)
+    title = f"shardflow: live scaling under load (TPC-H SF {sf:g})"
+    return story.Story(db, clients, console, live=live, pace_s=pace_s, title=title).run()
 
 
 def render_nodes(nodes: list[NodeInfo]) -> Table:

@@ -395,6 +395,9 @@ class WorkerService:
             slowdown=slowdown,
             gpu_index=int(gpus[0]) if gpus else None,
         )
+        kept = self.node.kept_calibration()
+        if kept is not None:  # a known kind of node: serves calibrated, measures nothing
+            ray.get(self.coordinator.report_profile.remote(kept))
 
     def _link(self, node: str) -> RaySourceLink:
         return RaySourceLink(node, self.workers.handle(node))
@@ -402,7 +405,8 @@ class WorkerService:
     @ray.method
     def calibrate(self) -> NodeProfile:
         """Measure the device and tell the coordinator (called once the cluster is up, one
-        worker at a time, so that workers do not slow each other down while measuring)."""
+        worker at a time, so that workers do not slow each other down while measuring; a
+        worker that started with a kept calibration has none to make)."""
         profile = self.node.calibrate()
         ray.get(self.coordinator.report_profile.remote(profile))
         return profile

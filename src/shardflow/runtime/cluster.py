@@ -3,6 +3,8 @@ cluster; the coordinator and worker actors on it; and taking them down again."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -10,9 +12,9 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ray
 from ray._private import ray_constants
@@ -33,16 +35,21 @@ from shardflow.runtime.ray_workers import (
     RayWorkers,
     coordinator_actor_name,
 )
-from shardflow.runtime.raynode import DATA_NODE_RESOURCE
+from shardflow.runtime.raynode import DATA_NODE_RESOURCE, enable_token_auth
 from shardflow.runtime.slots import Slot, choose_slots, worker_slots
 
 if TYPE_CHECKING:
+    from ray._private.node import Node
+
     from shardflow.runtime.ray_workers import CoordinatorHandle
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 _local_databases = 0
 """Open databases on the Ray instance this process started; it stops with the last one."""
+_local_node: Node | None = None
+"""The Ray node this process started for its embedded clusters."""
 _embedded: dict[str, ClusterHandle] = {}
 """The embedded cluster serving each data directory in this process (one owner per data
 directory: a second ``connect`` to it shares these actors)."""
@@ -87,24 +94,15 @@ def start_ray(address: str | None, settings: Settings) -> bool:
             return True
         return False
     if address is None:
-        # An embedded cluster serves this machine only: every server binds to 127.0.0.1.
-        _pin_to_loopback()
-        kwargs: dict[str, Any] = {
-            "address": "local",  # always a new instance, never one `ray start` left behind
-            "num_cpus": max(os.cpu_count() or 1, 1),
-            "include_dashboard": False,
-            "_node_ip_address": LOOPBACK,
-            "namespace": NAMESPACE,
-            "logging_level": logging.ERROR,
-            "log_to_driver": False,
-        }
-        if settings.object_store_memory:
-            kwargs["object_store_memory"] = settings.object_store_memory
-        ray.init(**kwargs)
+        _start_local_ray(settings)
         _local_databases = 1
         return True
     _use_auth_token_if_present()
-    kwargs = {"namespace": NAMESPACE, "logging_level": logging.WARNING, "log_to_driver": False}
+    kwargs: dict[str, Any] = {
+        "namespace": NAMESPACE,
+        "logging_level": logging.WARNING,
+        "log_to_driver": False,
+    }
     if is_loopback(address):  # a cluster of this machine (`shardflow cluster up`)
         _pin_to_loopback()
         kwargs["_node_ip_address"] = LOOPBACK
@@ -113,6 +111,59 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
     return False
+
+
+def _start_local_ray(settings: Settings) -> None:
+    """Start a new Ray instance for embedded clusters (never one `ray start` left behind)
+    and connect this process to it. An embedded cluster serves this machine only: every
+    server binds to 127.0.0.1, and token authentication is on, as in ``ray.init()``'s own
+    local instances. The node is started here rather than by ``ray.init()`` to leave out
+    two processes that serve nothing here but cost start-up time on a small machine
+    (about a second of CPU together): the log monitor (worker logs are not sent to the
+    driver) and the autoscaler's monitor (one machine, nothing to scale)."""
+    global _local_node
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    _pin_to_loopback()
+    with _quiet("ray._private.authentication.authentication_token_setup"):
+        enable_token_auth()  # "token authentication is enabled": as it should be
+    params = RayParams(
+        node_ip_address=LOOPBACK,
+        num_cpus=max(os.cpu_count() or 1, 1),
+        object_store_memory=settings.object_store_memory or None,
+        include_dashboard=False,
+        include_log_monitor=False,  # type: ignore[arg-type]  # a flag Ray annotates as str
+        no_monitor=True,
+    )
+    node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+    _local_node = node
+    atexit.register(_stop_local_ray)  # a process that exits with databases open
+    try:
+        ray.init(
+            address=node.gcs_address,
+            _node_ip_address=LOOPBACK,
+            namespace=NAMESPACE,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
+    except BaseException:
+        _stop_local_ray()
+        raise
+
+
+def _stop_local_ray() -> None:
+    """Disconnect from the Ray instance this process started and stop its processes."""
+    global _local_node
+    node, _local_node = _local_node, None
+    if node is None:
+        return
+    atexit.unregister(_stop_local_ray)
+    if ray.is_initialized():
+        ray.shutdown()
+    node.destroy_external_storage()  # type: ignore[no-untyped-call]
+    # waited for: a process object dropped while its process still runs warns
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
 
 
 def _same_address(address: str, current: str) -> bool:
@@ -148,13 +199,23 @@ def _use_auth_token_if_present() -> None:
         )
     except ImportError:  # a Ray without token authentication
         return
-    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # "token authentication is enabled": as it should be
+    with _quiet(maybe_enable_token_auth_if_token_available.__module__):
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)  # see _quiet
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only errors from these loggers meanwhile: Ray warns that token authentication is
+    enabled, as it should be."""
+    quieted = [logging.getLogger(name) for name in loggers]
+    levels = [logger.level for logger in quieted]
+    for logger in quieted:
+        logger.setLevel(logging.ERROR)
     try:
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        yield
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quieted, levels, strict=True):
+            logger.setLevel(level)
 
 
 def launch(
@@ -177,10 +238,12 @@ def launch(
 def _release_ray() -> None:
     global _local_databases
     _local_databases -= 1
-    if _local_databases <= 0 and ray.is_initialized():
+    if _local_databases <= 0:
         _local_databases = 0
-        _no_auto_init()
-        ray.shutdown()
+        if ray.is_initialized():
+            _no_auto_init()
+            ray.shutdown()
+        _stop_local_ray()
 
 
 def _no_auto_init() -> None:
@@ -235,11 +298,6 @@ def _launch_actors(
         **options,
         **_data_node_share(slots),
     ).remote(data_dir, settings, prefix, owner, _describe(address), not embedded)
-    try:
-        ray.get(coordinator.ping.remote())
-    except RayActorError:
-        _refuse_if_owned(data_dir)  # another cluster took the lease meanwhile
-        raise
     handle = ClusterHandle(
         prefix,
         data_dir,
@@ -256,17 +314,30 @@ def _launch_actors(
     nodes = [f"node-{i}" for i in range(len(slots))]
     handle.worker_settings = settings
     try:
-        if not embedded:
+        if embedded:
+            # The workers start while the coordinator does: on a small machine start-up is
+            # mostly processes starting. One that read the catalog before the nodes were
+            # registered catches up below.
+            registered = handle.coordinator.register_nodes.remote(nodes)
+            for node, slot in zip(nodes, slots, strict=True):
+                start_worker(handle, node, slot, simulate.get(node, 1.0))
+            catalog = _coordinator_answer(registered, data_dir)
+        else:
+            _coordinator_answer(handle.coordinator.ping.remote(), data_dir)
             owner_token = ray.get(handle.coordinator.owner_token.remote())
             _check_coordinator_storage(handle, owner_token)
             check_storage_on(slots, data_dir, owner_token)
-        ray.get(handle.coordinator.register_nodes.remote(nodes))
-        for node, slot in zip(nodes, slots, strict=True):
-            start_worker(handle, node, slot, simulate.get(node, 1.0))
-        for reply in [handle.workers.get(node).info() for node in nodes]:
-            reply.get()  # loaded and serving
-        for node in nodes:  # one at a time: they would slow each other down
-            handle.workers.get(node).calibrate().get()
+            catalog = ray.get(handle.coordinator.register_nodes.remote(nodes))
+            for node, slot in zip(nodes, slots, strict=True):
+                start_worker(handle, node, slot, simulate.get(node, 1.0))
+        replies = {node: handle.workers.get(node).info() for node in nodes}
+        infos = {node: reply.get() for node, reply in replies.items()}  # loaded and serving
+        behind = [n for n, info in infos.items() if info.catalog_version < catalog["version"]]
+        for reply in [handle.workers.get(node).sync(catalog) for node in behind]:
+            reply.get()
+        for node, info in infos.items():  # one at a time: they would slow each other down
+            if not info.profile.calibration:  # not started with a kept calibration
+                handle.workers.get(node).calibrate().get()
     except BaseException:
         _stop_actors(handle)  # nothing half-started stays behind
         raise
@@ -276,6 +347,16 @@ def _launch_actors(
     else:
         ray.get(handle.coordinator.start_joining.remote())
     return handle
+
+
+def _coordinator_answer(ref: ray.ObjectRef[T], data_dir: str) -> T:
+    """The new coordinator's first answer; it is gone when another cluster took the data
+    directory's lease meanwhile (said so)."""
+    try:
+        return ray.get(ref)
+    except RayActorError:
+        _refuse_if_owned(data_dir)
+        raise
 
 
 def _check_coordinator_storage(handle: ClusterHandle, owner: OwnerToken) -> None:

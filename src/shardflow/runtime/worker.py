@@ -194,18 +194,33 @@ class WorkerNode:
         weighs how much work placement and the balancer give it. The measurement is kept in
         the data directory per kind of node (device, engine, threads, simulated slowdown)
         and reused by nodes of that kind that start later, unless ``fresh``."""
-        path = self.data_dir.path(CALIBRATION_FOLDER, f"{self._calibration_key()}.json")
-        throughput = None if fresh else self._cached_calibration(path)
-        if throughput is None:
-            throughput = calibrate(self.executor.run)
-            try:
-                self.data_dir.write_atomic(path, json.dumps(throughput).encode(), sync=False)
-            except (OSError, pa.ArrowException) as error:  # a cache: the next node measures
-                log.info("calibration not kept: %s", error)
+        if not fresh and self.kept_calibration() is not None:
+            return self.profile
+        throughput = calibrate(self.executor.run)
+        try:
+            self.data_dir.write_atomic(
+                self._calibration_path(), json.dumps(throughput).encode(), sync=False
+            )
+        except (OSError, pa.ArrowException) as error:  # a cache: the next node measures
+            log.info("calibration not kept: %s", error)
         self.profile = node_profile(
             self.node_id, self.device, self.executor, throughput, self.slowdown
         )
         return self.profile
+
+    def kept_calibration(self) -> NodeProfile | None:
+        """The profile with the calibration kept for this kind of node, measuring nothing
+        (a worker that starts takes it at once); None when there is none to reuse."""
+        throughput = self._cached_calibration(self._calibration_path())
+        if throughput is None:
+            return None
+        self.profile = node_profile(
+            self.node_id, self.device, self.executor, throughput, self.slowdown
+        )
+        return self.profile
+
+    def _calibration_path(self) -> str:
+        return self.data_dir.path(CALIBRATION_FOLDER, f"{self._calibration_key()}.json")
 
     def _calibration_key(self) -> str:
         parts = (

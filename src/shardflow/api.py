@@ -118,6 +118,9 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         ray_node_name=info.host.name,
         health=load.health if load is not None else "healthy",
         failure_rate=load.failure_rate if load is not None else 0.0,
+        engine_memory_bytes=info.memory.engine_bytes,
+        spilled_bytes=info.memory.spilled_bytes,
+        memory_limit_bytes=info.memory.limit_bytes,
     )
 
 

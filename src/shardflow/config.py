@@ -12,6 +12,10 @@ ENGINES = ("auto", "duckdb", "polars")
 MOVE_COPY_FAULTS = ("", "drop_row", "change_value")
 
 
+MIN_WORKER_MEMORY_MB = 16
+"""Below this DuckDB cannot hold even one block per thread."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Cluster and session settings. Pass to ``connect(settings=...)`` or as keywords.
@@ -23,6 +27,15 @@ class Settings:
         shards_per_worker: shards a new distributed table gets per worker at creation.
         engine_threads: DuckDB threads per worker; 0 means the node's cores divided among
             the workers of an embedded cluster, and all of the node's cores otherwise.
+        worker_memory_mb: memory each worker's DuckDB may use for its shards and its
+            queries, in MiB; beyond it table blocks and big operators' state spill to
+            ``local_dir``, and a query that cannot fit fails with ``QueryError`` naming this
+            setting. 0 means the node's share: 75 % of the machine's memory divided among
+            the workers of an embedded cluster, 75 % of it for a worker of a Ray node.
+        local_dir: a folder on each worker's local disk where its DuckDB spills (a
+            folder per worker process, removed when it stops; the durable copy of every
+            shard stays in the data directory). Empty: ``shardflow-local`` in the system's
+            temporary directory.
         retry_deadline_s: how long a query or insert keeps retrying fragments whose worker
             died or moved before it gives up with ``ClusterError``.
         load_batch_rows: rows read and routed at a time when a table is loaded.
@@ -101,6 +114,8 @@ class Settings:
     buckets: int = 256
     shards_per_worker: int = 2
     engine_threads: int = 0
+    worker_memory_mb: int = 0
+    local_dir: str = ""
     retry_deadline_s: float = 60.0
     load_batch_rows: int = 1_000_000
     wal_checkpoint_entries: int = 256
@@ -152,6 +167,7 @@ class Settings:
             raise ConfigError(f"setting buckets must be at most {1 << 20}, got {self.buckets}")
         for name in (
             "engine_threads",
+            "worker_memory_mb",
             "object_store_memory",
             "wal_checkpoint_entries",
             "wal_checkpoint_bytes",
@@ -161,6 +177,11 @@ class Settings:
         for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s", "token_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
+        if 0 < self.worker_memory_mb < MIN_WORKER_MEMORY_MB:
+            raise ConfigError(
+                f"setting worker_memory_mb must be 0 (the node's share) or at least "
+                f"{MIN_WORKER_MEMORY_MB}, got {self.worker_memory_mb}"
+            )
         if self.test_hold_results_s < 0:
             raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:

@@ -53,6 +53,13 @@ class NodeInfo:
     failure_rate: float = 0.0
     """Share of its operations (fragments, inserts, health checks) the node failed over
     the last ``node_failure_window_s``."""
+    engine_memory_bytes: int = 0
+    """What the worker's DuckDB holds in memory (shards and running queries' state);
+    ``memory_used_bytes`` is the whole process's resident memory."""
+    spilled_bytes: int = 0
+    """What the worker's DuckDB has spilled to its local disk (``local_dir``)."""
+    memory_limit_bytes: int = 0
+    """What the worker's DuckDB may hold in memory (``worker_memory_mb``)."""
 
 
 @dataclass(frozen=True)

@@ -26,17 +26,40 @@ class DuckDBEngine:
 
     name = "duckdb"
 
-    def __init__(self, threads: int | None = None, memory_limit: str | None = None) -> None:
-        # SQL reaches data only through shardflow's tables: no file, no network, no
-        # ATTACH (a query over the Flight service must not read the server's files), and
-        # a query cannot turn that back on
-        config: dict[str, str | int | bool] = {"enable_external_access": False}
+    def __init__(
+        self,
+        threads: int | None = None,
+        memory_limit: str | None = None,
+        temp_directory: str | None = None,
+    ) -> None:
+        """``memory_limit`` (DuckDB's syntax, "512MB") bounds DuckDB's buffer manager; with
+        a ``temp_directory`` (a local folder of this engine's own) table blocks and the
+        state of big operators spill there beyond it, so the shards a worker holds may
+        exceed its memory."""
+        config: dict[str, str | int | bool] = {}
         if threads:
             config["threads"] = threads
         if memory_limit:
             config["memory_limit"] = memory_limit
+        if temp_directory:
+            config["temp_directory"] = temp_directory
+        else:
+            config["enable_external_access"] = False
+        self.temp_directory = temp_directory
         self._database = duckdb.connect(":memory:", config=config)
+        # SQL reaches data only through shardflow's tables: no file, no network, no
+        # ATTACH (a query over the Flight service must not read the server's files), and
+        # a query cannot turn that back on. (Set after the temp directory, which it locks.)
+        self._database.execute("SET enable_external_access = false")
         self._ddl = threading.Lock()
+
+    def memory(self) -> tuple[int, int]:
+        """(bytes DuckDB holds in memory, bytes it has spilled to its temp directory)."""
+        row = self._database.execute(
+            "SELECT coalesce(sum(memory_usage_bytes), 0), "
+            "coalesce(sum(temporary_storage_bytes), 0) FROM duckdb_memory()"
+        ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def run(
         self,

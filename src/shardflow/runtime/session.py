@@ -56,7 +56,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
 from shardflow.runtime.ray_workers import RayReply, ResultLost
-from shardflow.runtime.worker import REPLICA
+from shardflow.runtime.worker import REPLICA, local_folder
 from shardflow.sql import Stage, explain
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route, split_by_unit
@@ -118,7 +118,9 @@ class Session:
         self.handle = handle
         self.workers = handle.workers
         self.settings = handle.settings
-        self.engine = DuckDBEngine()
+        self.engine = DuckDBEngine(temp_directory=local_folder(self.settings.local_dir, "client"))
+        """Merges stage results; big merges spill to ``local_dir`` (never the current
+        directory)."""
         self._plans: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
         self._lock = threading.Lock()
         self._round_robin = itertools.count()

@@ -9,12 +9,15 @@ A worker that starts rebuilds every shard the catalog assigns to it from durable
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -26,12 +29,12 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec, lease
-from shardflow.config import Settings
+from shardflow.config import MIN_WORKER_MEMORY_MB, Settings
 from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
-from shardflow.errors import ConfigError, Moved, NodeFault
+from shardflow.errors import ConfigError, Moved, NodeFault, QueryError
 from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.protocol import LoadReport, ReplicaInfo, ShardInfo, ShardKey, WorkerInfo
@@ -46,6 +49,7 @@ from shardflow.telemetry.devices import (
     device_state,
     discover,
     installed,
+    machine_memory_bytes,
     memory_state,
 )
 
@@ -116,6 +120,45 @@ def node_profile(
     )
 
 
+MEMORY_SHARE = 0.75
+"""Of the machine's memory, what the workers on it may use together by default."""
+LOCAL_DIR = "shardflow-local"
+
+
+def default_memory_mb(workers_here: int = 1) -> int:
+    """A worker's share of this machine's memory (``worker_memory_mb`` = 0), in MiB."""
+    share = int(machine_memory_bytes() * MEMORY_SHARE) // max(1, workers_here)
+    return max(MIN_WORKER_MEMORY_MB, share >> 20)
+
+
+def local_folder(local_dir: str, node_id: str) -> str:
+    """This worker process's own folder under ``local_dir`` (DuckDB spills there). Folders
+    of worker processes that are gone (a SIGKILL leaves them) are removed first."""
+    root = local_dir or os.path.join(tempfile.gettempdir(), LOCAL_DIR)
+    os.makedirs(root, exist_ok=True)
+    for name in os.listdir(root):
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return os.path.join(root, f"{node_id}-{os.getpid()}")
+
+
+def release_memory() -> None:
+    """Hand memory Arrow's allocator keeps after big work (a load, a move) back to the
+    system: the rows live in DuckDB now, and a worker's resident memory should be that."""
+    pa.default_memory_pool().release_unused()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)
 """Errors of the node rather than of the query (a failing disk, an engine fault): the
 fragment is tried again, and the node's failure rate counts them. Running out of memory is
@@ -148,7 +191,12 @@ class WorkerNode:
             check_shared(self.data_dir, owner, node_id)
         self.settings = settings
         self.device = discover(gpu_index)
-        self.engine = DuckDBEngine(threads=settings.engine_threads or None)
+        self.memory_limit_mb = settings.worker_memory_mb or default_memory_mb()
+        self.engine = DuckDBEngine(
+            threads=settings.engine_threads or None,
+            memory_limit=f"{self.memory_limit_mb}MiB",
+            temp_directory=local_folder(settings.local_dir, node_id),
+        )
         """Holds the shards (native tables) and runs fragments on the CPU."""
         self.executor = make_executor(self.engine, self.device, slowdown, settings.engine)
         """Runs fragments: the CPU engine, the GPU engine, or a simulated slower device."""
@@ -373,6 +421,7 @@ class WorkerNode:
                     self.shards[(table, unit)] = shard
             self.refresh_view(table)
         self.sync(catalog_json)
+        release_memory()
 
     def abort_load(self, table: str) -> None:
         with self.lock:
@@ -463,6 +512,13 @@ class WorkerNode:
         except NODE_ERRORS as error:  # the node's failure, not the query's: try again
             self._count(failed=True)
             raise NodeFault(f"{self.node_id} failed a fragment: {error}") from None
+        except duckdb.OutOfMemoryException as error:  # the query's size: say which limit
+            self._count(failed=False)
+            raise QueryError(
+                f"a fragment of the query needs more memory than {self.node_id} may use "
+                f"(worker_memory_mb={self.memory_limit_mb}, spilling to local_dir beyond "
+                f"it): {str(error).strip()}"
+            ) from None
         except duckdb.Error as error:
             self._count(failed=False)
             raise query_error(error) from None
@@ -559,7 +615,13 @@ class WorkerNode:
 
     def info(self) -> WorkerInfo:
         device = device_state(self.device)
-        memory = memory_state()
+        engine_bytes, spilled_bytes = self.engine.memory()
+        memory = dataclasses.replace(
+            memory_state(),
+            engine_bytes=engine_bytes,
+            spilled_bytes=spilled_bytes,
+            limit_bytes=self.memory_limit_mb << 20,
+        )
         with self.lock:
             shards = tuple(
                 ShardInfo(t, u, s.rows, s.nbytes, s.lsn)

@@ -126,10 +126,14 @@ class DeviceState:
 
 @dataclass(frozen=True)
 class MemoryState:
-    """Memory the worker's process uses and the machine has free, in bytes."""
+    """Memory the worker's process uses (resident) and the machine has free, in bytes; on
+    a worker also what its DuckDB holds, has spilled to local disk, and may hold."""
 
     used_bytes: int = 0
     free_bytes: int = 0
+    engine_bytes: int = 0
+    spilled_bytes: int = 0
+    limit_bytes: int = 0
 
 
 def device_state(device: DeviceInfo) -> DeviceState:
@@ -210,6 +214,14 @@ def device_model(profile: NodeProfile) -> str:
     """What counts as one device model in a reported profile: nodes of one model share
     their calibration (a node measured while the machine was busy is not slower)."""
     return f"{profile.vendor}/{profile.model}/{profile.engine}"
+
+
+def machine_memory_bytes() -> int:
+    """This machine's physical memory."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 0
 
 
 def memory_state() -> MemoryState:

@@ -46,6 +46,9 @@ class NodeGauges:
     capacity: float
     failure_rate: float = 0.0
     """Share of its operations failed over the failure window."""
+    engine_memory_bytes: int = 0
+    spilled_bytes: int = 0
+    memory_limit_bytes: int = 0
     suspect: bool = False
     """Suspect or failing: it gets no new shards and its shards move off."""
 
@@ -200,6 +203,18 @@ class ClusterCollector(Collector):
             ),
             "node_memory_used_bytes": ("Memory used by the worker", "memory_used_bytes"),
             "node_memory_free_bytes": ("Memory free on the worker's machine", "memory_free_bytes"),
+            "node_engine_memory_bytes": (
+                "Memory the worker's DuckDB holds (shards, and queries' state)",
+                "engine_memory_bytes",
+            ),
+            "node_spilled_bytes": (
+                "Bytes the worker's DuckDB has spilled to local_dir",
+                "spilled_bytes",
+            ),
+            "node_memory_limit_bytes": (
+                "Memory the worker's DuckDB may use (worker_memory_mb)",
+                "memory_limit_bytes",
+            ),
             "node_queries_running": ("Fragments running now", "queries_running"),
             "node_shards": ("Shards served", "shards"),
             "node_bytes": ("Bytes of shard data served", "bytes"),

@@ -230,13 +230,19 @@ def load(db: _Creates, data_dir: os.PathLike[str] | str, *, progress: bool = Fal
         )
 
 
-def duckdb_oracle(data_dir: os.PathLike[str] | str) -> duckdb.DuckDBPyConnection:
-    """Open an in-memory DuckDB connection with the 8 tables loaded from ``data_dir``."""
+def duckdb_oracle(
+    data_dir: os.PathLike[str] | str, memory_limit_mb: int = 0
+) -> duckdb.DuckDBPyConnection:
+    """Open an in-memory DuckDB connection with the 8 tables loaded from ``data_dir``
+    (``memory_limit_mb``: DuckDB's memory limit; it spills to ``tmp`` beside the data)."""
     paths = table_paths(data_dir)
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"TPC-H Parquet files missing: {', '.join(missing)}")
-    con = duckdb.connect(":memory:")
+    config = {}
+    if memory_limit_mb:
+        config = {"memory_limit": f"{memory_limit_mb}MiB", "temp_directory": f"{data_dir}/tmp"}
+    con = duckdb.connect(":memory:", config=config)
     try:
         for name, path in paths.items():
             con.execute(

@@ -6,7 +6,11 @@ with shardflow.connect(workers=4) as db:
     db.sql("SELECT count(*) FROM orders")
 """
 
-from shardflow.api import Cluster, Database, MigrationRecord, NodeInfo, connect
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from shardflow.config import Settings
 from shardflow.errors import (
     ClosedError,
@@ -28,9 +32,33 @@ from shardflow.errors import (
     UnknownTableError,
     UnsupportedError,
 )
-from shardflow.telemetry.profile import QueryProfile
+
+if TYPE_CHECKING:
+    from shardflow.api import Cluster, Database, MigrationRecord, NodeInfo, connect
+    from shardflow.telemetry.profile import QueryProfile
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Cluster": "shardflow.api",
+    "Database": "shardflow.api",
+    "MigrationRecord": "shardflow.api",
+    "NodeInfo": "shardflow.api",
+    "connect": "shardflow.api",
+    "QueryProfile": "shardflow.telemetry.profile",
+}
+"""Imported on first use: a worker process imports only the modules it runs (the client's
+planner, session and Flight client cost each of them a few hundred ms of start-up)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ClosedError",

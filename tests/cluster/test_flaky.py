@@ -72,6 +72,7 @@ def connect(tmp_path: Path, share: float) -> shardflow.Database:
         workers=3, data_dir=tmp_path / "data", test_flaky_node=f"{FLAKY}={share}",
         balance_interval_s=0.5, node_failure_window_s=10.0, node_failure_min_ops=50,
         suspect_cooldown_s=4.0, shards_per_worker=3, retry_deadline_s=60.0,
+        health_misses=30,  # about failing operations, not liveness: a slow ping is no death
     )  # fmt: skip
     db.create_table("t", pa.table({"id": list(range(ROWS))}), distributed_by="id")
     return db
@@ -81,10 +82,12 @@ def node(db: shardflow.Database, name: str) -> shardflow.NodeInfo:
     return next(n for n in db.cluster.nodes() if n.node_id == name)
 
 
-def wait_for(check: Callable[[], bool], seconds: float, what: str) -> float:
+def wait_for(
+    check: Callable[[], bool], seconds: float, what: str, explain: Callable[[], object] = str
+) -> float:
     started = time.monotonic()
     while not check():
-        assert time.monotonic() - started < seconds, f"{what} within {seconds:g}s"
+        assert time.monotonic() - started < seconds, f"{what} within {seconds:g}s: {explain()}"
         time.sleep(0.25)
     return time.monotonic() - started
 
@@ -105,7 +108,12 @@ def test_a_node_failing_5_percent_is_evacuated_under_load_then_readmitted(tmp_pa
         assert sorted(got) == sorted(load.acked)  # every acknowledged row, once
         # no work, no failures: after the cool-down it is healthy and gets shards again
         wait_for(lambda: node(db, FLAKY).health == "healthy", 60, "node-1 re-admitted")
-        wait_for(lambda: node(db, FLAKY).shards > 0, 60, "node-1 given shards again")
+        wait_for(
+            lambda: node(db, FLAKY).shards > 0,
+            60,
+            "node-1 given shards again",
+            explain=lambda: (db.cluster.rebalance(dry_run=True), node(db, FLAKY).health),
+        )
         count, total = (
             db.sql(f"SELECT count(*), sum(id) FROM t WHERE id < {ROWS}").to_pylist()[0].values()
         )

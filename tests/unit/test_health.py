@@ -95,3 +95,20 @@ def test_a_zero_threshold_turns_it_off() -> None:
     tracker = HealthTracker(HealthSettings(threshold=0.0))
     tracker.record("n", 0, 1000, 1000)
     assert tracker.evaluate(1.0) == [] and tracker.excluded() == frozenset()
+
+
+def test_a_readmitted_node_is_not_suspected_again_for_failures_before_its_cooldown() -> None:
+    """A window longer than the cool-down still holds the failures that made the node
+    suspect when it is re-admitted; they must not count again (with no new failure it
+    stays healthy, instead of going suspect, suspect, failing)."""
+    settings = HealthSettings(threshold=0.01, min_operations=50, min_failures=3, window_s=10.0,
+                              cooldown_s=4.0, max_suspicions=3)  # fmt: skip
+    tracker = HealthTracker(settings)
+    steady(tracker, "n", 0, 3, 40, failing_every=20)  # 5 % for 3 s: suspect
+    assert tracker.evaluate(3.0)[0].after == Health.SUSPECT
+    steady(tracker, "n", 3, 5, 1, failing_every=0)  # evacuated: health checks only, all fine
+    assert [c.after for c in tracker.evaluate(7.5)] == [Health.HEALTHY]
+    for second in range(8, 20):  # within the old window and after: still nothing fails
+        tracker.record("n", second, 1, 0)
+        assert tracker.evaluate(second + 0.5) == [], second
+    assert tracker.health("n") == Health.HEALTHY

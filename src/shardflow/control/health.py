@@ -126,6 +126,11 @@ class HealthTracker:
                 assert (change.before, change.after) in TRANSITIONS
                 state = self._nodes[node]
                 state.health, state.since = change.after, now
+                if change.after == Health.HEALTHY:
+                    # re-admitted after a clean cool-down: judged on what it does from now
+                    # on, not again on the failures that made it suspect (they may still
+                    # be in a window longer than the cool-down)
+                    state.samples.clear()
                 changes.append(change)
         return changes
 

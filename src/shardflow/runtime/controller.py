@@ -196,7 +196,7 @@ class Controller:
             return None
         log.warning("node %s is gone; %d unit(s) reassigned", node, units)
         self.health.forget(node)
-        self.workers.forget(node)
+        self.workers.fence(node)  # declared dead: it must not go on serving, if it still runs
         self.state.profiles.pop(node, None)
         self.broadcast(catalog)
         record = Failover(node, detected, units, time.time() - detected)

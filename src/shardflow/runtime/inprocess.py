@@ -236,6 +236,10 @@ class LocalWorkers:
     def forget(self, node: str) -> None:
         """Nothing is cached here: a stopped worker is gone, a started one is found."""
 
+    def fence(self, node: str) -> None:
+        if node in self._workers:
+            self.stop(node)
+
     def share(self, rows: pa.Table) -> SharedRows:
         return SharedRows(rows)
 

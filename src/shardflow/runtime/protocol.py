@@ -254,6 +254,13 @@ class Workers(Protocol):
         """``node`` left the cluster: look it up afresh should it come back."""
         ...
 
+    def fence(self, node: str) -> None:
+        """``node`` was declared dead: make sure its worker no longer runs, then forget it.
+        A worker too slow to answer its pings may still be alive, holding a catalog from
+        before its shards were reassigned; it must not answer a stale session's query or
+        take its insert after the new owners rebuilt those shards."""
+        ...
+
     def share(self, rows: pa.Table) -> SharedRows: ...
 
 

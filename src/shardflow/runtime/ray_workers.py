@@ -249,6 +249,9 @@ class RayWorkers:
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)
 
+    def fence(self, node: str) -> None:
+        self.kill(node)
+
     def kill(self, node: str) -> None:
         """Stop ``node``'s worker (after a drain, or when the cluster shuts down), also one
         another process started."""

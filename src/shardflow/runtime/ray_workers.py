@@ -4,6 +4,7 @@ turned into shardflow's, so that nothing above this module needs to know about R
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     WorkerHandle = ActorProxy[WorkerService]
     CoordinatorHandle = ActorProxy[CoordinatorService]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NAMESPACE = "shardflow"
@@ -250,7 +252,11 @@ class RayWorkers:
         self._handles.pop(node, None)
 
     def fence(self, node: str) -> None:
-        self.kill(node)
+        try:
+            self.kill(node)
+        except Exception as error:  # its Ray node is gone too: nothing runs there to stop
+            log.info("stopping %s after its failover: %s", node, error)
+        self._handles.pop(node, None)
 
     def kill(self, node: str) -> None:
         """Stop ``node``'s worker (after a drain, or when the cluster shuts down), also one

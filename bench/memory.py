@@ -21,6 +21,7 @@ import ray
 
 import shardflow
 from shardflow import tpch
+from shardflow.runtime.localcluster import descendants
 
 TABLES = ("lineitem", "orders")
 DUCKDB_HOLDS = """
@@ -48,26 +49,6 @@ def breakdown(pid: int) -> str:
     kinds = ("RssAnon", "RssFile", "RssShmem")
     found = {k: int(status.split(f"{k}:")[1].split()[0]) * 1024 for k in kinds if k in status}
     return ", ".join(f"{k} {gib(v)}" for k, v in found.items())
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Ray's raylet, GCS and worker processes of an embedded
-    cluster are children of the driver)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def duckdb_rss(paths: dict[str, Path]) -> int:

@@ -15,19 +15,10 @@ import pyarrow as pa
 import pytest
 
 import shardflow
+from shardflow.catalog.lease import process_running
 
 pytestmark = pytest.mark.cluster
 ROWS = 10_000
-
-
-def running(pid: int) -> bool:
-    """The process exists and is not a zombie waiting to be reaped."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    state = next(line for line in status.splitlines() if line.startswith("State:"))
-    return "zombie" not in state
 
 
 def test_a_worker_that_stops_answering_is_failed_over_and_stopped(tmp_path: Path) -> None:
@@ -44,7 +35,7 @@ def test_a_worker_that_stops_answering_is_failed_over_and_stopped(tmp_path: Path
                 assert time.monotonic() < deadline, "the silent worker was not declared dead"
                 time.sleep(0.2)
             assert db.cluster.failovers()[0]["node"] == "node-1"
-            while running(pid):
+            while process_running(pid):
                 assert time.monotonic() < deadline, "the worker declared dead still runs"
                 time.sleep(0.2)
         finally:

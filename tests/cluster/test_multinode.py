@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.runtime.actors import JOIN_INTERVAL_S
-from shardflow.runtime.localcluster import LocalRayCluster, _descendants
+from shardflow.runtime.localcluster import LocalRayCluster, descendants
 
 pytestmark = pytest.mark.cluster
 SHARDFLOW = [sys.executable, "-m", "shardflow.cli"]
@@ -72,7 +72,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 def our_pids(local: LocalRayCluster, *clients: int) -> set[int]:
     """Every process of the cluster (each node's process tree) and of the clients."""
     roots = [n.pid for n in local.nodes()] + list(clients)
-    return {pid for root in roots for pid in (root, *_descendants(root))}
+    return {pid for root in roots for pid in (root, *descendants(root))}
 
 
 def non_loopback_sockets(pids: set[int]) -> list[str]:

@@ -43,9 +43,6 @@ class DuckDBEngine:
             config["memory_limit"] = memory_limit
         if temp_directory:
             config["temp_directory"] = temp_directory
-        else:
-            config["enable_external_access"] = False
-        self.temp_directory = temp_directory
         self._database = duckdb.connect(":memory:", config=config)
         # SQL reaches data only through shardflow's tables: no file, no network, no
         # ATTACH (a query over the Flight service must not read the server's files), and

@@ -214,7 +214,7 @@ class LocalRayCluster:
             _reap(pid)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux: read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -236,14 +236,14 @@ def _descendants(pid: int) -> list[int]:
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a node's process and everything below it, all at once."""
-    _kill_all([pid, *_descendants(pid)])
+    _kill_all([pid, *descendants(pid)])
 
 
 def _stop(pid: int) -> None:
     """SIGTERM a node's process (it stops its node); SIGKILL what is left after a while."""
     if not process_running(pid):
         return
-    below = _descendants(pid)
+    below = descendants(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

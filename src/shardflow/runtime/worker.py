@@ -138,7 +138,7 @@ def local_folder(local_dir: str, node_id: str) -> str:
     os.makedirs(root, exist_ok=True)
     for name in os.listdir(root):
         pid = name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not lease.process_running(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return os.path.join(root, f"{node_id}-{os.getpid()}")
 
@@ -147,16 +147,6 @@ def release_memory() -> None:
     """Hand memory Arrow's allocator keeps after big work (a load, a move) back to the
     system: the rows live in DuckDB now, and a worker's resident memory should be that."""
     pa.default_memory_pool().release_unused()
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)

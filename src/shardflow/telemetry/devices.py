@@ -58,7 +58,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _memory_bytes() -> int:
+def machine_memory_bytes() -> int:
+    """This machine's physical memory (0 where it cannot be read)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -108,7 +109,7 @@ def discover(gpu_index: int | None = None) -> DeviceInfo:
             found = probe(gpu_index)
             if found is not None:
                 return found
-    return DeviceInfo("cpu", _cpu_model(), _memory_bytes())
+    return DeviceInfo("cpu", _cpu_model(), machine_memory_bytes())
 
 
 @dataclass(frozen=True)
@@ -214,14 +215,6 @@ def device_model(profile: NodeProfile) -> str:
     """What counts as one device model in a reported profile: nodes of one model share
     their calibration (a node measured while the machine was busy is not slower)."""
     return f"{profile.vendor}/{profile.model}/{profile.engine}"
-
-
-def machine_memory_bytes() -> int:
-    """This machine's physical memory."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError):
-        return 0
 
 
 def memory_state() -> MemoryState:

@@ -97,3 +97,11 @@ def moving_while_read(db: shardflow.Database, oracle: duckdb.DuckDBPyConnection)
 def test_a_memory_limit_too_small_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="worker_memory_mb"):
         shardflow.connect(workers=1, data_dir=tmp_path / "data", worker_memory_mb=4)
+
+
+def test_a_local_dir_that_cannot_be_used_is_said_before_anything_starts(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(ConfigError, match="local_dir"):
+        shardflow.connect(workers=1, data_dir=tmp_path / "data", local_dir=str(blocked / "x"))
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

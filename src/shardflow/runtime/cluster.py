@@ -37,7 +37,7 @@ from shardflow.runtime.ray_workers import (
 )
 from shardflow.runtime.raynode import DATA_NODE_RESOURCE, enable_token_auth
 from shardflow.runtime.slots import Slot, choose_slots, worker_slots
-from shardflow.runtime.worker import default_memory_mb
+from shardflow.runtime.worker import default_memory_mb, local_root
 
 if TYPE_CHECKING:
     from ray._private.node import Node
@@ -227,6 +227,8 @@ def launch(
     simulate: Mapping[str, float] | None = None,
 ) -> ClusterHandle:
     """Start (or attach to) the coordinator and the workers."""
+    if address is None:  # workers on this machine: a bad local_dir is said before any starts
+        local_root(settings.local_dir)
     started = start_ray(address, settings)
     try:
         return _launch_actors(address, workers, data_dir, settings, started, simulate or {})

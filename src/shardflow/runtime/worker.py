@@ -131,11 +131,23 @@ def default_memory_mb(workers_here: int = 1) -> int:
     return max(MIN_WORKER_MEMORY_MB, share >> 20)
 
 
+def local_root(local_dir: str) -> str:
+    """The ``local_dir`` setting's folder on this machine, made if missing; a
+    ``ConfigError`` when it cannot be made or written."""
+    root = local_dir or os.path.join(tempfile.gettempdir(), LOCAL_DIR)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"setting local_dir: cannot make {root!r}: {error}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ConfigError(f"setting local_dir: {root!r} is not writable")
+    return root
+
+
 def local_folder(local_dir: str, node_id: str) -> str:
     """This worker process's own folder under ``local_dir`` (DuckDB spills there). Folders
     of worker processes that are gone (a SIGKILL leaves them) are removed first."""
-    root = local_dir or os.path.join(tempfile.gettempdir(), LOCAL_DIR)
-    os.makedirs(root, exist_ok=True)
+    root = local_root(local_dir)
     for name in os.listdir(root):
         pid = name.rsplit("-", 1)[-1]
         if pid.isdigit() and not lease.process_running(int(pid)):

@@ -30,7 +30,7 @@ from shardflow.runtime.executor import (
     distinct_names,
     query_error,
 )
-from shardflow.runtime.queries import Binder, answer, plan_query
+from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
 from shardflow.sql import Stage
 from shardflow.storage.partition import split_by_unit
 
@@ -85,7 +85,10 @@ class InMemoryCluster:
     def sql(self, query: str, client: Any = None) -> pa.Table:
         """The answer as ``Database.sql`` gives it: planned (or gathered whole where the
         session would), run over the shards, named and typed as DuckDB binds the query."""
-        planned = plan_query(query, self.catalog, _binder())
+        return self.run_planned(query, plan_query(query, self.catalog, _binder()), client)
+
+    def run_planned(self, query: str, planned: PlannedQuery, client: Any = None) -> pa.Table:
+        """The answer of ``query`` by ``planned`` (a plan made or kept elsewhere)."""
         result, _, _ = answer(query, planned, self.catalog, self, client or self.engine)
         return result
 

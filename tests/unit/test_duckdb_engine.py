@@ -10,6 +10,7 @@ import duckdb
 import pyarrow as pa
 
 from shardflow.engine import DuckDBEngine
+from shardflow.engine.duckdb_engine import with_views
 
 
 def test_close_while_queries_run_goes_through() -> None:
@@ -54,3 +55,43 @@ def test_duckdbs_refusal_of_a_stage_is_told_from_an_error_in_the_data() -> None:
     except duckdb.Error as error:
         mapped = query_error(error)
         assert type(mapped) is QueryError and "abc" in str(mapped)
+
+
+VIEW_QUERIES = [
+    "SELECT count(*), sum(v) FROM t WHERE k > 10",
+    "select k FROM t WHERE k < 3 ORDER BY k",
+    "WITH small AS (SELECT * FROM t WHERE k < 5) SELECT count(*) FROM small",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 4) "
+    "SELECT count(*) FROM r, t WHERE t.k = r.n",
+    "SELECT count(*) FROM t AS a JOIN t AS b ON a.k = b.k",  # read twice: not materialized
+    "(SELECT max(k) FROM t) UNION ALL (SELECT min(k) FROM t)",  # not SELECT/WITH: a view
+    "WITH t AS (SELECT 1 AS k, 2 AS v) SELECT * FROM t",  # its own t: a view, shadowed
+]
+
+
+def test_per_call_views_are_inlined_as_ctes_and_answer_as_temporary_views() -> None:
+    engine = DuckDBEngine(threads=1)
+    part = pa.table({"k": pa.array(range(100), pa.int64()), "v": range(100)})
+    engine.execute("CREATE TABLE p1 AS SELECT * FROM part WHERE k < 50", {"part": part})
+    engine.execute("CREATE TABLE p2 AS SELECT * FROM part WHERE k >= 50", {"part": part})
+    engine.execute("CREATE TABLE t AS SELECT 1000 AS k, 1 AS v")  # the standing table
+    views = {"t": 'SELECT * FROM "p1" UNION ALL SELECT * FROM "p2"'}
+    reference = duckdb.connect()
+    reference.register("t", part)
+    for sql in VIEW_QUERIES:
+        expected = reference.sql(sql).to_arrow_table()
+        got = engine.run(sql, {}, views)
+        assert got.to_pylist() == expected.to_pylist(), sql
+
+
+def test_a_view_is_inlined_only_where_it_reads_the_same() -> None:
+    views = {"t": 'SELECT * FROM "p1"'}
+    assert with_views("SELECT * FROM t", views) == (
+        'WITH "t" AS NOT MATERIALIZED (SELECT * FROM "p1") SELECT * FROM t'
+    )
+    assert with_views("WITH a AS (SELECT 1) SELECT * FROM a, t", views) == (
+        'WITH "t" AS NOT MATERIALIZED (SELECT * FROM "p1"), a AS (SELECT 1) SELECT * FROM a, t'
+    )
+    assert with_views("(SELECT 1) UNION (SELECT 2)", views) is None
+    assert with_views("WITH t AS (SELECT 1) SELECT * FROM t", views) is None
+    assert with_views('WITH "t" AS (SELECT 1) SELECT * FROM t', views) is None

@@ -5,6 +5,7 @@ view with the table's name, so fragments run as written."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -18,6 +19,27 @@ CLOSE_RETRY_S = 0.02
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+_STARTS_WITH = re.compile(r"\s*(WITH\s+RECURSIVE\s|WITH\s|SELECT\s|SELECT\*)", re.IGNORECASE)
+
+
+def with_views(sql: str, views: Mapping[str, str]) -> str | None:
+    """``sql`` with ``views`` as leading common table expressions (inlined, never
+    materialized), or None when it cannot be written so: a statement that does not begin
+    with SELECT or WITH, or one that may define a CTE of a view's name already. Costs
+    nothing, where a temporary view is DDL (a catalog change) on every call."""
+    found = _STARTS_WITH.match(sql)
+    if found is None:
+        return None
+    for name in views:
+        if re.search(rf"{re.escape(quote(name))}\s+AS|\b{re.escape(name)}\s+AS\s*\(", sql, re.I):
+            return None
+    ctes = ", ".join(f"{quote(n)} AS NOT MATERIALIZED ({s})" for n, s in views.items())
+    lead = found.group(1)
+    if lead.upper().startswith("SELECT"):
+        return f"WITH {ctes} {sql}"
+    return f"{sql[: found.end(1)]}{ctes}, {sql[found.end(1) :]}"
 
 
 class DuckDBEngine:
@@ -70,8 +92,13 @@ class DuckDBEngine:
         try:
             for name, table in (tables or {}).items():
                 cursor.register(name, table)
-            for name, select in (views or {}).items():
-                cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
+            if views:
+                inlined = with_views(sql, views)
+                if inlined is not None:
+                    sql = inlined
+                else:
+                    for name, select in views.items():
+                        cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
             return cursor.sql(sql).to_arrow_table()
         finally:
             cursor.close()

@@ -235,9 +235,11 @@ class CoordinatorService:
         return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     @ray.method
-    def record_query(self, seconds: float, ok: bool) -> None:
+    def record_queries(self, outcomes: list[tuple[float, bool]]) -> None:
+        """Queries' (seconds, succeeded), sent in batches by each session."""
         if self.controller.recorder is not None:
-            self.controller.recorder.query(seconds, ok)
+            for seconds, ok in outcomes:
+                self.controller.recorder.query(seconds, ok)
 
     @ray.method
     def record_insert(self, rows: int) -> None:

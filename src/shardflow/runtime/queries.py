@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -31,10 +34,13 @@ from shardflow.errors import (
 from shardflow.runtime.executor import ExecutionReport, Runner, execute, query_error
 from shardflow.sql import DistributedPlan, gather_plan, plan
 from shardflow.sql.parse import is_select, refuse_row_ids_in_text
+from shardflow.sql.shapes import PlanTemplate, make_template, shape_of
 
-__all__ = ["Binder", "PlannedQuery", "answer", "plan_query"]
+__all__ = ["Binder", "PlanCache", "PlannedQuery", "answer", "plan_query"]
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,81 @@ class Binder:
             raise QueryError(message) from None
         except duckdb.Error as error:
             raise QueryError(str(error).strip()) from None
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    template: PlanTemplate
+    schema: pa.Schema
+
+
+_UNSHAPED: Literal["unshaped"] = "unshaped"
+"""A shape whose plan depends on its constants: its queries are kept by exact text."""
+
+
+class PlanCache:
+    """Plans kept per catalog version: by shape (:mod:`shardflow.sql.shapes`), so a query
+    that differs from an earlier one only in the constants it compares with is bound to
+    that one's plan without being parsed, planned or bound in DuckDB again; and by exact
+    text for the rest. Each map keeps at most ``size`` entries (least recently used go)."""
+
+    def __init__(self, binder: Binder, size: int) -> None:
+        self.binder = binder
+        self.size = size
+        self._lock = threading.Lock()
+        self._exact: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
+        self._shapes: OrderedDict[tuple[object, int], _Shaped | str] = OrderedDict()
+
+    def plan(self, sql: str, catalog: Catalog) -> PlannedQuery:
+        """``sql``'s plan against ``catalog``, from the cache when it can be."""
+        started = time.perf_counter()
+        shape = shape_of(sql)
+        if shape is None or not shape.values:
+            return self._planned(sql, catalog)
+        key = (shape.key, catalog.version)
+        entry = self._get(self._shapes, key)
+        if isinstance(entry, _Shaped):
+            bound = entry.template.bind(shape, sql, catalog)
+            return PlannedQuery(bound, entry.schema, time.perf_counter() - started)
+        planned = self._planned(sql, catalog)
+        if entry is None:
+            template = make_template(shape, sql, planned.plan, catalog)
+            if template is None:
+                log.debug("plans of this query's shape depend on its constants: %s", sql)
+            shaped = _Shaped(template, planned.schema) if template else _UNSHAPED
+            self._put(self._shapes, key, shaped)
+        return planned
+
+    def replace(self, sql: str, catalog: Catalog, planned: PlannedQuery) -> None:
+        """Keep ``planned`` for ``sql`` (a plan that replaced the planner's, see
+        :func:`answer`); the queries of its shape are planned one by one from now on."""
+        shape = shape_of(sql)
+        if shape is not None and shape.values:
+            self._put(self._shapes, (shape.key, catalog.version), _UNSHAPED)
+        self._put(self._exact, (sql, catalog.version), planned)
+
+    def _planned(self, sql: str, catalog: Catalog) -> PlannedQuery:
+        key = (sql, catalog.version)
+        cached = self._get(self._exact, key)
+        if cached is not None:
+            return cached
+        planned = plan_query(sql, catalog, self.binder)
+        self._put(self._exact, key, planned)
+        return planned
+
+    def _get(self, entries: OrderedDict[K, V], key: K) -> V | None:
+        with self._lock:
+            found = entries.get(key)
+            if found is not None:
+                entries.move_to_end(key)
+            return found
+
+    def _put(self, entries: OrderedDict[K, V], key: K, value: V) -> None:
+        with self._lock:
+            entries[key] = value
+            entries.move_to_end(key)
+            while len(entries) > self.size:
+                entries.popitem(last=False)
 
 
 def plan_query(sql: str, catalog: Catalog, binder: Binder) -> PlannedQuery:

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -54,7 +54,7 @@ from shardflow.runtime.protocol import (
     SharedRows,
     WorkerInfo,
 )
-from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
+from shardflow.runtime.queries import Binder, PlanCache, PlannedQuery, answer
 from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA, local_folder
 from shardflow.sql import Stage, explain
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from shardflow.runtime.ray_workers import CoordinatorHandle
 
 log = logging.getLogger(__name__)
+TALLY_INTERVAL_S = 0.25
 T = TypeVar("T")
 MAX_IN_FLIGHT_LOADS = 8
 QUERY_ATTEMPTS = 3
@@ -121,10 +122,10 @@ class Session:
         self.engine = DuckDBEngine(temp_directory=local_folder(self.settings.local_dir, "client"))
         """Merges stage results; big merges spill to ``local_dir`` (never the current
         directory)."""
-        self._plans: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
-        self._binder = Binder(self.engine)
+        self._plans = PlanCache(Binder(self.engine), self.settings.plan_cache_size)
+        self._tally = QueryTally(lambda batch: handle.coordinator.record_queries.remote(batch))
         self.closed = threading.Event()
         """Set by :meth:`close`: retries stop, and calls in flight end."""
         self.results_held = threading.Event()
@@ -191,31 +192,16 @@ class Session:
 
     # -- queries ------------------------------------------------------------------------
     def plan(self, sql: str) -> PlannedQuery:
-        catalog = self.catalog
-        key = (sql, catalog.version)
-        with self._lock:
-            cached = self._plans.get(key)
-            if cached is not None:
-                self._plans.move_to_end(key)
-                return cached
-        planned = plan_query(sql, catalog, self._binder)
-        self._remember(key, planned)
-        return planned
-
-    def _remember(self, key: tuple[str, int], planned: PlannedQuery) -> None:
-        with self._lock:
-            self._plans[key] = planned
-            while len(self._plans) > self.settings.plan_cache_size:
-                self._plans.popitem(last=False)
+        return self._plans.plan(sql, self.catalog)
 
     def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
         started = time.perf_counter()
         try:
             answer = self._query(sql)
         except Error:
-            self.handle.coordinator.record_query.remote(time.perf_counter() - started, False)
+            self._tally.add(time.perf_counter() - started, False)
             raise
-        self.handle.coordinator.record_query.remote(time.perf_counter() - started, True)
+        self._tally.add(time.perf_counter() - started, True)
         return answer
 
     def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
@@ -230,7 +216,7 @@ class Session:
                     sql, planned, catalog, _RayRunner(self), self.engine
                 )
                 if answered is not planned:  # gathered whole from now on
-                    self._remember((sql, catalog.version), answered)
+                    self._plans.replace(sql, catalog, answered)
                 break
             except ResultLost:
                 # an intermediate result died with its node: run the whole plan again
@@ -575,7 +561,40 @@ class Session:
 
     def close(self) -> None:
         self.closed.set()
+        self._tally.flush()
         self.engine.close()
+
+
+class QueryTally:
+    """Queries' outcomes for the coordinator's metrics, sent in batches: at most every
+    :data:`TALLY_INTERVAL_S` (one call instead of one per query, which at hundreds of
+    short queries a second costs the coordinator and the client more than the queries)."""
+
+    def __init__(self, send: Callable[[list[tuple[float, bool]]], object]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._pending: list[tuple[float, bool]] = []
+        self._timer: threading.Timer | None = None
+
+    def add(self, seconds: float, ok: bool) -> None:
+        with self._lock:
+            self._pending.append((seconds, ok))
+            if self._timer is None:
+                self._timer = threading.Timer(TALLY_INTERVAL_S, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if batch:
+            try:
+                self._send(batch)
+            except Exception as error:  # metrics only: a query never fails for them
+                log.debug("query outcomes not recorded: %s", error)
 
 
 def _hex_id(text: str) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardflow.catalog.model import Group, Unit
+from shardflow.sql.pruning import KeyTerm
 
 Placement = Literal["shards", "worker", "client"]
 """Where a stage's SQL runs: on every worker over its shards, on one worker, on the client."""
@@ -42,6 +43,8 @@ class Stage:
     buckets: tuple[int, ...] | None = None
     """For ``"shards"``: the only buckets its rows can come from (the key equals constants,
     :mod:`shardflow.sql.pruning`); None: any bucket."""
+    key_terms: tuple[KeyTerm, ...] = ()
+    """The comparisons of a key with constants that ``buckets`` was computed from."""
 
     def units_to_run(self, group: Group) -> list[Unit]:
         """The units of ``group`` this stage runs on: every one, or those owning

@@ -42,7 +42,7 @@ from shardflow.sql.parse import (
     tables_read,
 )
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
-from shardflow.sql.pruning import key_buckets
+from shardflow.sql.pruning import buckets_of, key_terms
 from shardflow.sql.rules import FINISHING_RULES, Finish
 from shardflow.sql.verbatim import resolved_whole_reason, whole_query_reason
 
@@ -238,6 +238,7 @@ class Planner:
         merge_on: Literal["client", "worker"] = "client"
         if finish.merge is not None and self._reads_catalog(finish.merge, env):
             merge_on = "worker"
+        terms = key_terms(finish.fragment, self.catalog)
         return Stage(
             output,
             finish.fragment.sql(DIALECT),
@@ -249,7 +250,8 @@ class Planner:
             inputs=inputs,
             merge_sql=finish.merge.sql(DIALECT) if finish.merge is not None else None,
             merge_on=merge_on,
-            buckets=key_buckets(finish.fragment, self.catalog),
+            buckets=buckets_of(terms, self.catalog),
+            key_terms=terms,
         )
 
     def materialize(self, query: exp.Expr, env: Env) -> str:

@@ -12,6 +12,8 @@ compared with a column, a CTE or subquery in FROM) is not pruned.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pyarrow as pa
 from sqlglot import exp
 
@@ -22,23 +24,45 @@ MAX_PRUNED_VALUES = 64
 """An IN-list longer than this scatters as usual (it would reach most shards anyway)."""
 
 
-def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
-    """The buckets every row of ``fragment`` falls in, or None when it may touch any."""
+@dataclass(frozen=True)
+class KeyTerm:
+    """A conjunct of a fragment's WHERE that compares ``table``'s distribution key with
+    constants: every row has one of ``values`` (each the constant's text and whether it is
+    a string literal). Kept in the plan so a plan bound to other constants
+    (:mod:`shardflow.sql.shapes`) recomputes its buckets without parsing."""
+
+    table: str
+    values: tuple[tuple[str, bool], ...]
+
+
+def key_terms(fragment: exp.Expr, catalog: Catalog) -> tuple[KeyTerm, ...]:
+    """The conjuncts of ``fragment``'s WHERE that limit it to some values of a key."""
     if not isinstance(fragment, exp.Select):
-        return None
+        return ()
     where = fragment.args.get("where")
     if where is None:
-        return None
+        return ()
     specs = _distributed_sources(fragment, catalog)
     if not specs:
-        return None
-    found: set[int] | None = None
+        return ()
+    terms = []
     for conjunct in _conjuncts(where.this):
         values = _key_values(conjunct, specs)
-        if values is None:
+        if values is not None:
+            spec, constants = values
+            terms.append(KeyTerm(spec.name, tuple((c.this, c.is_string) for c in constants)))
+    return tuple(terms)
+
+
+def buckets_of(terms: tuple[KeyTerm, ...], catalog: Catalog) -> tuple[int, ...] | None:
+    """The buckets every row satisfying all ``terms`` falls in, or None when it may be in
+    any."""
+    found: set[int] | None = None
+    for term in terms:
+        spec = catalog.find_table(term.table)
+        if spec is None or not spec.key:
             continue
-        spec, constants = values
-        buckets = _buckets(spec, constants, catalog.n_buckets)
+        buckets = _buckets(spec, term.values, catalog.n_buckets)
         if buckets is None:
             continue
         if found is not None and not found & buckets:
@@ -47,6 +71,11 @@ def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
             return (min(found),)
         found = buckets if found is None else found & buckets
     return tuple(sorted(found)) if found is not None else None
+
+
+def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
+    """The buckets every row of ``fragment`` falls in, or None when it may touch any."""
+    return buckets_of(key_terms(fragment, catalog), catalog)
 
 
 def _distributed_sources(select: exp.Select, catalog: Catalog) -> dict[str, TableSpec]:
@@ -100,21 +129,23 @@ def _key_values(
     return spec, [c for c in constants if isinstance(c, exp.Literal)]
 
 
-def _buckets(spec: TableSpec, constants: list[exp.Literal], n_buckets: int) -> set[int] | None:
+def _buckets(
+    spec: TableSpec, constants: tuple[tuple[str, bool], ...], n_buckets: int
+) -> set[int] | None:
     """The buckets of ``constants`` as values of ``spec``'s key, or None when a constant
     is not plainly one (only integer keys with integer literals and string keys with string
     literals are pruned: they hash exactly as the stored values)."""
     key_type = spec.schema.field(spec.key).type
     family = key_family(key_type)
     values: list[object] = []
-    for constant in constants:
-        if family == "integer" and pa.types.is_integer(key_type) and not constant.is_string:
+    for text, is_string in constants:
+        if family == "integer" and pa.types.is_integer(key_type) and not is_string:
             try:
-                values.append(int(constant.this))
+                values.append(int(text))
             except ValueError:
                 return None
-        elif family == "string" and constant.is_string:
-            values.append(constant.this)
+        elif family == "string" and is_string:
+            values.append(text)
         else:
             return None
     try:

@@ -42,7 +42,8 @@ class Settings:
         wal_checkpoint_entries: write-ahead log entries a shard keeps before folding them
             into a new Parquet base.
         wal_checkpoint_bytes: log bytes a shard keeps before a checkpoint.
-        plan_cache_size: distributed plans a session keeps, by query text and catalog version.
+        plan_cache_size: distributed plans a session keeps per catalog version, by shape
+            (queries differing only in compared constants share one) and by query text.
         object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
             0 lets Ray choose (30 % of memory).
         migration_bandwidth_mb_s: cap on the copy rate of one live move, in MB/s; 0 means

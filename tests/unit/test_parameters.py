@@ -13,6 +13,7 @@ import pytest
 from shardflow.errors import QueryError, SqlSyntaxError
 from shardflow.sql import parameters
 from shardflow.sql.parameters import bind
+from shardflow.sql.shapes import shape_of
 
 VALUES = [
     7, -2.5, "it's; DROP TABLE t --", None, True, decimal.Decimal("12.50"),
@@ -69,3 +70,26 @@ def test_bad_parameters_are_refused_with_what_is_wrong(
 def test_malformed_sql_is_a_syntax_error() -> None:
     with pytest.raises(SqlSyntaxError):
         bind("SELEC ? FROM", [1])
+
+
+def test_a_value_never_joins_the_token_before_it() -> None:
+    con = duckdb.connect()
+    assert con.sql(bind("SELECT 5 -? AS v, ?AS w", [-2, 3])).fetchall() == [(7, 3)]
+
+
+def test_a_query_text_is_parsed_once_and_its_bindings_share_a_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    query = "SELECT * FROM t WHERE k = ? AND d < ? AND s IN (?, ?)"
+    day = datetime.date(2024, 1, 1)
+    first = bind(query, [1, day, "a", "b"])
+    parses: list[str] = []
+    original = parameters.sqlglot.parse_one
+    monkeypatch.setattr(
+        parameters.sqlglot, "parse_one", lambda sql, **kw: parses.append(sql) or original(sql, **kw)
+    )
+    second = bind(query, [2, day + datetime.timedelta(days=1), "it's", "c"])
+    assert parses == []
+    a, b = shape_of(first), shape_of(second)
+    assert a is not None and b is not None
+    assert a.key == b.key and len(a.values) == 4 and a.values != b.values

@@ -47,7 +47,7 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
-from shardflow.sql.parameters import bind_parsed
+from shardflow.sql.parameters import bind
 
 if TYPE_CHECKING:
     from shardflow.api import Database
@@ -775,10 +775,10 @@ def _matches(pattern: str, name: str) -> bool:
 
 def _substitute(prepared: _Prepared, values: list[Any]) -> str:
     """The statement with each placeholder replaced by its bound value as a literal
-    (``?`` in order; ``$n`` by number), by position: parameter columns' names vary."""
-    if prepared.statement is None:
-        raise QueryError("the prepared statement was not parsed")
-    return bind_parsed(prepared.statement, values)
+    (``?`` in order; ``$n`` by number), by position: parameter columns' names vary. The
+    text was parsed when it was prepared: executions only splice values into it, so the
+    plan of its shape is reused (see :func:`shardflow.sql.parameters.bind`)."""
+    return bind(prepared.query, values)
 
 
 def _parse(query: str) -> Any:

@@ -87,8 +87,9 @@ def test_the_open_page_shows_a_new_node_and_a_migration(tmp_path: Path, chromium
         before = placement()
         view = wait_for_page(
             page,
-            lambda v: v["updates"] >= 1 and dict(v["shards"]) == before,
-            "the two nodes' shards",
+            # query outcomes reach the coordinator in batches (every 0.25 s): wait for them
+            lambda v: v["updates"] >= 1 and dict(v["shards"]) == before and v["qps"] > 0,
+            "the two nodes' shards and the queries' rate",
         )
         assert [n["name"] for n in view["nodes"]] == ["node-0", "node-1"]
         assert all(n["alive"] == "yes" and n["device"].startswith("cpu") for n in view["nodes"])

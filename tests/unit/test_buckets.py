@@ -2,12 +2,19 @@
 
 import datetime
 import itertools
+import random
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardflow.catalog.buckets import bucket_of, hash_keys, key_family, split_range
+from shardflow.catalog.buckets import (
+    bucket_of,
+    buckets_of_values,
+    hash_keys,
+    key_family,
+    split_range,
+)
 
 
 def test_integer_hash_is_pinned() -> None:
@@ -79,3 +86,18 @@ def test_split_range_covers_without_gaps() -> None:
     assert {hi - lo for lo, hi in ranges} <= {42, 43}
     with pytest.raises(ValueError):
         split_range(0, 4, 5)
+
+
+def test_a_few_values_hash_to_the_buckets_of_a_column_holding_them() -> None:
+    rng = random.Random(7)
+    numbers = [0, 1, -1, 2**63 - 1, -(2**63), *(rng.randrange(-(2**63), 2**63) for _ in range(500))]
+    for n_buckets in (1, 7, 256, 1 << 20):
+        expected = bucket_of(pa.array(numbers, pa.int64()), n_buckets).tolist()
+        assert buckets_of_values(numbers, n_buckets) == expected
+        small = [n for n in numbers if -(2**31) <= n < 2**31]
+        assert (
+            buckets_of_values(small, n_buckets)
+            == bucket_of(pa.array(small, pa.int32()), n_buckets).tolist()
+        )
+    words = ["", "a", "it's", "ünïcode ✓", *(f"key-{rng.random()}" for _ in range(200))]
+    assert buckets_of_values(words, 256) == bucket_of(pa.array(words), 256).tolist()

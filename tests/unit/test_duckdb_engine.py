@@ -95,3 +95,22 @@ def test_a_view_is_inlined_only_where_it_reads_the_same() -> None:
     assert with_views("(SELECT 1) UNION (SELECT 2)", views) is None
     assert with_views("WITH t AS (SELECT 1) SELECT * FROM t", views) is None
     assert with_views('WITH "t" AS (SELECT 1) SELECT * FROM t', views) is None
+
+
+def test_memory_is_read_while_other_threads_read_it_too() -> None:
+    engine = DuckDBEngine(threads=1)
+    errors: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            for _ in range(200):
+                engine.memory()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=look) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []

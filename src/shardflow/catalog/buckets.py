@@ -102,6 +102,27 @@ def bucket_of(column: pa.Array | pa.ChunkedArray, n_buckets: int) -> np.ndarray:
     return (hash_keys(column) % np.uint64(n_buckets)).astype(np.int32)
 
 
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64_scalar(value: int) -> int:
+    """:func:`_splitmix64` of one integer, in plain Python (for a few constants, where
+    building arrays costs far more than hashing)."""
+    z = ((value & _MASK) + int(_GOLDEN)) & _MASK
+    z = ((z ^ (z >> 30)) * int(_M1)) & _MASK
+    z = ((z ^ (z >> 27)) * int(_M2)) & _MASK
+    return z ^ (z >> 31)
+
+
+def buckets_of_values(values: list[int] | list[str], n_buckets: int) -> list[int]:
+    """The bucket of each of a few integer or string key values, as :func:`bucket_of`
+    computes for a column holding them (a routed query's constants)."""
+    return [
+        (_hash_bytes(v) if isinstance(v, str) else _splitmix64_scalar(v)) % n_buckets
+        for v in values
+    ]
+
+
 def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     """Cut [lo, hi) into ``parts`` contiguous ranges of near-equal width."""
     if parts < 1 or parts > hi - lo:

@@ -74,10 +74,14 @@ class DuckDBEngine:
 
     def memory(self) -> tuple[int, int]:
         """(bytes DuckDB holds in memory, bytes it has spilled to its temp directory)."""
-        row = self._database.execute(
-            "SELECT coalesce(sum(memory_usage_bytes), 0), "
-            "coalesce(sum(temporary_storage_bytes), 0) FROM duckdb_memory()"
-        ).fetchone()
+        cursor = self._database.cursor()  # the shared connection refuses a second caller
+        try:
+            row = cursor.execute(
+                "SELECT coalesce(sum(memory_usage_bytes), 0), "
+                "coalesce(sum(temporary_storage_bytes), 0) FROM duckdb_memory()"
+            ).fetchone()
+        finally:
+            cursor.close()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def run(

@@ -47,6 +47,8 @@ from shardflow.runtime.ray_workers import (
     RaySourceLink,
     RayWorkers,
     coordinator_actor_name,
+    from_wire,
+    to_wire,
     worker_actor_name,
 )
 from shardflow.runtime.raynode import NAME_LABEL
@@ -477,16 +479,18 @@ class WorkerService:
         epoch: int,
         names: list[str],
         profile: bool,
-        *parts: pa.Table,
-    ) -> tuple[pa.Table, FragmentStats]:
-        """Two answers: the result stays in the object store for whoever needs it (the
-        client, or the workers of a later stage) while the caller learns what was measured.
-        An input may come in several parts (the fragment results of an earlier stage)."""
+        *parts: pa.Table | pa.Buffer,
+    ) -> tuple[pa.Buffer, FragmentStats]:
+        """Two answers: the result (as :func:`to_wire` writes it) stays in the object store
+        for whoever needs it (the client, or the workers of a later stage) while the caller
+        learns what was measured. An input may come in several parts (the fragment results
+        of an earlier stage)."""
         inputs: dict[str, list[pa.Table]] = {}
         for name, part in zip(names, parts, strict=True):
-            inputs.setdefault(name, []).append(part)
+            inputs.setdefault(name, []).append(from_wire(part))
         tables = {name: concat(chunks) for name, chunks in inputs.items()}
-        return self.node.execute(sql, bindings, epoch, tables, profile)
+        result, stats = self.node.execute(sql, bindings, epoch, tables, profile)
+        return to_wire(result), stats
 
     # -- a live move, as its source -----------------------------------------------------------
     @ray.method

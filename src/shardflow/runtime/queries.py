@@ -112,7 +112,7 @@ class PlanCache:
     def plan(self, sql: str, catalog: Catalog) -> PlannedQuery:
         """``sql``'s plan against ``catalog``, from the cache when it can be."""
         started = time.perf_counter()
-        shape = shape_of(sql)
+        shape = shape_of(sql) if isinstance(sql, str) else None
         if shape is None or not shape.values:
             return self._planned(sql, catalog)
         key = (shape.key, catalog.version)
@@ -132,7 +132,7 @@ class PlanCache:
     def replace(self, sql: str, catalog: Catalog, planned: PlannedQuery) -> None:
         """Keep ``planned`` for ``sql`` (a plan that replaced the planner's, see
         :func:`answer`); the queries of its shape are planned one by one from now on."""
-        shape = shape_of(sql)
+        shape = shape_of(sql) if isinstance(sql, str) else None
         if shape is not None and shape.values:
             self._put(self._shapes, (shape.key, catalog.version), _UNSHAPED)
         self._put(self._exact, (sql, catalog.version), planned)

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+import pyarrow as pa
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
@@ -28,7 +29,6 @@ from shardflow.runtime.protocol import (
 
 if TYPE_CHECKING:
     import numpy as np
-    import pyarrow as pa
     from ray import ObjectRef
     from ray.actor import ActorProxy
 
@@ -97,6 +97,24 @@ class RayReply(Generic[T]):
             return ray.get(self.ref, timeout=timeout)
         except Exception as error:
             raise translate(error, self.who) from None
+
+
+def to_wire(table: pa.Table) -> pa.Buffer:
+    """A fragment's result as one Arrow IPC buffer: Ray pickles an Arrow table column by
+    column and buffer by buffer in Python (~0.4 ms for a one-row, nine-column answer, more
+    than the query), an IPC buffer in one piece (~0.02 ms each way)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def from_wire(value: pa.Table | pa.Buffer) -> pa.Table:
+    """A result sent by :func:`to_wire` (or a table put as it is) as a table."""
+    if isinstance(value, pa.Table):
+        return value
+    with pa.ipc.open_stream(value) as reader:
+        return reader.read_all()
 
 
 def rows_arg(rows: pa.Table | SharedRows) -> Any:

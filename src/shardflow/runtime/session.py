@@ -55,7 +55,7 @@ from shardflow.runtime.protocol import (
     WorkerInfo,
 )
 from shardflow.runtime.queries import Binder, PlanCache, PlannedQuery, answer
-from shardflow.runtime.ray_workers import RayReply, ResultLost
+from shardflow.runtime.ray_workers import RayReply, ResultLost, from_wire
 from shardflow.runtime.worker import REPLICA, local_folder
 from shardflow.sql import Stage, explain
 from shardflow.storage.conform import conform
@@ -561,23 +561,27 @@ class Session:
 
     def close(self) -> None:
         self.closed.set()
-        self._tally.flush()
+        self._tally.close()
         self.engine.close()
 
 
 class QueryTally:
     """Queries' outcomes for the coordinator's metrics, sent in batches: at most every
     :data:`TALLY_INTERVAL_S` (one call instead of one per query, which at hundreds of
-    short queries a second costs the coordinator and the client more than the queries)."""
+    short queries a second costs the coordinator and the client more than the queries).
+    Nothing is sent once :meth:`close` returns (Ray may be gone then)."""
 
     def __init__(self, send: Callable[[list[tuple[float, bool]]], object]) -> None:
         self._send = send
         self._lock = threading.Lock()
         self._pending: list[tuple[float, bool]] = []
         self._timer: threading.Timer | None = None
+        self._closed = False
 
     def add(self, seconds: float, ok: bool) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._pending.append((seconds, ok))
             if self._timer is None:
                 self._timer = threading.Timer(TALLY_INTERVAL_S, self.flush)
@@ -585,11 +589,21 @@ class QueryTally:
                 self._timer.start()
 
     def flush(self) -> None:
+        """Send what is pending (sent under the lock, so never after :meth:`close`)."""
         with self._lock:
-            batch, self._pending = self._pending, []
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._send_locked()
+
+    def close(self) -> None:
+        """Send what is pending, and nothing after."""
+        with self._lock:
+            self._send_locked()
+            self._closed = True
+
+    def _send_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
         if batch:
             try:
                 self._send(batch)
@@ -624,7 +638,7 @@ class _RayOutput:
     def table(self) -> pa.Table:
         if self._table is None:
             started = time.perf_counter()
-            self._table = RayReply(self.ref, "a fragment result").get()
+            self._table = from_wire(RayReply(self.ref, "a fragment result").get())
             self.transfer_seconds = time.perf_counter() - started
         return self._table
 

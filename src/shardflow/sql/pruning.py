@@ -18,7 +18,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from shardflow.catalog import Catalog, TableSpec
-from shardflow.catalog.buckets import bucket_of, key_family
+from shardflow.catalog.buckets import buckets_of_values, key_family
 
 MAX_PRUNED_VALUES = 64
 """An IN-list longer than this scatters as usual (it would reach most shards anyway)."""
@@ -137,19 +137,24 @@ def _buckets(
     literals are pruned: they hash exactly as the stored values)."""
     key_type = spec.schema.field(spec.key).type
     family = key_family(key_type)
-    values: list[object] = []
+    if family == "string" and all(is_string for _, is_string in constants):
+        return set(buckets_of_values([text for text, _ in constants], n_buckets))
+    if family != "integer" or not pa.types.is_integer(key_type):
+        return None
+    numbers: list[int] = []
     for text, is_string in constants:
-        if family == "integer" and pa.types.is_integer(key_type) and not is_string:
-            try:
-                values.append(int(text))
-            except ValueError:
-                return None
-        elif family == "string" and is_string:
-            values.append(text)
-        else:
+        if is_string or not text.lstrip("-").isdigit():
             return None
-    try:
-        column = pa.array(values, type=key_type)
-    except (pa.ArrowInvalid, OverflowError):
-        return None  # a constant the key cannot hold: no row matches; leave it to DuckDB
-    return {int(b) for b in bucket_of(column, n_buckets)}
+        number = int(text)
+        if not _fits(number, key_type):
+            return None  # a constant the key cannot hold: no row matches; leave it to DuckDB
+        numbers.append(number)
+    return set(buckets_of_values(numbers, n_buckets))
+
+
+def _fits(value: int, key_type: pa.DataType) -> bool:
+    """Whether ``value`` is a value of the integer type ``key_type``."""
+    bits = int(key_type.bit_width)
+    if pa.types.is_signed_integer(key_type):
+        return -(1 << (bits - 1)) <= value < (1 << (bits - 1))
+    return 0 <= value < (1 << bits)

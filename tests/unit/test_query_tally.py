@@ -1,0 +1,33 @@
+"""Query outcomes reach the coordinator in batches, and never after the session closed
+(a call into Ray after it shut down takes the whole process down)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shardflow.runtime import session
+from shardflow.runtime.session import QueryTally
+
+
+def test_outcomes_are_sent_in_batches_and_nothing_after_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(session, "TALLY_INTERVAL_S", 0.05)
+    sent: list[list[tuple[float, bool]]] = []
+    tally = QueryTally(sent.append)
+    for i in range(100):
+        tally.add(0.001 * i, i % 10 != 0)
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sent) == 1 and len(sent[0]) == 100, "one call for the hundred queries"
+    assert sum(not ok for _, ok in sent[0]) == 10
+    tally.add(0.5, True)
+    tally.close()  # what is pending goes now
+    assert sent[-1] == [(0.5, True)]
+    tally.add(0.7, False)  # a call that was in flight at close ends after it
+    tally.flush()
+    time.sleep(0.2)
+    assert sent[-1] == [(0.5, True)] and len(sent) == 2

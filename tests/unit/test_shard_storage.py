@@ -2,6 +2,9 @@
 Real files in a temporary directory; a crash is simulated by dropping the in-memory shard
 and rebuilding it from disk."""
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from shardflow.catalog import DataDir
+from shardflow.catalog import store as store_module
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -127,3 +131,93 @@ def test_wrong_schema_is_refused(tmp_path: Path) -> None:
 
 def shard_folder_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
+
+
+def _slow_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Count folder syncs, and make file syncs take a moment (as on a real disk), so that
+    appends from several threads meet while one is being written."""
+    synced: list[str] = []
+    real_fsync, real_fsync_dir = os.fsync, store_module.fsync_dir
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.002)
+        real_fsync(fd)
+
+    def counted(directory: str) -> None:
+        synced.append(directory)
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    monkeypatch.setattr(store_module, "fsync_dir", counted)
+    return synced
+
+
+def test_concurrent_appends_are_group_committed_and_each_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = shard_at(tmp_path, CheckpointPolicy(max_wal_entries=10_000))
+    shard.commit_load()
+    synced = _slow_syncs(monkeypatch)
+    threads, each = 8, 25
+    results: list[object] = []
+
+    def client(n: int) -> None:
+        for i in range(each):
+            start = (n * each + i) * 10
+            results.append(shard.append(rows(start, 10), f"b-{n}-{i}"))
+
+    workers = [threading.Thread(target=client, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    appended = threads * each
+    assert sorted(r.lsn for r in results) == list(range(1, appended + 1))  # type: ignore[attr-defined]
+    assert not any(r.duplicate for r in results)  # type: ignore[attr-defined]
+    assert len(synced) < appended / 2, "appends that met were logged with one folder sync"
+    recovered = reopened(tmp_path)
+    assert ids(recovered) == list(range(appended * 10))
+    assert recovered.lsn == appended
+
+
+def test_a_batch_sent_twice_at_once_is_applied_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = shard_at(tmp_path)
+    shard.commit_load()
+    _slow_syncs(monkeypatch)
+    buckets = np.array([1, 2, 3, 4])
+    results: list[object] = []
+    barrier = threading.Barrier(6)
+
+    def send(batch: str) -> None:
+        barrier.wait()
+        results.append(shard.append(rows(0, 4), batch, buckets))
+
+    senders = [threading.Thread(target=send, args=(f"b{i % 3}",)) for i in range(6)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    assert sum(not r.duplicate for r in results) == 3  # type: ignore[attr-defined]
+    assert shard.rows == 12 and reopened(tmp_path).rows == 12
+
+
+def test_a_group_whose_log_cannot_be_written_fails_whole_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = shard_at(tmp_path)
+    shard.commit_load()
+    shard.append(rows(0, 2), "kept")
+
+    def full_disk(directory: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "fsync_dir", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        shard.append(rows(100, 2), "lost")
+    monkeypatch.undo()
+    assert ids(shard) == [0, 1] and shard.lsn == 1
+    assert ids(reopened(tmp_path)) == [0, 1]  # the failed entry's file is gone too
+    assert not shard.append(rows(100, 2), "lost").duplicate  # its retry is applied
+    assert ids(reopened(tmp_path)) == [0, 1, 100, 101]

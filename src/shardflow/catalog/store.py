@@ -99,18 +99,31 @@ class DataDir:
             )
 
     def write_atomic(
-        self, path: str, data: bytes, *, sync: bool = True, fenced: bool = True
+        self,
+        path: str,
+        data: bytes,
+        *,
+        sync: bool = True,
+        fenced: bool = True,
+        sync_dir: bool = True,
     ) -> None:
         """Write ``data`` so that ``path`` holds either nothing or all of it; durably (on
         disk before returning) unless ``sync`` is False. ``fenced`` (the default) checks
-        ownership first."""
+        ownership first. With ``sync_dir`` False the file is synced but not its folder: the
+        caller syncs the folder (:meth:`sync_dir`) before relying on the file."""
         if fenced:
             self.check_owner()
         if self.local:
-            write_local_durable(path, data, sync=sync)
+            write_local_durable(path, data, sync=sync, sync_dir=sync_dir)
             return
         with self.fs.open_output_stream(path) as out:
             out.write(data)
+
+    def sync_dir(self, path: str) -> None:
+        """Make the files created under ``path`` durable in its listing (local disks; other
+        filesystems have no such step)."""
+        if self.local:
+            fsync_dir(path)
 
     def list(self, path: str) -> list[str]:
         """Base names of the files directly under ``path`` (empty when it is missing)."""
@@ -139,7 +152,9 @@ class DataDir:
             pass
 
 
-def write_local_durable(path: str, data: bytes, *, sync: bool = True) -> None:
+def write_local_durable(
+    path: str, data: bytes, *, sync: bool = True, sync_dir: bool = True
+) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
@@ -149,7 +164,7 @@ def write_local_durable(path: str, data: bytes, *, sync: bool = True) -> None:
         if sync:
             os.fsync(out.fileno())
     os.replace(tmp, path)
-    if sync:
+    if sync and sync_dir:
         fsync_dir(directory)
 
 

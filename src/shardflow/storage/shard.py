@@ -8,6 +8,7 @@ row store: Arrow batches (:class:`ArrowRows`), or an engine's native table on a 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +28,7 @@ from shardflow.storage.shard_store import (
 )
 
 FENCE_WAIT_S = 10.0
+log = logging.getLogger(__name__)
 """How long an insert waits at a fence before it asks its client to retry."""
 
 COMPACT_TAIL_BATCHES = 32
@@ -48,6 +50,19 @@ class AppendResult:
     duplicate: bool
     appended: pa.Table | None = None
     """The rows that were new (all of them, unless a retry brought some twice)."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    """An append waiting to be group-committed, and then its outcome."""
+
+    table: pa.Table
+    batch_id: str
+    buckets: np.ndarray | None
+    lsn: int | None
+    done: bool = False
+    result: AppendResult | None = None
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +183,9 @@ class Shard:
         self._wal_entries = 0
         self._wal_bytes = 0
         self._lock = threading.Condition()
+        self._queue: list[_Pending] = []
+        """Appends waiting for the next group commit (see :meth:`append`)."""
+        self._queue_lock = threading.Lock()
         self._tap: list[Change] | None = None
         self.fenced = False
         self.retired = False
@@ -231,38 +249,105 @@ class Shard:
         dropped, so a retried insert is applied once even if the shard was split or merged
         in between. ``buckets`` gives each row's bucket; without it the batch is all or
         nothing (replicated tables). ``lsn`` replays an insert another copy of this shard
-        logged under that number (a live move that keeps the shard's files)."""
-        table = table.cast(self.schema)
+        logged under that number (a live move that keeps the shard's files).
+
+        Appends that arrive while another is being written are *group-committed*: the next
+        writer logs them all (a file each) with one directory sync and adds their rows to
+        the shard in one step; each is still acknowledged only once its entry is durable."""
+        pending = _Pending(table.cast(self.schema), batch_id, buckets, lsn)
+        with self._queue_lock:
+            self._queue.append(pending)
         with self._lock:
-            if not self._lock.wait_for(lambda: not self.fenced or self.retired, FENCE_WAIT_S):
+            if not self._lock.wait_for(
+                lambda: pending.done or not self.fenced or self.retired, FENCE_WAIT_S
+            ):
+                with self._queue_lock:
+                    if pending in self._queue:
+                        self._queue.remove(pending)
                 raise Retryable(f"{self.store.folder} is fenced for a move; retry")
+            if not pending.done:
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                self._commit(group)
+        if pending.error is not None:
+            raise pending.error
+        assert pending.result is not None
+        return pending.result
+
+    def _commit(self, group: list[_Pending]) -> None:
+        """Log and apply ``group`` (under the lock): admit each (duplicates, LSNs), write
+        their log entries, sync the directory once, then apply them in order."""
+        admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]] = []
+        added: dict[str, list[int] | None] = {}
+        next_lsn = self.lsn
+        for entry in group:
+            entry.done = True
             if self.retired:
-                raise Moved(self.store.folder, -1)
-            held = self._applied.get(batch_id, [])
-            if batch_id in self._applied and (held is None or buckets is None):
-                return AppendResult(self.lsn, 0, duplicate=True)
+                entry.error = Moved(self.store.folder, -1)
+                continue
+            table, buckets = entry.table, entry.buckets
+            known = entry.batch_id in self._applied or entry.batch_id in added
+            held = self._applied.get(entry.batch_id, [])
+            if entry.batch_id in added:
+                held = merge_buckets(held, added[entry.batch_id])
+            if known and (held is None or buckets is None):
+                entry.result = AppendResult(next_lsn, 0, duplicate=True)
+                continue
             if buckets is not None and held:
                 fresh = ~np.isin(buckets, held)
                 if not fresh.any():
-                    return AppendResult(self.lsn, 0, duplicate=True)
+                    entry.result = AppendResult(next_lsn, 0, duplicate=True)
+                    continue
                 table, buckets = table.filter(pa.array(fresh)), buckets[fresh]
             present = sorted({int(b) for b in np.unique(buckets)}) if buckets is not None else None
-            lsn = self.lsn + 1 if lsn is None else lsn
-            if self.writer:
-                self._wal_bytes += self.store.append_wal(table, lsn, batch_id, present)
-                self._wal_entries += 1
+            next_lsn = next_lsn + 1 if entry.lsn is None else entry.lsn
+            added[entry.batch_id] = merge_buckets(added.get(entry.batch_id, []), present)
+            admitted.append((entry, table, buckets, present, next_lsn))
+        try:
+            self._apply(admitted)
+        except Exception as error:  # a failing disk or engine: the group's appends fail
+            for entry in group:
+                if entry.result is None and entry.error is None:
+                    entry.error = error
+        finally:
+            self._lock.notify_all()
+
+    def _apply(
+        self, admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]]
+    ) -> None:
+        if not admitted:
+            return
+        if self.writer:
+            written: list[tuple[int, str, int]] = []
+            try:
+                for entry, table, _, present, lsn in admitted:
+                    size = self.store.append_wal(
+                        table, lsn, entry.batch_id, present, sync_dir=False
+                    )
+                    written.append((lsn, entry.batch_id, size))
+                self.store.sync_dir()  # one directory sync for the whole group
+            except OSError:
+                for lsn, batch_id, _ in written:
+                    self.store.discard_wal(lsn, batch_id)
+                raise
+            self._wal_bytes += sum(size for *_, size in written)
+            self._wal_entries += len(admitted)
+        self.data.append(pa.concat_tables([table for _, table, *_ in admitted]))
+        for entry, table, buckets, present, lsn in admitted:
             self.lsn = lsn
-            self.data.append(table)
-            self._remember(batch_id, present)
+            self._remember(entry.batch_id, present)
             if self._tap is not None:
-                self._tap.append(Change(lsn, batch_id, table, buckets))
-            due = self.writer and (
-                self._wal_entries >= self.policy.max_wal_entries
-                or self._wal_bytes >= self.policy.max_wal_bytes
-            )
-            if due:
+                self._tap.append(Change(lsn, entry.batch_id, table, buckets))
+            entry.result = AppendResult(lsn, table.num_rows, duplicate=False, appended=table)
+        due = self.writer and (
+            self._wal_entries >= self.policy.max_wal_entries
+            or self._wal_bytes >= self.policy.max_wal_bytes
+        )
+        if due:
+            try:
                 self._checkpoint_locked()
-        return AppendResult(lsn, table.num_rows, duplicate=False, appended=table)
+            except OSError as error:  # the appends are durable in the log: the next one retries
+                log.warning("checkpoint of %s failed: %s", self.store.folder, error)
 
     def checkpoint(self) -> None:
         with self._lock:

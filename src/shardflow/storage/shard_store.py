@@ -55,18 +55,40 @@ class ShardStore:
         data_dir.fs.create_dir(self.folder, recursive=True)
 
     def append_wal(
-        self, table: pa.Table, lsn: int, batch_id: str, buckets: list[int] | None = None
+        self,
+        table: pa.Table,
+        lsn: int,
+        batch_id: str,
+        buckets: list[int] | None = None,
+        *,
+        sync_dir: bool = True,
     ) -> int:
         """Persist one insert (and which buckets of its batch it holds); returns the bytes
-        written."""
+        written. With ``sync_dir`` False the entry's file is synced but not the folder's
+        listing: the caller calls :meth:`sync_dir` once for several entries before any of
+        them is acknowledged (a group commit)."""
         metadata = {b"shardflow.buckets": json.dumps(buckets).encode()}
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         payload = sink.getvalue().to_pybytes()
-        self._dir.write_atomic(self._path(f"wal-{lsn:012d}-{batch_id}.arrow"), payload)
+        self._dir.write_atomic(
+            self._path(f"wal-{lsn:012d}-{batch_id}.arrow"), payload, sync_dir=sync_dir
+        )
         return len(payload)
+
+    def discard_wal(self, lsn: int, batch_id: str) -> None:
+        """Remove a log entry that was written but not acknowledged (best effort: its group
+        failed), so that a restart does not bring back rows the client was told failed."""
+        try:
+            self._dir.delete(self._path(f"wal-{lsn:012d}-{batch_id}.arrow"))
+        except OSError:
+            pass
+
+    def sync_dir(self) -> None:
+        """Make the files written in this shard's folder so far part of its durable listing."""
+        self._dir.sync_dir(self.folder)
 
     def write_base(
         self, table: pa.Table, lsn: int, applied: Mapping[str, list[int] | None]

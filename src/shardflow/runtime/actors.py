@@ -237,16 +237,14 @@ class CoordinatorService:
         return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     @ray.method
-    def record_queries(self, outcomes: list[tuple[float, bool]]) -> None:
-        """Queries' (seconds, succeeded), sent in batches by each session."""
+    def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> None:
+        """Queries' (seconds, succeeded) and inserts' row counts, sent in batches by each
+        session."""
         if self.controller.recorder is not None:
-            for seconds, ok in outcomes:
+            for seconds, ok in queries:
                 self.controller.recorder.query(seconds, ok)
-
-    @ray.method
-    def record_insert(self, rows: int) -> None:
-        if self.controller.recorder is not None:
-            self.controller.recorder.insert(rows)
+            for rows in inserts:
+                self.controller.recorder.insert(rows)
 
     @ray.method
     def record_access(self, denied_action: str | None) -> None:

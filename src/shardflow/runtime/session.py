@@ -125,7 +125,7 @@ class Session:
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
         self._plans = PlanCache(Binder(self.engine), self.settings.plan_cache_size)
-        self._tally = QueryTally(lambda batch: handle.coordinator.record_queries.remote(batch))
+        self._tally = Tally(handle.coordinator.record_outcomes.remote)
         self.closed = threading.Event()
         """Set by :meth:`close`: retries stop, and calls in flight end."""
         self.results_held = threading.Event()
@@ -199,9 +199,9 @@ class Session:
         try:
             answer = self._query(sql)
         except Error:
-            self._tally.add(time.perf_counter() - started, False)
+            self._tally.query(time.perf_counter() - started, False)
             raise
-        self._tally.add(time.perf_counter() - started, True)
+        self._tally.query(time.perf_counter() - started, True)
         return answer
 
     def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
@@ -244,7 +244,7 @@ class Session:
         else:
             self._insert_distributed(spec, table, batch_id)
         rows = int(table.num_rows)
-        self.handle.coordinator.record_insert.remote(rows)
+        self._tally.insert(rows)
         return rows
 
     def record_access(self, denied_action: str | None) -> None:
@@ -565,28 +565,37 @@ class Session:
         self.engine.close()
 
 
-class QueryTally:
-    """Queries' outcomes for the coordinator's metrics, sent in batches: at most every
-    :data:`TALLY_INTERVAL_S` (one call instead of one per query, which at hundreds of
-    short queries a second costs the coordinator and the client more than the queries).
-    Nothing is sent once :meth:`close` returns (Ray may be gone then)."""
+class Tally:
+    """Queries' outcomes and inserts' row counts for the coordinator's metrics, sent in
+    batches: at most every :data:`TALLY_INTERVAL_S` (one call instead of one per query or
+    insert, which at hundreds a second costs the coordinator and the client more than the
+    work). Nothing is sent once :meth:`close` returns (Ray may be gone then)."""
 
-    def __init__(self, send: Callable[[list[tuple[float, bool]]], object]) -> None:
+    def __init__(self, send: Callable[[list[tuple[float, bool]], list[int]], object]) -> None:
         self._send = send
         self._lock = threading.Lock()
-        self._pending: list[tuple[float, bool]] = []
+        self._queries: list[tuple[float, bool]] = []
+        self._inserts: list[int] = []
         self._timer: threading.Timer | None = None
         self._closed = False
 
-    def add(self, seconds: float, ok: bool) -> None:
+    def query(self, seconds: float, ok: bool) -> None:
         with self._lock:
-            if self._closed:
-                return
-            self._pending.append((seconds, ok))
-            if self._timer is None:
-                self._timer = threading.Timer(TALLY_INTERVAL_S, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+            if not self._closed:
+                self._queries.append((seconds, ok))
+                self._soon()
+
+    def insert(self, rows: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._inserts.append(rows)
+                self._soon()
+
+    def _soon(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(TALLY_INTERVAL_S, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
 
     def flush(self) -> None:
         """Send what is pending (sent under the lock, so never after :meth:`close`)."""
@@ -603,12 +612,13 @@ class QueryTally:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
-        if batch:
+        queries, inserts = self._queries, self._inserts
+        self._queries, self._inserts = [], []
+        if queries or inserts:
             try:
-                self._send(batch)
+                self._send(queries, inserts)
             except Exception as error:  # metrics only: a query never fails for them
-                log.debug("query outcomes not recorded: %s", error)
+                log.debug("outcomes not recorded: %s", error)
 
 
 def _hex_id(text: str) -> str:

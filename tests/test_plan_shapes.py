@@ -41,7 +41,7 @@ def _other_constants(sql: str, step: int = 1) -> str:
     [
         ("SELECT * FROM t WHERE k = 1", "SELECT * FROM t WHERE k = 276898"),
         ("SELECT * FROM t WHERE k IN (1, 2)", "SELECT * FROM t WHERE k IN (7, 8)"),
-        ("SELECT * FROM t WHERE s = 'a'", "select * from t where s = 'it''s'"),
+        ("SELECT * FROM t WHERE s = 'a'", "SELECT * FROM t WHERE s = 'it''s'"),
         (
             "SELECT * FROM t WHERE d < DATE '1995-01-01'",
             "SELECT * FROM t WHERE d < DATE '2000-01-01'",
@@ -70,6 +70,16 @@ def test_queries_differing_in_compared_constants_share_a_shape(first: str, secon
         ("SELECT * FROM t WHERE k IN (1, 2)", "SELECT * FROM t WHERE k IN (1, 2, 3)"),
         ("SELECT * FROM t WHERE k = 1", "SELECT * FROM u WHERE k = 1"),
         ("SELECT CASE WHEN x = 1 THEN 'a' END", "SELECT CASE WHEN x = 1 THEN 'b' END"),
+        # constants of other kinds are kept as written, compared or not
+        ("SELECT * FROM t WHERE b = e'\\x01'", "SELECT * FROM t WHERE b = e'\\x02'"),
+        ("SELECT * FROM t WHERE b = x'1F'", "SELECT * FROM t WHERE b = x'2F'"),
+        ("SELECT * FROM t WHERE s = $$a$$", "SELECT * FROM t WHERE s = $$b$$"),
+        ("SELECT * FROM t WHERE x = 1e3", "SELECT * FROM t WHERE x = 2e3"),
+        ("SELECT a AS date FROM t WHERE k = 1", "SELECT a AS DATE FROM t WHERE k = 1"),
+        (
+            "SELECT * FROM t WHERE x = INTERVAL '1' DAY",
+            "SELECT * FROM t WHERE x = INTERVAL '1' HOUR",
+        ),
     ],
 )
 def test_constants_that_shape_the_answer_stay_in_the_shape(first: str, second: str) -> None:

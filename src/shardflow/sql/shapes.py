@@ -56,8 +56,6 @@ _TYPED_STRINGS = frozenset(
     {TokenType.DATE, TokenType.TIMESTAMP, TokenType.TIMESTAMPTZ, TokenType.TIME}
 )
 """Type names that may prefix a string constant: ``DATE '1995-03-15'``."""
-_WORDS = frozenset({TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING, TokenType.NUMBER})
-"""Tokens whose text is part of the shape (other tokens are told apart by their type)."""
 _TOKENIZER = Dialect.get_or_raise(DIALECT)
 _DECIMAL = re.compile(r"(\d+)\.(\d+)")
 _SENTINEL_BASE = 7_340_000_000_000_000
@@ -95,10 +93,8 @@ def shape_of(sql: str) -> Shape | None:
             values.append(_as_sql(token.text, kind))
             kinds.append(kind)
             spans.append((token.start, token.end))
-        elif token.token_type in _WORDS:
+        else:  # every other token as written (a keyword's spelling may name a column)
             key.append((token.token_type, token.text))
-        else:
-            key.append(token.token_type)
     return Shape(tuple(key), tuple(values), tuple(raw), tuple(kinds), tuple(spans))
 
 

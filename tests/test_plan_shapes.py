@@ -158,14 +158,15 @@ def test_bound_plans_route_by_the_new_constants_and_answer_like_duckdb(
 
 def test_a_shape_whose_plan_depends_on_a_constant_is_planned_query_by_query() -> None:
     catalog = Catalog()
-    shape = shape_of("SELECT 1 WHERE 1 = 1")
+    sql = "SELECT 1 AS one WHERE 1 = 1"
+    shape = shape_of(sql)
     assert shape is not None
     cache = PlanCache(Binder(DuckDBEngine(threads=1)), 8)
-    planned = cache.plan("SELECT 1 WHERE 1 = 1", catalog)
+    planned = cache.plan(sql, catalog)
     # a template is checked against the planner's own plan: one that differs is refused
-    other = plan_query("SELECT 2 WHERE 1 = 1", catalog, cache.binder).plan
-    assert make_template(shape, "SELECT 1 WHERE 1 = 1", other, catalog) is None
-    assert make_template(shape, "SELECT 1 WHERE 1 = 1", planned.plan, catalog) is not None
+    other = plan_query("SELECT 2 AS one WHERE 1 = 1", catalog, cache.binder).plan
+    assert make_template(shape, sql, other, catalog) is None
+    assert make_template(shape, sql, planned.plan, catalog) is not None
 
 
 def test_a_catalog_change_is_a_new_plan(
@@ -179,3 +180,20 @@ def test_a_catalog_change_is_a_new_plan(
     rekeyed.create_table("o", ORDERS, distributed_by="v")  # the same name, another key
     newer = dataclasses.replace(rekeyed.catalog, version=cluster.catalog.version + 1)
     assert cache.plan("SELECT * FROM o WHERE k = 3", newer).plan.result.buckets is None
+
+
+def test_an_answer_named_after_a_compared_constant_keeps_its_own_name(
+    routed: tuple[InMemoryCluster, duckdb.DuckDBPyConnection],
+) -> None:
+    cluster, oracle = routed
+    cache = PlanCache(Binder(DuckDBEngine(threads=1)), 8)
+    for sql in (
+        "SELECT k = 42, v FROM o WHERE k = 42",
+        "SELECT k = 42 AS hit FROM o WHERE k = 42",
+        "SELECT * FROM (SELECT k = 42, v FROM o WHERE k = 42) AS s",
+        "WITH c AS (SELECT k = 42 FROM o WHERE k = 42) SELECT * FROM c",
+    ):
+        cache.plan(sql, cluster.catalog)
+        other = _other_constants(sql)
+        answer = cluster.run_planned(other, cache.plan(other, cluster.catalog))
+        assert answer.column_names == oracle.sql(other).columns

@@ -25,6 +25,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
@@ -221,7 +222,7 @@ def make_template(
     """The template of ``shape``, checked against ``planned`` (the plan the planner made for
     ``sql``); None when the shape has no parameters or its plan depends on them otherwise
     than through the text and the buckets."""
-    if not shape.values:
+    if not shape.values or _names_may_hold_constants(sql):
         return None
     sentinels, raws = _sentinels(shape, sql)
     pieces, last = [], 0
@@ -237,6 +238,42 @@ def make_template(
     if template.bind(shape, sql, catalog) != planned:
         return None
     return template
+
+
+def _names_may_hold_constants(sql: str) -> bool:
+    """Whether a column of the answer may be named after an expression with a constant in
+    it (DuckDB names ``SELECT x = 5`` "(x = 5)"): its name would follow the constant, so
+    the shape cannot keep one answer schema. Looks at the select list that names the answer
+    and, when it has a ``*``, at the derived tables and CTEs the star may expand. Also True
+    when the text does not parse."""
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except SqlglotError:
+        return True
+    top = tree
+    while isinstance(top, exp.SetOperation | exp.Subquery):  # the first branch names them
+        top = top.this
+    if not isinstance(top, exp.Select):
+        return True
+    if _unnamed_constant(top):
+        return True
+    if not any(isinstance(e, exp.Star) or e.find(exp.Star) for e in top.expressions):
+        return False
+    for select in tree.find_all(exp.Select):
+        parent = select.parent
+        derived = isinstance(parent, exp.CTE) or (
+            isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.From | exp.Join)
+        )
+        if derived and _unnamed_constant(select):
+            return True
+    return False
+
+
+def _unnamed_constant(select: exp.Select) -> bool:
+    return any(
+        not isinstance(column, exp.Alias) and any(isinstance(n, exp.Literal) for n in column.walk())
+        for column in select.expressions
+    )
 
 
 def _sentinels(shape: Shape, sql: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

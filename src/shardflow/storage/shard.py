@@ -276,12 +276,29 @@ class Shard:
 
     def _commit(self, group: list[_Pending]) -> None:
         """Log and apply ``group`` (under the lock): admit each (duplicates, LSNs), write
-        their log entries, sync the directory once, then apply them in order."""
+        their log entries, sync the directory once, then apply them in order. Whatever
+        fails, every append of the group ends with its result or its error."""
+        try:
+            self._apply(self._admit(group))
+        except Exception as error:  # a failing disk or engine: the group's appends fail
+            for entry in group:
+                if entry.result is None and entry.error is None:
+                    entry.error = error
+        finally:
+            for entry in group:
+                entry.done = True
+            self._lock.notify_all()
+
+    def _admit(
+        self, group: list[_Pending]
+    ) -> list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]]:
+        """The appends of ``group`` to apply, with their rows, buckets and LSNs: a retried
+        batch's rows this shard holds already (or an earlier append of the group brought)
+        are dropped."""
         admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]] = []
         added: dict[str, list[int] | None] = {}
         next_lsn = self.lsn
         for entry in group:
-            entry.done = True
             if self.retired:
                 entry.error = Moved(self.store.folder, -1)
                 continue
@@ -303,36 +320,29 @@ class Shard:
             next_lsn = next_lsn + 1 if entry.lsn is None else entry.lsn
             added[entry.batch_id] = merge_buckets(added.get(entry.batch_id, []), present)
             admitted.append((entry, table, buckets, present, next_lsn))
-        try:
-            self._apply(admitted)
-        except Exception as error:  # a failing disk or engine: the group's appends fail
-            for entry in group:
-                if entry.result is None and entry.error is None:
-                    entry.error = error
-        finally:
-            self._lock.notify_all()
+        return admitted
 
     def _apply(
         self, admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]]
     ) -> None:
         if not admitted:
             return
-        if self.writer:
-            written: list[tuple[int, str, int]] = []
-            try:
+        written: list[tuple[int, str, int]] = []
+        try:
+            if self.writer:
                 for entry, table, _, present, lsn in admitted:
                     size = self.store.append_wal(
                         table, lsn, entry.batch_id, present, sync_dir=False
                     )
                     written.append((lsn, entry.batch_id, size))
                 self.store.sync_dir()  # one directory sync for the whole group
-            except OSError:
-                for lsn, batch_id, _ in written:
-                    self.store.discard_wal(lsn, batch_id)
-                raise
-            self._wal_bytes += sum(size for *_, size in written)
-            self._wal_entries += len(admitted)
-        self.data.append(pa.concat_tables([table for _, table, *_ in admitted]))
+            self.data.append(pa.concat_tables([table for _, table, *_ in admitted]))
+        except Exception:  # nothing of the group is applied: its log entries go too
+            for lsn, batch_id, _ in written:
+                self.store.discard_wal(lsn, batch_id)
+            raise
+        self._wal_bytes += sum(size for *_, size in written)
+        self._wal_entries += len(written)
         for entry, table, buckets, present, lsn in admitted:
             self.lsn = lsn
             self._remember(entry.batch_id, present)

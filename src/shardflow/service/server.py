@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -207,7 +207,6 @@ class _Prepared:
     query: str
     placeholders: list[exp.Placeholder]
     parameters: pa.Table | None = None
-    statement: Any = field(default=None, repr=False)
 
 
 class _Expiring(OrderedDict[bytes, Any]):
@@ -521,9 +520,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         statement = _parse(command.query)
         placeholders = list(statement.find_all(exp.Placeholder, bfs=False))
         handle = secrets.token_bytes(16)
-        self._prepared.put(
-            handle, _Prepared(principal.name, command.query, placeholders, statement=statement)
-        )
+        self._prepared.put(handle, _Prepared(principal.name, command.query, placeholders))
         result = fsql.new("ActionCreatePreparedStatementResult", prepared_statement_handle=handle)
         return [flight.Result(fsql.pack(result))]
 

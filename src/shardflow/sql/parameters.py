@@ -18,16 +18,15 @@ from typing import Any
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokenizer_core import TokenType
 
 from shardflow.errors import QueryError, SqlSyntaxError
+from shardflow.sql.parse import tokenize
 
 VALUE_TYPES = (
     type(None), bool, int, float, decimal.Decimal, str, bytes, datetime.date, datetime.datetime,
 )  # fmt: skip
 """What a parameter may be (a datetime is also a date)."""
-_TOKENIZER = Dialect.get_or_raise("duckdb")
 
 
 def bind(query: str, params: Sequence[Any]) -> str:
@@ -64,7 +63,7 @@ def _placeholders(query: str) -> tuple[tuple[int, int, int | None], ...] | None:
             _CHECKED.move_to_end(query)
             return _CHECKED[query]
     _parse(query)  # a syntax error is the caller's, before any value is bound
-    tokens = _TOKENIZER.tokenize(query)
+    tokens = tokenize(query)
     spans: list[tuple[int, int, int | None]] = []
     named = False
     for index, token in enumerate(tokens):

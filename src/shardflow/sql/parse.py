@@ -26,6 +26,7 @@ from shardflow.sql import analysis as a
 from shardflow.sql import outputs
 
 DIALECT = "duckdb"
+_DIALECT = Dialect.get_or_raise(DIALECT)
 QUERY_TYPES = (exp.Select, exp.SetOperation)
 CHANGES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Merge)
 
@@ -78,13 +79,18 @@ Python's default limit of 1,000 frames: 30 levels plan even when the caller is 1
 deep (measured for parentheses, function calls, scalar subqueries and arithmetic)."""
 
 
+def tokenize(sql: str) -> list[Token]:
+    """``sql``'s tokens in shardflow's dialect (raises SQLGlot's error when it cannot)."""
+    return _DIALECT.tokenize(sql)
+
+
 def parse(sql: str) -> exp.Expr:
     """Parse one SELECT statement (with CTEs, set operations, subqueries)."""
     if not isinstance(sql, str):
         raise SqlSyntaxError(f"a query must be a string, not {type(sql).__name__}")
-    dialect = Dialect.get_or_raise(DIALECT)
+    dialect = _DIALECT
     try:
-        tokens = dialect.tokenize(sql)
+        tokens = tokenize(sql)
         depth = _nesting(tokens)
         if depth > MAX_NESTING:
             raise UnsupportedError(
@@ -195,7 +201,7 @@ def refuse_row_ids(tree: exp.Expr, catalog: Catalog) -> None:
 
 def refuse_row_ids_in_text(sql: str, catalog: Catalog) -> None:
     """:func:`refuse_row_ids` for text SQLGlot cannot parse: any word ``rowid`` counts."""
-    words = Dialect.get_or_raise(DIALECT).tokenize(sql)
+    words = tokenize(sql)
     _refuse_row_ids_among((t.text for t in words if t.token_type == TokenType.VAR), catalog)
 
 

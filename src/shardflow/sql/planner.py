@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokenizer_core import TokenType
 
 from shardflow.catalog import Catalog, TableSpec
@@ -40,6 +39,7 @@ from shardflow.sql.parse import (
     refuse_row_ids,
     resolve,
     tables_read,
+    tokenize,
 )
 from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
 from shardflow.sql.pruning import buckets_of, key_terms
@@ -185,7 +185,7 @@ def _named_tables(sql: str, catalog: Catalog) -> list[TableSpec]:
     """The catalog tables whose names appear in ``sql`` as identifiers (a superset of those
     it reads: a column or CTE named like a table adds that table; nothing is missed)."""
     found: dict[str, TableSpec] = {}
-    for token in Dialect.get_or_raise(DIALECT).tokenize(sql):
+    for token in tokenize(sql):
         if token.token_type in (TokenType.VAR, TokenType.IDENTIFIER) or token.text.isidentifier():
             spec = catalog.find_table(token.text)
             if spec is not None:

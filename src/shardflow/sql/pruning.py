@@ -73,11 +73,6 @@ def buckets_of(terms: tuple[KeyTerm, ...], catalog: Catalog) -> tuple[int, ...] 
     return tuple(sorted(found)) if found is not None else None
 
 
-def key_buckets(fragment: exp.Expr, catalog: Catalog) -> tuple[int, ...] | None:
-    """The buckets every row of ``fragment`` falls in, or None when it may touch any."""
-    return buckets_of(key_terms(fragment, catalog), catalog)
-
-
 def _distributed_sources(select: exp.Select, catalog: Catalog) -> dict[str, TableSpec]:
     """Alias (or name) -> spec of each distributed catalog table read directly in the
     FROM and JOINs of ``select``."""

@@ -25,15 +25,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 from sqlglot.tokenizer_core import Token, TokenType
 
 from shardflow.catalog import Catalog
 from shardflow.errors import Error
-from shardflow.sql.parse import DIALECT
+from shardflow.sql.parse import DIALECT, parse, tokenize
 from shardflow.sql.plan import DistributedPlan, Stage
 from shardflow.sql.planner import plan
 from shardflow.sql.pruning import KeyTerm, buckets_of
@@ -57,7 +55,6 @@ _TYPED_STRINGS = frozenset(
     {TokenType.DATE, TokenType.TIMESTAMP, TokenType.TIMESTAMPTZ, TokenType.TIME}
 )
 """Type names that may prefix a string constant: ``DATE '1995-03-15'``."""
-_TOKENIZER = Dialect.get_or_raise(DIALECT)
 _DECIMAL = re.compile(r"(\d+)\.(\d+)")
 _SENTINEL_BASE = 7_340_000_000_000_000
 
@@ -78,7 +75,7 @@ class Shape:
 def shape_of(sql: str) -> Shape | None:
     """``sql``'s shape, or None when it does not tokenize (the planner will say why)."""
     try:
-        tokens = _TOKENIZER.tokenize(sql)
+        tokens = tokenize(sql)
     except SqlglotError:
         return None
     key: list[object] = []
@@ -169,15 +166,16 @@ class PlanTemplate:
     """Each parameter's sentinel as it appears in the stages' SQL."""
     raw_sentinels: tuple[str, ...]
     """Each sentinel as written in a key term (a string's text without quotes)."""
+    pattern: re.Pattern[str] = dataclasses.field(compare=False)
+    """Finds any of the sentinels in a stage's SQL."""
 
     def bind(self, shape: Shape, sql: str, catalog: Catalog) -> DistributedPlan:
         """The plan of ``sql`` (whose shape is ``shape``) from this template."""
         by_sentinel = dict(zip(self.sentinels, shape.values, strict=True))
         by_raw = dict(zip(self.raw_sentinels, shape.raw, strict=True))
-        pattern = _pattern(self.sentinels)
 
         def text(value: str) -> str:
-            return pattern.sub(lambda found: by_sentinel[found.group()], value)
+            return self.pattern.sub(lambda found: by_sentinel[found.group()], value)
 
         stages = []
         for stage in self.plan.stages:
@@ -204,18 +202,6 @@ def _rebucket(stage: Stage, terms: tuple[KeyTerm, ...], catalog: Catalog) -> tup
     return buckets_of(terms, catalog)
 
 
-_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
-
-
-def _pattern(sentinels: tuple[str, ...]) -> re.Pattern[str]:
-    found = _PATTERNS.get(sentinels)
-    if found is None:
-        if len(_PATTERNS) > 4096:
-            _PATTERNS.clear()
-        found = _PATTERNS[sentinels] = re.compile("|".join(map(re.escape, sentinels)))
-    return found
-
-
 def make_template(
     shape: Shape, sql: str, planned: DistributedPlan, catalog: Catalog
 ) -> PlanTemplate | None:
@@ -234,7 +220,8 @@ def make_template(
         sentinel_plan = plan("".join(pieces), catalog)
     except Error:
         return None
-    template = PlanTemplate(sentinel_plan, sentinels, raws)
+    pattern = re.compile("|".join(map(re.escape, sentinels)))
+    template = PlanTemplate(sentinel_plan, sentinels, raws, pattern)
     if template.bind(shape, sql, catalog) != planned:
         return None
     return template
@@ -247,8 +234,8 @@ def _names_may_hold_constants(sql: str) -> bool:
     and, when it has a ``*``, at the derived tables and CTEs the star may expand. Also True
     when the text does not parse."""
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
-    except SqlglotError:
+        tree = parse(sql)
+    except Error:
         return True
     top = tree
     while isinstance(top, exp.SetOperation | exp.Subquery):  # the first branch names them

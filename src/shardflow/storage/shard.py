@@ -27,8 +27,9 @@ from shardflow.storage.shard_store import (
     merge_buckets,
 )
 
-FENCE_WAIT_S = 10.0
 log = logging.getLogger(__name__)
+
+FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
 
 COMPACT_TAIL_BATCHES = 32

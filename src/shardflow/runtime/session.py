@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TALLY_INTERVAL_S = 0.25
+ABANDON_WAIT_S = 1.0
+"""How long a failed query waits for its other fragments' outcomes, only to collect them."""
 T = TypeVar("T")
 MAX_IN_FLIGHT_LOADS = 8
 QUERY_ATTEMPTS = 3
@@ -736,6 +738,9 @@ class _RayRunner:
                     log.info("fragment retried after %s failed: %s", node, error)
                     _discard(table_ref)
                     continue
+                except Error:  # the query's own error: no result of this attempt is read
+                    _abandon(calls.values())
+                    raise
                 results.append(_fragment_result(node, table_ref, stats, submitted))
                 pending -= set(by_node[node])
             if pending:
@@ -758,7 +763,7 @@ class _RayRunner:
             table_ref, stats_reply, submitted = self._call(node, sql, {}, 0, names, refs)
             try:
                 stats = stats_reply.get()
-            except Retryable:
+            except Error:  # retried, or the query's own error: its result is never read
                 _discard(table_ref)
                 raise
             return _fragment_result(node, table_ref, stats, submitted)
@@ -773,6 +778,19 @@ def _fragment_result(
     return FragmentResult(
         _RayOutput(table_ref), node, stats.seconds, stats.rows_out, stats, submitted
     )
+
+
+def _abandon(
+    calls: Iterable[tuple[ObjectRef[pa.Table], Reply[FragmentStats], float]],
+) -> None:
+    """Collect the outcomes of fragments whose query failed elsewhere (waiting a moment
+    for those still running), so that Ray reports none of their errors as unhandled."""
+    for table_ref, stats_reply, _ in calls:
+        try:
+            stats_reply.get(ABANDON_WAIT_S)
+        except Error:
+            pass
+        _discard(table_ref)
 
 
 def _discard(ref: ObjectRef[pa.Table]) -> None:

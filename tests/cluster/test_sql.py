@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 import shardflow
 from shardflow import tpch
+from shardflow.runtime.localcluster import descendants
 from tests.cluster.conftest import listening_sockets
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
 from tests.support.querygen import select_queries
@@ -173,6 +176,20 @@ def test_nothing_listens_beyond_loopback(db: shardflow.Database, sockets_before:
     for address in new:
         host = address.rsplit(":", 1)[0]
         assert host in ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]"), address
+
+
+def test_embedded_cluster_starts_no_ray_api_server(db: shardflow.Database) -> None:
+    """Start-up on a small machine is processes starting: nothing asks Ray's API server
+    (its dashboard process) anything, so an embedded cluster does not start it."""
+    commands = []
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                commands.append(cmdline.read().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    assert any("raylet" in c for c in commands), commands  # the processes were found
+    assert not [c for c in commands if "dashboard/dashboard.py" in c]
 
 
 def test_profile_says_where_the_time_went(db: shardflow.Database) -> None:

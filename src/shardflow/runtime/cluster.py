@@ -121,9 +121,11 @@ def _start_local_ray(settings: Settings) -> None:
     local instances. The node is started here rather than by ``ray.init()`` to leave out
     two processes that serve nothing here but cost start-up time on a small machine
     (about a second of CPU together): the log monitor (worker logs are not sent to the
-    driver) and the autoscaler's monitor (one machine, nothing to scale)."""
+    driver) and the autoscaler's monitor (one machine, nothing to scale). Nor does it start
+    Ray's API server (the dashboard process, which Ray starts even without its dashboard to
+    serve usage statistics, and waits for): nothing of shardflow asks it anything, and its
+    start was ~1.3 s of an embedded cluster's start here (``bench/startup.py``)."""
     global _local_node
-    from ray._private.node import Node
     from ray._private.parameter import RayParams
 
     _pin_to_loopback()
@@ -137,7 +139,9 @@ def _start_local_ray(settings: Settings) -> None:
         include_log_monitor=False,  # type: ignore[arg-type]  # a flag Ray annotates as str
         no_monitor=True,
     )
-    node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+    node = _node_without_api_server()(
+        params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True
+    )
     _local_node = node
     atexit.register(_stop_local_ray)  # a process that exits with databases open
     try:
@@ -151,6 +155,19 @@ def _start_local_ray(settings: Settings) -> None:
     except BaseException:
         _stop_local_ray()
         raise
+
+
+def _node_without_api_server() -> type[Node]:
+    """Ray's head node class, less its API server process (see ``_start_local_ray``)."""
+    from ray._private.node import Node
+
+    class EmbeddedNode(Node):
+        def start_api_server(
+            self, *, include_dashboard: bool | None, raise_on_failure: bool
+        ) -> None:
+            self._webui_url = None  # what Ray records when its API server does not come up
+
+    return EmbeddedNode
 
 
 def _stop_local_ray() -> None:

@@ -32,7 +32,6 @@ from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec, lease
 from shardflow.config import MIN_WORKER_MEMORY_MB, Settings
 from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows, quote
-from shardflow.engine.polars_engine import PolarsEngine
 from shardflow.engine.simulated import SlowedEngine
 from shardflow.errors import ConfigError, Moved, NodeFault, QueryError
 from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
@@ -88,6 +87,8 @@ def make_executor(
     picked, _ = choose_engine(device, has)
     executor: Engine = engine
     if choice == "polars" or (choice == "auto" and picked == GPU_ENGINE):
+        from shardflow.engine.polars_engine import PolarsEngine  # SQLGlot: only where used
+
         gpu = device.vendor == "nvidia" and has["cudf_polars"]
         executor = PolarsEngine(engine, gpu=gpu, device=cuda_index(device.index or 0))
     if slowdown > 1:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardflow.catalog.model import Group, Unit
-from shardflow.sql.pruning import KeyTerm
 
 Placement = Literal["shards", "worker", "client"]
 """Where a stage's SQL runs: on every worker over its shards, on one worker, on the client."""
@@ -15,6 +14,17 @@ PARTIALS = "__sf_partials"
 """The name under which a merge sees the concatenated fragment results."""
 
 TEMP_PREFIX = "__sf_t"
+
+
+@dataclass(frozen=True)
+class KeyTerm:
+    """A conjunct of a fragment's WHERE that compares ``table``'s distribution key with
+    constants: every row has one of ``values`` (each the constant's text and whether it is
+    a string literal). Kept in the plan so a plan bound to other constants
+    (:mod:`shardflow.sql.shapes`) recomputes its buckets without parsing."""
+
+    table: str
+    values: tuple[tuple[str, bool], ...]
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,15 @@ compared with a column, a CTE or subquery in FROM) is not pruned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 from sqlglot import exp
 
 from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.buckets import buckets_of_values, key_family
+from shardflow.sql.plan import KeyTerm
 
 MAX_PRUNED_VALUES = 64
 """An IN-list longer than this scatters as usual (it would reach most shards anyway)."""
-
-
-@dataclass(frozen=True)
-class KeyTerm:
-    """A conjunct of a fragment's WHERE that compares ``table``'s distribution key with
-    constants: every row has one of ``values`` (each the constant's text and whether it is
-    a string literal). Kept in the plan so a plan bound to other constants
-    (:mod:`shardflow.sql.shapes`) recomputes its buckets without parsing."""
-
-    table: str
-    values: tuple[tuple[str, bool], ...]
 
 
 def key_terms(fragment: exp.Expr, catalog: Catalog) -> tuple[KeyTerm, ...]:

@@ -32,9 +32,9 @@ from sqlglot.tokenizer_core import Token, TokenType
 from shardflow.catalog import Catalog
 from shardflow.errors import Error
 from shardflow.sql.parse import DIALECT, parse, tokenize
-from shardflow.sql.plan import DistributedPlan, Stage
+from shardflow.sql.plan import DistributedPlan, KeyTerm, Stage
 from shardflow.sql.planner import plan
-from shardflow.sql.pruning import KeyTerm, buckets_of
+from shardflow.sql.pruning import buckets_of
 
 __all__ = ["PlanTemplate", "Shape", "make_template", "shape_of"]
 

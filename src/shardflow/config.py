@@ -65,6 +65,14 @@ class Settings:
             mean before shards move (0.10 = 10 %).
         load_swing: a change of total cluster load between two polls larger than this
             (0.20 = 20 %) triggers a re-plan.
+        predictive_balancing: once every shard unit has a day of load history, balance on
+            forecasts (``control/forecast.py``): keep every node under
+            ``utilization_threshold`` at every hour of the coming period, moving ahead of
+            forecast peaks in quiet hours, rather than chase each window's spread.
+        forecast_period_s: the season of the load forecast (a day); each unit's history is
+            one smoothed number per slot of it, kept in the data directory
+            (``balancer/load_history.json``).
+        forecast_slots: the slots a forecast period is cut into (48: half-hours).
         max_concurrent_moves: live moves (splits, merges, migrations) in flight at once.
         max_shard_bytes: a shard unit larger than this is split (1 TiB; MiB in tests).
         min_shard_bytes: adjacent cold units smaller than this together are merged; the target
@@ -132,6 +140,9 @@ class Settings:
     utilization_threshold: float = 0.80
     balance_tolerance: float = 0.10
     load_swing: float = 0.20
+    predictive_balancing: bool = True
+    forecast_period_s: float = 86_400.0
+    forecast_slots: int = 48
     max_concurrent_moves: int = 2
     max_shard_bytes: int = 1 << 40
     min_shard_bytes: int = 256 << 20
@@ -160,7 +171,9 @@ class Settings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"setting {field.name} must be a number, not {value!r}")
-        positive = ("buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size")
+        positive = (
+            "buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size", "forecast_slots"
+        )  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
@@ -196,6 +209,7 @@ class Settings:
             "utilization_threshold",
             "balance_tolerance",
             "load_swing",
+            "forecast_period_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")

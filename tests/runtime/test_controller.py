@@ -3,12 +3,15 @@ over real in-process workers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from shardflow.control.forecast import UnitHistory
+from shardflow.runtime.controller import Controller
 from shardflow.telemetry.devices import NodeProfile
 from tests.runtime.test_moves import ROWS, assert_serves, events
 from tests.support.local_cluster import LocalCluster
@@ -109,3 +112,43 @@ def test_a_restarted_coordinator_adopts_live_members_and_fails_over_lost_ones(
     assert set(cluster.state.profiles) == {"node-0", "node-2"}
     assert not cluster.controller._adopting
     assert_serves(cluster, events(0, ROWS))
+
+
+def test_the_balancer_decides_ahead_on_a_kept_load_history(cluster: LocalCluster) -> None:
+    """node-0's units are forecast at full load within the hour (a day of history says
+    so): a dry run plans predicted moves off node-0; the history is kept in the data
+    directory and a restarted coordinator's controller reads it back."""
+    controller = cluster.controller
+    history = controller.load_history
+    slots = history.settings.slots
+    now = time.time()
+    soon = int((now + 1800) // history.settings.slot_s) % slots
+    for unit in cluster.units("events"):
+        busy = unit.node == "node-0"
+        profile: list[float | None] = [0.01] * slots
+        profile[soon] = 0.5 if busy else 0.01
+        history.units[unit.unit_id] = UnitHistory(profile)
+    controller.observe()  # opens the load window
+    summary = controller.rebalance(dry_run=True)
+    moves = [a for a in summary["actions"] if a["action"] == "move"]
+    assert moves, summary["reason"]
+    assert all(a["reason"].startswith("predicted: node-0") for a in moves)
+    assert {a["to"] for a in moves} <= {"node-1", "node-2"}
+    assert summary["reason"].startswith("predicted")
+
+    # a split's halves take half their unit's history each: the forecast stays whole
+    unit = next(u for u in cluster.units("events") if u.node == "node-0")
+    cluster.split(unit.unit_id)
+    halves = [u for u in cluster.units("events") if unit.lo <= u.lo and u.hi <= unit.hi]
+    assert len(halves) == 2 and unit.unit_id not in history.units
+    for half in halves:
+        assert history.forecast(half.unit_id, now + 1800) == pytest.approx(0.25)
+    assert history.known(u.unit_id for u in cluster.units("events"))
+
+    controller._keep_history(time.time(), force=True)
+    again = Controller(cluster.state, cluster.workers, cluster.settings)
+    kept = again.load_history
+    assert set(kept.units) == {u.unit_id for u in cluster.units("events")}
+    for unit in cluster.units("events"):
+        at = now + 1800
+        assert kept.forecast(unit.unit_id, at) == history.forecast(unit.unit_id, at)

@@ -5,6 +5,7 @@ protocol, so it runs on Ray and, in tests, on in-process workers alike)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from shardflow.config import Settings
-from shardflow.control import balancer, cost
+from shardflow.control import balancer, cost, forecast
 from shardflow.control.health import HealthSettings, HealthTracker, Transition
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan, Phase
 from shardflow.errors import Error, MoveRefusedError, UnknownShardError, WorkerGone
@@ -39,6 +40,7 @@ from shardflow.telemetry.devices import NodeProfile, device_model
 from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
 log = logging.getLogger(__name__)
+HISTORY_FILE = "load_history.json"
 CONSOLE_REPORT_S = 2.0
 """How long the console's snapshot waits for the workers' reports, all together: a worker
 that does not answer by then is shown as not alive, and the page still refreshes."""
@@ -87,6 +89,10 @@ class Controller:
         )
         self.health_changes: list[dict[str, Any]] = []
         """The last changes of node health (suspect, re-admitted, failing), newest last."""
+        self.load_history = self._load_history()
+        """Each unit's load by time of day, for predictive balancing."""
+        self._history_lock = threading.Lock()
+        self._history_saved = time.time()
 
     # -- workers ------------------------------------------------------------------------
     def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
@@ -206,6 +212,8 @@ class Controller:
     # -- moves --------------------------------------------------------------------------
     def run_move(self, plan: MovePlan) -> dict[str, Any]:
         state = self.migrator.run(plan)
+        if state.outcome.startswith("done") and plan.kind != "move":  # a move keeps its ids
+            self._carry_history(plan)
         result = record(state, self.state.catalog.group_tables(plan.group))
         if self.recorder is not None:
             self.recorder.move(result)
@@ -481,19 +489,66 @@ class Controller:
         return changes
 
     def decide(self) -> balancer.Decision:
+        windowed = bool(self._last_reports)  # the first observation opens the window
         nodes, units = self.observe()
         self.follow_health()
+        now = time.time()
+        with self._history_lock:
+            if units and windowed:
+                self.load_history.observe(now, {u.unit_id: u.load for u in units})
+                self._keep_history(now)
         busy = frozenset(u.unit_id for plan in self.state.moving.values() for u in plan.sources)
-        decision = balancer.plan(
-            nodes,
-            units,
-            self.balancer_settings(),
-            self._previous_load,
-            busy,
-            excluded=self.state.excluded,
-        )
+        settings = self.balancer_settings()
+        if self.settings.predictive_balancing:
+            with self._history_lock:
+                decision = forecast.plan_ahead(
+                    nodes, units, self.load_history, now, settings, self._previous_load, busy,
+                    self.state.excluded,
+                )  # fmt: skip
+        else:
+            decision = balancer.plan(
+                nodes, units, settings, self._previous_load, busy, excluded=self.state.excluded
+            )
         self._previous_load = decision.total_load
         return decision
+
+    # -- load history -------------------------------------------------------------------
+    def _history_path(self) -> str:
+        return self.state.data_dir.path("balancer", HISTORY_FILE)
+
+    def _load_history(self) -> forecast.LoadHistory:
+        """The load history kept in the data directory (none: an empty one)."""
+        kept = forecast.ForecastSettings(
+            period_s=self.settings.forecast_period_s, slots=self.settings.forecast_slots
+        )
+        try:
+            data = json.loads(self.state.data_dir.read(self._history_path()))
+        except FileNotFoundError:
+            return forecast.LoadHistory(kept)
+        except (OSError, ValueError) as error:  # a torn or foreign file: learn afresh
+            log.warning("the kept load history cannot be read (%s); starting a new one", error)
+            return forecast.LoadHistory(kept)
+        return forecast.LoadHistory.from_json(data, kept)
+
+    def _carry_history(self, plan: MovePlan) -> None:
+        """The units a split or merge made start with their sources' load history (a
+        split's halves half of it each, a merge's unit the sum)."""
+        sources = [s.unit_id for s in plan.sources]
+        with self._history_lock:
+            for target in plan.targets:
+                self.load_history.inherit(target.unit_id, sources, 1.0 / len(plan.targets))
+            self.load_history.forget(sources)
+
+    def _keep_history(self, now: float, force: bool = False) -> None:
+        """Write the load history to the data directory once per forecast slot (a restarted
+        coordinator loses at most a slot of it)."""
+        if not force and now - self._history_saved < self.load_history.settings.slot_s:
+            return
+        live = {u.unit_id for g in self.state.catalog.groups.values() for u in g.units}
+        self.load_history.forget([u for u in self.load_history.units if u not in live])
+        payload = json.dumps(self.load_history.to_json()).encode()
+        self.state.data_dir.write_atomic(self._history_path(), payload)
+        self._history_saved = now
 
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         """Decide now; unless ``dry_run``, carry the decision out."""

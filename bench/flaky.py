@@ -112,7 +112,7 @@ def main() -> None:
                     time.sleep(0.2)
                 evacuate = time.monotonic() - started - detect
                 time.sleep(2.0)
-            moves = [m for m in db.cluster.migrations() if m.reason.startswith("evacuate")]
+            moves = [m for m in db.cluster.migrations() if "evacuate" in m.reason]
             got = db.sql("SELECT id FROM events").column("id").to_pylist()
             lost = len(set(clients.acked) - set(got))
             print(f"{len(moves)} evacuating move(s), {clients.queries} queries checked, "

@@ -100,7 +100,7 @@ def test_a_node_failing_5_percent_is_evacuated_under_load_then_readmitted(tmp_pa
             wait_for(lambda: node(db, FLAKY).shards == 0, 90, "node-1 evacuated")
             time.sleep(1.0)  # the clients keep going on the other nodes
         assert load.failures == [] and load.queries > 0 and load.acked
-        moves = [m for m in db.cluster.migrations() if m.reason.startswith("evacuate")]
+        moves = [m for m in db.cluster.migrations() if "evacuate" in m.reason]
         assert moves and all(m.from_nodes == (FLAKY,) and m.phase == "done" for m in moves)
         plan = db.cluster.rebalance(dry_run=True)
         assert all(a.get("to") != FLAKY for a in plan["actions"])  # no shard back while suspect
@@ -133,4 +133,4 @@ def test_a_node_failing_well_below_the_threshold_keeps_its_shards(tmp_path: Path
         assert [s for s, n in before.items() if n == FLAKY] == [
             s for s, n in after.items() if n == FLAKY
         ]
-        assert not [m for m in db.cluster.migrations() if m.reason.startswith("evacuate")]
+        assert not [m for m in db.cluster.migrations() if "evacuate" in m.reason]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from shardflow.control import balancer, forecast
 from shardflow.control.forecast import UnitHistory
-from shardflow.runtime.controller import Controller
+from shardflow.runtime.controller import Controller, _evacuation
 from shardflow.telemetry.devices import NodeProfile
 from tests.runtime.test_moves import ROWS, assert_serves, events
 from tests.support.local_cluster import LocalCluster
@@ -152,3 +153,20 @@ def test_the_balancer_decides_ahead_on_a_kept_load_history(cluster: LocalCluster
     for unit in cluster.units("events"):
         at = now + 1800
         assert kept.forecast(unit.unit_id, at) == history.forecast(unit.unit_id, at)
+
+
+def test_an_evacuation_is_recognised_however_its_reason_is_marked() -> None:
+    """With auto_balance off the balancer still evacuates suspect nodes: its loop finds
+    the evacuations in a decision by their reason, marked or not."""
+    plain = balancer.Move(1, "node-2", 10, "evacuate suspect node node-1")
+    marked = forecast.plan_ahead(
+        [balancer.NodeState("node-1", 1.0), balancer.NodeState("node-2", 1.0)],
+        [balancer.UnitState(1, "g", "node-1", 0, 1, 10, 0.1)],
+        forecast.LoadHistory(),
+        0.0,
+        balancer.BalancerSettings(),
+        excluded=frozenset({"node-1"}),
+    ).actions
+    assert marked and marked[0].reason.startswith("observed: ")
+    assert _evacuation(plain) and _evacuation(marked[0])
+    assert not _evacuation(balancer.Move(1, "node-2", 10, "observed: hot nodes node-1"))

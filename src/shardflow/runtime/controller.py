@@ -608,7 +608,8 @@ class Controller:
 
 
 def _evacuation(action: balancer.Action) -> bool:
-    return isinstance(action, balancer.Move) and action.reason.startswith("evacuate")
+    # "evacuate suspect node ...", after "observed: " where predictive balancing marks it
+    return isinstance(action, balancer.Move) and "evacuate suspect node" in action.reason
 
 
 def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Zero-downtime scaling, measured in one run on TPC-H: query latency at rest and while
 shards migrate continuously; migration throughput beside a plain Arrow IPC copy of the same
-data over loopback; the write-fence pause; drain time; failover time. The last line is the
-p99 latency ratio (migrating / steady).
+data over loopback; the write-fence pause; insert latency; drain time; failover time. The
+last line is ``p99_ratio=A fence_p99_ms=B copy_ratio=C insert_p99_ratio=D
+loaded_move_s_per_gb=E``: query p99 while migrating over steady, the fence pause's p99, the
+copy rate over plain Arrow IPC, insert p99 while migrating over steady (an inserter runs in
+both phases), and seconds per GB a move takes under this load.
 
     python bench/elasticity.py --sf 1 --workers 4
 """
@@ -9,6 +12,7 @@ p99 latency ratio (migrating / steady).
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import random
@@ -129,11 +133,27 @@ def main() -> None:
         for number in MIX:
             db.sql(tpch.query(number))  # plans cached, everything warm
 
-        steady = Readers(db, args.readers).run_for(args.seconds)
-
         moves: list[shardflow.MigrationRecord] = []
+        steady_inserts: list[float] = []
         insert_waits: list[float] = []
+        next_ids = iter(range(0, 1 << 62, 100))
         stop = threading.Event()
+
+        def inserter(waits: list[float]) -> None:
+            while not stop.is_set():
+                first = next(next_ids)
+                batch = pa.table({"id": pa.array(range(first, first + 100), pa.int64())})
+                started = time.perf_counter()
+                db.insert("events", batch)
+                waits.append(time.perf_counter() - started)
+                time.sleep(0.005)
+
+        steady_inserter = threading.Thread(target=inserter, args=(steady_inserts,))
+        steady_inserter.start()
+        steady = Readers(db, args.readers).run_for(args.seconds)
+        stop.set()
+        steady_inserter.join()
+        stop.clear()
 
         def mover() -> None:
             rng = random.Random(7)
@@ -143,17 +163,10 @@ def main() -> None:
                 nodes = [n.node_id for n in db.cluster.nodes() if n.node_id != shard["node"]]
                 moves.append(db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes)))
 
-        def inserter() -> None:
-            next_id = 0
-            while not stop.is_set():
-                batch = pa.table({"id": pa.array(range(next_id, next_id + 100), pa.int64())})
-                started = time.perf_counter()
-                db.insert("events", batch)
-                insert_waits.append(time.perf_counter() - started)
-                next_id += 100
-                time.sleep(0.005)
-
-        helpers = [threading.Thread(target=mover), threading.Thread(target=inserter)]
+        helpers = [
+            threading.Thread(target=mover),
+            threading.Thread(target=inserter, args=(insert_waits,)),
+        ]
         for helper in helpers:
             helper.start()
         migrating_readers = Readers(db, args.readers)
@@ -215,7 +228,21 @@ def main() -> None:
         if detected
         else f"failover: {failover_seconds:.2f} s"
     )
-    print(f"p99 latency ratio migrating/steady: {p99m / p99s:.2f}")
+    done = [m for m in moves if m.phase == "done" and m.bytes > 0]
+    per_gb = statistics.median(m.seconds / (m.bytes / 1e9) for m in done) if done else math.nan
+    copy_ratio = statistics.median(copy_rates) / ipc_rate if copy_rates else math.nan
+    steady_p99 = percentile(steady_inserts, 99)
+    print(
+        f"insert latency p99 steady {steady_p99 * 1000:.0f} ms, while migrating "
+        f"{percentile(insert_waits, 99) * 1000:.0f} ms; a move under load "
+        f"{per_gb:.1f} s per GB (median of {len(done)})"
+    )
+    print(
+        f"p99_ratio={p99m / p99s:.2f} fence_p99_ms={percentile(fences, 99) * 1000:.0f} "
+        f"copy_ratio={copy_ratio:.2f} "
+        f"insert_p99_ratio={percentile(insert_waits, 99) / steady_p99:.2f} "
+        f"loaded_move_s_per_gb={per_gb:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from shardflow.catalog import DataDir
 from shardflow.catalog import store as store_module
+from shardflow.engine import DuckDBEngine
+from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
+from shardflow.storage import shard_store as shard_store_module
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -66,6 +70,7 @@ def test_checkpoint_folds_the_log_into_the_base(tmp_path: Path) -> None:
     shard.commit_load()
     for i in range(7):
         shard.append(rows(i * 10, 2), f"b{i}")
+        shard.wait_for_checkpoint()  # written in the background
     names = sorted(p.name for p in shard_folder_files(tmp_path))
     assert sum(n.startswith("base-") for n in names) == 1
     assert sum(n.startswith("wal-") for n in names) == 1  # 7 entries, checkpoint every 3
@@ -73,6 +78,46 @@ def test_checkpoint_folds_the_log_into_the_base(tmp_path: Path) -> None:
     assert recovered.rows == 14 and recovered.lsn == 7
     # batch ids survive checkpoints, so retries of old batches stay idempotent
     assert recovered.append(rows(0, 2), "b0").duplicate
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["arrow", "duckdb"])
+def test_appends_go_on_while_a_checkpoint_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """A checkpoint reads and writes the whole shard: it runs beside the appends, not in
+    front of them (held here until three more appends are done), and writes exactly the
+    rows of its LSN (a DuckDB shard's from a pinned snapshot, however many rows follow)."""
+    engine = DuckDBEngine(threads=1) if native else None
+    store = ShardStore(DataDir.resolve(str(tmp_path)), "table-uid", "0")
+    data = NativeRows(engine, "t0", SCHEMA) if engine is not None else None
+    shard = Shard(store, SCHEMA, rows=data, policy=CheckpointPolicy(max_wal_entries=3))
+    shard.commit_load()
+    gate = threading.Event()
+    released: list[bool] = []
+    write = shard_store_module.BaseWriter.write
+
+    def held(self: shard_store_module.BaseWriter, table: pa.Table) -> None:
+        released.append(gate.wait(timeout=5))  # False: the appends could not go on
+        write(self, table)
+
+    monkeypatch.setattr(shard_store_module.BaseWriter, "write", held)
+    for i in range(3):
+        shard.append(rows(i * 10, 2), f"b{i}")  # the third starts the checkpoint
+    for i in range(3, 6):
+        shard.append(rows(i * 10, 2), f"b{i}")
+    gate.set()
+    shard.wait_for_checkpoint()
+    assert released == [True]
+    names = sorted(p.name for p in shard_folder_files(tmp_path))
+    assert [n for n in names if n.startswith("base-")] == ["base-000000000003.parquet"]
+    assert sum(n.startswith("wal-") for n in names) == 3  # the appends after its LSN
+    base = pq.read_table(tmp_path / "tables" / "table-uid" / "0" / "base-000000000003.parquet")
+    assert sorted(base.column("id").to_pylist()) == [0, 1, 10, 11, 20, 21]
+    recovered = reopened(tmp_path)
+    assert recovered.rows == 12 and recovered.lsn == 6
+    assert ids(recovered) == sorted(i * 10 + j for i in range(6) for j in range(2))
+    if engine is not None:
+        engine.close()
 
 
 def test_crash_between_new_base_and_log_cleanup_loses_and_doubles_nothing(

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
 
+CHECKPOINT_BATCH_ROWS = 256_000
+"""Rows a background checkpoint reads from a pinned snapshot at a time."""
 COMPACT_TAIL_BATCHES = 32
 """Small inserted batches are merged once this many pile up (scans of tiny batches are slow)."""
 
@@ -188,6 +190,8 @@ class Shard:
         """Appends waiting for the next group commit (see :meth:`append`)."""
         self._queue_lock = threading.Lock()
         self._tap: list[Change] | None = None
+        self._checkpointing = False
+        """A checkpoint is being written in the background (see :meth:`_start_checkpoint`)."""
         self.fenced = False
         self.retired = False
 
@@ -354,13 +358,12 @@ class Shard:
             self._wal_entries >= self.policy.max_wal_entries
             or self._wal_bytes >= self.policy.max_wal_bytes
         )
-        if due:
-            try:
-                self._checkpoint_locked()
-            except OSError as error:  # the appends are durable in the log: the next one retries
-                log.warning("checkpoint of %s failed: %s", self.store.folder, error)
+        if due and not self._checkpointing:
+            self._start_checkpoint()
 
     def checkpoint(self) -> None:
+        """Write the shard's rows as its new base now (after one being written finishes)."""
+        self.wait_for_checkpoint()
         with self._lock:
             if self.writer and self._wal_entries:
                 self._checkpoint_locked()
@@ -369,6 +372,51 @@ class Shard:
         self.store.write_base(self.data.read(), self.lsn, self._applied)
         self._wal_entries = 0
         self._wal_bytes = 0
+
+    def _start_checkpoint(self) -> None:
+        """Pin the rows at this LSN (under the lock: cheap) and write them as the new base
+        on a thread of their own, so appends go on meanwhile: a checkpoint reads and writes
+        the whole shard, which held every append to the shard for as long (an insert p99
+        of seconds in ``bench/elasticity.py``). Log entries after the LSN stay; if the
+        checkpoint fails they all stay, and the next append tries again."""
+        stream = getattr(self.data, "stream", None)
+        pinned: BatchStream = (
+            stream(CHECKPOINT_BATCH_ROWS) if stream is not None else _OneBatch(self.data.read())
+        )
+        done = (self.lsn, dict(self._applied), self._wal_entries, self._wal_bytes)
+        self._wal_entries = self._wal_bytes = 0
+        self._checkpointing = True
+        threading.Thread(
+            target=self._checkpoint_pinned, args=(pinned, *done), name="checkpoint", daemon=True
+        ).start()
+
+    def _checkpoint_pinned(
+        self,
+        pinned: BatchStream,
+        lsn: int,
+        applied: Applied,
+        entries: int,
+        size: int,
+    ) -> None:
+        try:
+            writer = self.store.base_writer(lsn, self.schema)
+            try:
+                while (batch := pinned.next()) is not None:
+                    writer.write(batch)
+            except BaseException:
+                writer.abandon()
+                raise
+            writer.finish(applied)
+        except Exception as error:  # the appends are durable in the log: retried later
+            log.warning("checkpoint of %s failed: %s", self.store.folder, error)
+            with self._lock:
+                self._wal_entries += entries
+                self._wal_bytes += size
+        finally:
+            pinned.close()
+            with self._lock:
+                self._checkpointing = False
+                self._lock.notify_all()
 
     def adopt(self, applied: Applied) -> None:
         """Remember batches applied by the shard(s) this one replaces, so that a retry of one
@@ -410,11 +458,20 @@ class Shard:
             self._lock.notify_all()
 
     def retire(self) -> None:
-        """The shard has moved: waiting and later appends are told so (``Moved``)."""
+        """The shard has moved: waiting and later appends are told so (``Moved``). Returns
+        once a checkpoint being written is done (its rows may be dropped, its files deleted
+        after this)."""
         with self._lock:
             self.retired = True
             self._tap = None
             self._lock.notify_all()
+        self.wait_for_checkpoint()
+
+    def wait_for_checkpoint(self) -> None:
+        """Return once no checkpoint is being written in the background."""
+        with self._lock:
+            while self._checkpointing:
+                self._lock.wait()
 
     def _remember(self, batch_id: str, buckets: list[int] | None) -> None:
         held = self._applied.pop(batch_id, [])

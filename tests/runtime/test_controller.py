@@ -170,3 +170,14 @@ def test_an_evacuation_is_recognised_however_its_reason_is_marked() -> None:
     assert marked and marked[0].reason.startswith("observed: ")
     assert _evacuation(plain) and _evacuation(marked[0])
     assert not _evacuation(balancer.Move(1, "node-2", 10, "observed: hot nodes node-1"))
+
+
+@pytest.mark.parametrize("kept", [b"{torn", b"[1, 2]", b'{"period_s": 86400.0, "slots": 48, '
+                                  b'"units": {"1": {"profile": ["x"]}}}'])  # fmt: skip
+def test_a_kept_load_history_that_cannot_be_read_is_started_afresh(
+    cluster: LocalCluster, kept: bytes
+) -> None:
+    path = cluster.state.data_dir.path("balancer", "load_history.json")
+    cluster.state.data_dir.write_atomic(path, kept)
+    again = Controller(cluster.state, cluster.workers, cluster.settings)  # starts, all the same
+    assert again.load_history.units == {}

@@ -5,11 +5,12 @@ quiet nor urgent, and falls back to the reactive balancer without history."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
-from shardflow.control.balancer import BalancerSettings, NodeState, UnitState
+from shardflow.control.balancer import BalancerSettings, NodeState, UnitState, plan
 from shardflow.control.forecast import (
     ForecastSettings,
     LoadHistory,
@@ -197,3 +198,30 @@ def test_forecast_settings_are_checked() -> None:
     with pytest.raises(ValueError):
         ForecastSettings(smoothing=0)
     assert math.isclose(ForecastSettings().slot_s, 1800.0)
+
+
+def test_a_node_that_joins_gets_its_share_from_the_balancer_at_once() -> None:
+    """The forecast keeps nodes under the threshold; filling a new node is the balancer's,
+    forecast or not."""
+    peaks = {u: 9.0 if u <= 3 else 21.0 for u in range(1, 7)}
+    history = scaled(learned(peaks), 0.2)
+    at = 2 * DAY + 9 * HOUR  # node-0's three morning tenants at 60 %, node-1 at 6 %
+    units = [
+        UnitState(u, f"g{u}", "node-0" if u <= 3 else "node-1", 0, 1, 1 << 30,
+                  0.2 * working_day(h, at))
+        for u, h in peaks.items()
+    ]  # fmt: skip
+    nodes = [NodeState(n, 1.0) for n in ("node-0", "node-1", "node-2")]
+    decision = plan_ahead(nodes, units, history, at, SETTINGS)
+    assert decision.actions and all(
+        a.to == "node-2" and a.reason.startswith("observed: ")  # type: ignore[union-attr]
+        for a in decision.actions
+    )
+    # an idle cluster is not balanced by bytes once the forecast rules: that would undo the
+    # forecast's placement every quiet night
+    idle = [dataclasses.replace(u, load=0.0) for u in units[:2]] + [
+        dataclasses.replace(u, load=0.0, bytes=8 << 30) for u in units[2:]
+    ]
+    assert plan(nodes[:2], idle, SETTINGS).actions  # the balancer alone would move bytes
+    decision = plan_ahead(nodes[:2], idle, history, 2 * DAY + 15 * HOUR, SETTINGS)
+    assert decision.actions == () and decision.reason == "balanced for the forecast"

@@ -21,7 +21,8 @@ daily cycle back and forth (the reactive balancer's spread is not acted on). Mov
 forecast overload (reason ``predicted``) are made in quiet windows (the quietest quarter
 of the period by the cluster's forecast load) unless the overload is due within
 ``lead_s``; moves for what is observed now (a hot node, a spike, a node being evacuated;
-reason ``observed``) are made at once, and splits and merges as before.
+reason ``observed``) are made at once, and splits and merges as before. A node that joins
+(it holds no unit yet) gets its share from the balancer at once, as before.
 ``bench/balancer_sim.py --trace diurnal`` compares this with the reactive balancer.
 """
 
@@ -228,7 +229,13 @@ def plan_ahead(
     docstring)."""
     decision = plan(nodes, units, settings, previous_load, busy, excluded)
     evacuating = any(u.node in excluded for u in units)
-    if evacuating or not history.known(u.unit_id for u in units):
+    held = {u.node for u in units}
+    joined = any(n.node not in held and n.node not in excluded for n in nodes)
+    # the balancer's own decision where the forecast has nothing to say: a node to empty,
+    # a node that just joined (it gets its share now, not at the next forecast overload),
+    # units without a day of history. (Not an idle cluster: its bytes would be balanced
+    # every quiet night and the forecast's placement undone each time.)
+    if evacuating or joined or not history.known(u.unit_id for u in units):
         return _marked(decision, "observed")
     # splits and merges as the balancer decides them; moves by the forecast alone: a
     # spread that the day's cycle makes and unmakes is no reason to move anything

@@ -523,12 +523,12 @@ class Controller:
         )
         try:
             data = json.loads(self.state.data_dir.read(self._history_path()))
+            return forecast.LoadHistory.from_json(data, kept)
         except FileNotFoundError:
             return forecast.LoadHistory(kept)
-        except (OSError, ValueError) as error:  # a torn or foreign file: learn afresh
+        except (OSError, ValueError, TypeError, AttributeError) as error:  # torn or foreign
             log.warning("the kept load history cannot be read (%s); starting a new one", error)
             return forecast.LoadHistory(kept)
-        return forecast.LoadHistory.from_json(data, kept)
 
     def _carry_history(self, plan: MovePlan) -> None:
         """The units a split or merge made start with their sources' load history (a

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -16,6 +17,7 @@ import pytest
 
 from shardflow.control.migration import Checksum, MigrationState
 from shardflow.errors import Moved
+from shardflow.runtime.moves import TargetSide
 from tests.support.local_cluster import LocalCluster
 
 ROWS = 20_000
@@ -83,6 +85,33 @@ def test_a_move_compares_what_was_handed_out_with_what_is_stored(cluster: LocalC
     assert set(record["phase_seconds"]) >= {"fence", "verify", "switch"}
     assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 500)]))
     assert cluster.moves_counted("move", "done") == 1
+
+
+def held_compactions(cluster: LocalCluster) -> dict[str, int]:
+    return {n: cluster.workers.get(n).node.engine.compactor.held for n in cluster.catalog.nodes}
+
+
+def test_compaction_waits_while_a_copy_is_built_and_runs_after(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's engine does not compress rows while it builds a copy (the copy's
+    appends and its fence would wait for it); once the move is done, or rolled back, it
+    may again. Loads hold it the same way while they stage."""
+    assert set(held_compactions(cluster).values()) == {0}  # the loads released theirs
+    unit = cluster.units("events")[0]
+    to = other_node(cluster, unit.node)
+    seen: list[dict[str, int]] = []
+    catch_up = TargetSide.catch_up
+
+    def watched(side: TargetSide, *args: Any) -> int:
+        seen.append(held_compactions(cluster))
+        return catch_up(side, *args)
+
+    monkeypatch.setattr(TargetSide, "catch_up", watched)
+    assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
+    assert seen and all(held[to] == 1 for held in seen)
+    assert set(held_compactions(cluster).values()) == {0}
+    assert all(held[unit.node] == 0 for held in seen)
 
 
 def test_inserts_made_during_a_move_arrive_and_are_counted(cluster: LocalCluster) -> None:
@@ -165,6 +194,7 @@ def test_a_corrupted_copy_rolls_back_at_verify(
         assert cluster.moves_counted(kind, "rolled_back") == 1
         assert cluster.moves_counted(kind, "done") == 0
         assert not cluster.workers.get(target).node.target.imports  # the copy was dropped
+        assert set(held_compactions(cluster).values()) == {0}
 
         # with the fault off, the same move goes through and every row is there
         cluster.restart(target, test_fault_move_copy="")

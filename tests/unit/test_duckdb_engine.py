@@ -1,5 +1,6 @@
-"""The DuckDB engine closes while other threads still run queries on it (what a session's
-close() does under calls in flight): the close goes through, the queries fail fast."""
+"""The DuckDB engine: it closes while other threads still run queries on it (what a
+session's close() does under calls in flight), views inlined as CTEs answer like temporary
+views, and new rows are compressed in the background, not inside a commit."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import time
 
 import duckdb
 import pyarrow as pa
+import pytest
 
-from shardflow.engine import DuckDBEngine
+from shardflow.engine import DuckDBEngine, duckdb_engine
 from shardflow.engine.duckdb_engine import with_views
 
 
@@ -114,3 +116,104 @@ def test_memory_is_read_while_other_threads_read_it_too() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+# -- compaction of new rows ----------------------------------------------------------------
+AFTER_BYTES = 2 << 20
+
+
+def _rows(first: int, count: int) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(first, first + count), pa.int64()),
+            "tag": pa.array([f"tag-{i % 40}" for i in range(count)], pa.string()),
+        }
+    )
+
+
+def _compressed_segments(engine: DuckDBEngine, physical: str) -> int:
+    info = engine.run(f"SELECT compression FROM pragma_storage_info('{physical}')")
+    return sum(kind != "Uncompressed" for kind in info.column("compression").to_pylist())
+
+
+def _wait_for_compaction(engine: DuckDBEngine, runs: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while engine.compactor.runs < runs:
+        assert time.monotonic() < deadline, "no compaction ran"
+        time.sleep(0.02)
+
+
+def test_duckdb_never_checkpoints_inside_a_commit() -> None:
+    """DuckDB's own checkpoints run inside the commit that crosses its threshold (an
+    INSERT waited seconds while the whole database was compressed): they are off."""
+    engine = DuckDBEngine(threads=1)
+    try:
+        setting = engine.run("SELECT current_setting('checkpoint_threshold') AS v")
+        size, unit = setting.column("v")[0].as_py().split()
+        gib = float(size) * {"GiB": 1, "TiB": 1 << 10, "PiB": 1 << 20}.get(unit, 0)
+        assert gib >= 1 << 10, setting  # 1 TiB at least: never reached
+    finally:
+        engine.close()
+
+
+def test_new_rows_are_compressed_in_the_background() -> None:
+    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
+    try:
+        rows = engine.native_rows("t_1", _rows(0, 0).schema)
+        chunk = _rows(0, 100_000)
+        assert chunk.nbytes < AFTER_BYTES  # the first append is not enough
+        rows.append(chunk)
+        time.sleep(0.2)
+        assert engine.compactor.runs == 0 and _compressed_segments(engine, "t_1") == 0
+        for first in range(100_000, 600_000, 100_000):
+            rows.append(_rows(first, 100_000))
+        _wait_for_compaction(engine, 1)
+        assert _compressed_segments(engine, "t_1") > 0
+        assert engine.run("SELECT count(*) AS n, sum(id) AS s FROM t_1").to_pylist() == [
+            {"n": 600_000, "s": sum(range(600_000))}
+        ]
+    finally:
+        engine.close()
+
+
+def test_bulk_work_holds_compaction_back_until_it_ends() -> None:
+    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
+    try:
+        rows = engine.native_rows("t_1", _rows(0, 0).schema)
+        release = engine.compactor.hold()
+        for first in range(0, 600_000, 100_000):
+            rows.append(_rows(first, 100_000))
+        time.sleep(0.3)
+        assert engine.compactor.runs == 0 and _compressed_segments(engine, "t_1") == 0
+        release()
+        release()  # once is enough; again is harmless
+        _wait_for_compaction(engine, 1)
+        assert _compressed_segments(engine, "t_1") > 0
+    finally:
+        engine.close()
+
+
+def test_a_hold_defers_compaction_only_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(duckdb_engine, "DEFER_AT_MOST_S", 0.3)
+    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
+    try:
+        rows = engine.native_rows("t_1", _rows(0, 0).schema)
+        engine.compactor.hold()  # never released: a move whose coordinator went away
+        for first in range(0, 600_000, 100_000):
+            rows.append(_rows(first, 100_000))
+        _wait_for_compaction(engine, 1)
+        assert _compressed_segments(engine, "t_1") > 0
+    finally:
+        engine.close()
+
+
+def test_close_stops_the_compactor() -> None:
+    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    engine.compactor.hold()
+    for first in range(0, 600_000, 100_000):
+        rows.append(_rows(first, 100_000))
+    thread = engine.compactor._thread
+    assert thread is not None and thread.is_alive()
+    engine.close()
+    assert not thread.is_alive()

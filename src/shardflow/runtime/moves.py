@@ -213,6 +213,8 @@ class Import:
     stored: dict[str, Checksum] = field(default_factory=dict)
     """Per table, the checksum of what the new shards hold: the snapshot as stored (read
     back from the shards once the copy is committed), plus every change applied since."""
+    release_compaction: Callable[[], None] = lambda: None
+    """Lets the engine's compactor run again (held back while the copy is built)."""
 
     @property
     def shares_files(self) -> bool:
@@ -281,6 +283,7 @@ class TargetSide:
             move = self.imports.pop(move_id, None)
             if move is None:  # promoted already: the switch is being retried
                 return
+            move.release_compaction()
             for key, shard in move.shards.items():
                 shard.writer = True  # from the switch on, this copy logs the inserts
                 node.shards[key] = shard
@@ -292,6 +295,7 @@ class TargetSide:
             move = self.imports.pop(move_id, None)
         if move is None:
             return
+        move.release_compaction()
         for shard in move.shards.values():
             shard.abandon_load()
             self.node.release(shard)
@@ -308,7 +312,9 @@ class TargetSide:
             spec = node.catalog.table(table)
             for unit_id, _, _ in mine:
                 shards[(table, unit_id)] = node.new_shard(spec, str(unit_id), writer=writes)
-        move = Import(plan, mine, shards)
+        # the copy's appends, its catch-up and its fence must not wait for a compaction of
+        # the rows it stages; they are compacted once the move ends
+        move = Import(plan, mine, shards, release_compaction=node.engine.compactor.hold())
         with node.lock:
             self.imports[plan.move_id] = move
         return move

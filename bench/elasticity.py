@@ -3,8 +3,8 @@ shards migrate continuously; migration throughput beside a plain Arrow IPC copy 
 data over loopback; the write-fence pause; insert latency; drain time; failover time. The
 last line is ``p99_ratio=A fence_p99_ms=B copy_ratio=C insert_p99_ratio=D
 loaded_move_s_per_gb=E``: query p99 while migrating over steady, the fence pause's p99, the
-copy rate over plain Arrow IPC, insert p99 while migrating over steady (an inserter runs in
-both phases), and seconds per GB a move takes under this load.
+copy rate of moves on the idle cluster over plain Arrow IPC, insert p99 while migrating over
+steady (an inserter runs in both phases), and seconds per GB a move takes under this load.
 
     python bench/elasticity.py --sf 1 --workers 4
 """
@@ -99,6 +99,25 @@ def ipc_copy_rate(table: pa.Table) -> float:
     return received / elapsed
 
 
+def move_one(db: shardflow.Database, rng: random.Random) -> shardflow.MigrationRecord:
+    """Migrate a random lineitem unit to another node."""
+    shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+    shard = rng.choice(shards)
+    nodes = [n.node_id for n in db.cluster.nodes() if n.node_id != shard["node"]]
+    return db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes))
+
+
+def move_some(db: shardflow.Database, count: int) -> list[shardflow.MigrationRecord]:
+    """``count`` moves on an idle cluster, one after another (the copy rate's measure)."""
+    rng = random.Random(3)
+    return [move_one(db, rng) for _ in range(count)]
+
+
+def rates(moves: list[shardflow.MigrationRecord]) -> list[float]:
+    """Copy phase bytes per second of each move."""
+    return [m.bytes / m.phase_seconds["copy"] for m in moves if m.phase_seconds.get("copy")]
+
+
 def unit_rows(data: Path, lo: int, hi: int, n_buckets: int) -> pa.Table:
     """The lineitem rows of one bucket range: the data a migration of that unit copies."""
     lineitem = pq.read_table(data / "lineitem.parquet")
@@ -116,6 +135,9 @@ def main() -> None:
     parser.add_argument(
         "--bandwidth", type=float, default=0.0, help="migration bandwidth cap in MB/s (0: none)"
     )
+    parser.add_argument(
+        "--idle-moves", type=int, default=5, help="moves on the idle cluster (the copy rate)"
+    )
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
     args = parser.parse_args()
 
@@ -132,6 +154,7 @@ def main() -> None:
         db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")
         for number in MIX:
             db.sql(tpch.query(number))  # plans cached, everything warm
+        idle_moves = move_some(db, args.idle_moves)
 
         moves: list[shardflow.MigrationRecord] = []
         steady_inserts: list[float] = []
@@ -158,10 +181,7 @@ def main() -> None:
         def mover() -> None:
             rng = random.Random(7)
             while not stop.is_set():
-                shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
-                shard = rng.choice(shards)
-                nodes = [n.node_id for n in db.cluster.nodes() if n.node_id != shard["node"]]
-                moves.append(db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes)))
+                moves.append(move_one(db, rng))
 
         helpers = [
             threading.Thread(target=mover),
@@ -175,9 +195,8 @@ def main() -> None:
         for helper in helpers:
             helper.join()
 
-        copy_rates = [
-            m.bytes / m.phase_seconds["copy"] for m in moves if m.phase_seconds.get("copy")
-        ]
+        copy_rates = rates(moves)
+        idle_rates = rates(idle_moves)
         fences = [m.fence_seconds for m in moves]
         sample = max(moves, key=lambda m: m.bytes)
         lo_hi = next(s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem")
@@ -207,13 +226,13 @@ def main() -> None:
         f"{len(migrating_readers.failures)}"
     )
     print(f"p50 ratio {p50m / p50s:.2f}, p99 ratio {p99m / p99s:.2f}")
-    if copy_rates:
-        rate = statistics.median(copy_rates)
+    if idle_rates:
         print(
-            f"migration copy throughput (median) {rate / 1e6:.0f} MB/s; largest move "
+            f"migration copy throughput idle (median of {len(idle_rates)}) "
+            f"{statistics.median(idle_rates) / 1e6:.0f} MB/s, under the readers' load "
+            f"{statistics.median(copy_rates or [math.nan]) / 1e6:.0f} MB/s; largest move "
             f"{sample.bytes / 1e6:.0f} MB in {sample.seconds:.2f} s; plain Arrow IPC over "
-            f"loopback of one unit's lineitem rows {ipc_rate / 1e6:.0f} MB/s; ratio "
-            f"{rate / ipc_rate:.2f}"
+            f"loopback of one unit's lineitem rows {ipc_rate / 1e6:.0f} MB/s"
         )
     print(
         f"write fence pause p50 {percentile(fences, 50) * 1000:.0f} ms, p99 "
@@ -230,7 +249,7 @@ def main() -> None:
     )
     done = [m for m in moves if m.phase == "done" and m.bytes > 0]
     per_gb = statistics.median(m.seconds / (m.bytes / 1e9) for m in done) if done else math.nan
-    copy_ratio = statistics.median(copy_rates) / ipc_rate if copy_rates else math.nan
+    copy_ratio = statistics.median(idle_rates) / ipc_rate if idle_rates else math.nan
     steady_p99 = percentile(steady_inserts, 99)
     print(
         f"insert latency p99 steady {steady_p99 * 1000:.0f} ms, while migrating "

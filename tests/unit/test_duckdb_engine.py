@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from shardflow.engine import DuckDBEngine, duckdb_engine
-from shardflow.engine.duckdb_engine import with_views
+from shardflow.engine.duckdb_engine import NativeRows, with_views
 
 
 def test_close_while_queries_run_goes_through() -> None:
@@ -131,8 +131,14 @@ def _rows(first: int, count: int) -> pa.Table:
     )
 
 
-def _compressed_segments(engine: DuckDBEngine, physical: str) -> int:
-    info = engine.run(f"SELECT compression FROM pragma_storage_info('{physical}')")
+def _fill(rows: NativeRows, count: int = 600_000) -> None:
+    for first in range(0, count, 100_000):
+        rows.append(_rows(first, 100_000))
+
+
+def _compressed_segments(engine: DuckDBEngine, rows: NativeRows) -> int:
+    info = engine.run(f"SELECT compression FROM pragma_storage_info('{rows.physical}.rows')")
+    assert info.num_rows > 0
     return sum(kind != "Uncompressed" for kind in info.column("compression").to_pylist())
 
 
@@ -164,14 +170,39 @@ def test_new_rows_are_compressed_in_the_background() -> None:
         assert chunk.nbytes < AFTER_BYTES  # the first append is not enough
         rows.append(chunk)
         time.sleep(0.2)
-        assert engine.compactor.runs == 0 and _compressed_segments(engine, "t_1") == 0
+        assert engine.compactor.runs == 0 and _compressed_segments(engine, rows) == 0
         for first in range(100_000, 600_000, 100_000):
             rows.append(_rows(first, 100_000))
         _wait_for_compaction(engine, 1)
-        assert _compressed_segments(engine, "t_1") > 0
-        assert engine.run("SELECT count(*) AS n, sum(id) AS s FROM t_1").to_pylist() == [
+        assert _compressed_segments(engine, rows) > 0
+        assert engine.run(f"SELECT count(*) AS n, sum(id) AS s FROM {rows.ref}").to_pylist() == [
             {"n": 600_000, "s": sum(range(600_000))}
         ]
+    finally:
+        engine.close()
+
+
+def test_a_checkpoint_holds_up_appends_to_its_own_shard_only() -> None:
+    """Each shard has a database of its own: compressing one (which blocks appends to the
+    database it writes for as long as it takes) leaves the others' inserts alone."""
+    engine = DuckDBEngine(threads=1, compact_after_bytes=1 << 40)
+    try:
+        big = engine.native_rows("t_big", _rows(0, 0).schema)
+        small = engine.native_rows("t_small", _rows(0, 0).schema)
+        _fill(big, 1_500_000)
+        compacting = threading.Thread(target=big.compact)
+        compacting.start()
+        time.sleep(0.05)
+        waits = []
+        while compacting.is_alive():
+            started = time.perf_counter()
+            small.append(_rows(0, 10))
+            waits.append(time.perf_counter() - started)
+        compacting.join()
+        assert waits and _compressed_segments(engine, big) > 0
+        assert small.rows == 10 * len(waits)
+        # the appends went on while the big shard was compressed, rather than after it
+        assert len(waits) > 1 and max(waits) < sum(waits), waits
     finally:
         engine.close()
 
@@ -179,16 +210,22 @@ def test_new_rows_are_compressed_in_the_background() -> None:
 def test_bulk_work_holds_compaction_back_until_it_ends() -> None:
     engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
     try:
-        rows = engine.native_rows("t_1", _rows(0, 0).schema)
-        release = engine.compactor.hold()
-        for first in range(0, 600_000, 100_000):
-            rows.append(_rows(first, 100_000))
+        held = engine.native_rows("t_held", _rows(0, 0).schema)
+        free = engine.native_rows("t_free", _rows(0, 0).schema)
+        release = engine.compactor.hold(["t_held"])
+        _fill(held)
+        _fill(free)  # not held: compressed while the other one waits
+        _wait_for_compaction(engine, 1)
         time.sleep(0.3)
-        assert engine.compactor.runs == 0 and _compressed_segments(engine, "t_1") == 0
+        assert _compressed_segments(engine, held) == 0
+        assert _compressed_segments(engine, free) > 0
+        assert engine.compactor.held == 1
+        runs = engine.compactor.runs
         release()
         release()  # once is enough; again is harmless
-        _wait_for_compaction(engine, 1)
-        assert _compressed_segments(engine, "t_1") > 0
+        assert engine.compactor.held == 0
+        _wait_for_compaction(engine, runs + 1)
+        assert _compressed_segments(engine, held) > 0
     finally:
         engine.close()
 
@@ -198,11 +235,30 @@ def test_a_hold_defers_compaction_only_for_a_while(monkeypatch: pytest.MonkeyPat
     engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
     try:
         rows = engine.native_rows("t_1", _rows(0, 0).schema)
-        engine.compactor.hold()  # never released: a move whose coordinator went away
-        for first in range(0, 600_000, 100_000):
-            rows.append(_rows(first, 100_000))
+        engine.compactor.hold(["t_1"])  # never released: a move whose coordinator went away
+        _fill(rows)
         _wait_for_compaction(engine, 1)
-        assert _compressed_segments(engine, "t_1") > 0
+        assert _compressed_segments(engine, rows) > 0
+    finally:
+        engine.close()
+
+
+def test_a_dropped_shard_is_forgotten_and_its_readers_finish() -> None:
+    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
+    try:
+        rows = engine.native_rows("t_1", _rows(0, 0).schema)
+        engine.compactor.hold(["t_1"])
+        _fill(rows)
+        stream = rows.stream(100_000)
+        first = stream.next()
+        rows.drop()  # the database goes; the pinned reader still reads it to the end
+        seen = first.num_rows if first is not None else 0
+        while (batch := stream.next()) is not None:
+            seen += batch.num_rows
+        assert seen == 600_000
+        with pytest.raises(duckdb.Error):
+            engine.run(f"SELECT count(*) FROM {rows.ref}")
+        assert not engine.compactor._pending
     finally:
         engine.close()
 
@@ -210,9 +266,8 @@ def test_a_hold_defers_compaction_only_for_a_while(monkeypatch: pytest.MonkeyPat
 def test_close_stops_the_compactor() -> None:
     engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
     rows = engine.native_rows("t_1", _rows(0, 0).schema)
-    engine.compactor.hold()
-    for first in range(0, 600_000, 100_000):
-        rows.append(_rows(first, 100_000))
+    engine.compactor.hold(["t_1"])
+    _fill(rows)
     thread = engine.compactor._thread
     assert thread is not None and thread.is_alive()
     engine.close()

@@ -9,7 +9,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -136,13 +136,14 @@ class DuckDBEngine:
     def native_rows(self, physical: str, schema: pa.Schema) -> NativeRows:
         return NativeRows(self, physical, schema)
 
-    def set_view(self, name: str, physicals: list[str]) -> None:
-        """Make ``name`` read the union of ``physicals`` (drop it when there are none)."""
+    def set_view(self, name: str, refs: list[str]) -> None:
+        """Make ``name`` read the union of the native tables ``refs`` (their
+        :attr:`NativeRows.ref`; drop the view when there are none)."""
         with self._ddl:
-            if not physicals:
+            if not refs:
                 self.execute(f"DROP VIEW IF EXISTS {quote(name)}")
                 return
-            union = " UNION ALL ".join(f"SELECT * FROM {quote(p)}" for p in physicals)
+            union = " UNION ALL ".join(f"SELECT * FROM {ref}" for ref in refs)
             self.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {union}")
 
     def checksum(
@@ -160,9 +161,16 @@ class DuckDBEngine:
     def checksum_rows(self, rows: pa.Table) -> tuple[int, int]:
         return self.checksum("SELECT * FROM __sf_rows", {"__sf_rows": rows})
 
-    def drop_physical(self, physical: str) -> None:
+    def attach(self, database: str) -> None:
+        """An in-memory database of its own for one shard (made if missing)."""
         with self._ddl:
-            self.execute(f"DROP TABLE IF EXISTS {quote(physical)}")
+            self.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {quote(database)}")
+
+    def detach(self, database: str) -> None:
+        """Drop a shard's database and its rows (readers still in it finish first)."""
+        self.compactor.forget(database)
+        with self._ddl:
+            self.execute(f"DETACH DATABASE IF EXISTS {quote(database)}")
 
     def close(self) -> None:
         """Close the database; calls still running on other threads fail (DuckDB's
@@ -180,25 +188,30 @@ class DuckDBEngine:
 
 
 class NativeRows:
-    """A shard's rows as a native DuckDB table (a :class:`shardflow.storage.RowStore`)."""
+    """A shard's rows as a native DuckDB table (a :class:`shardflow.storage.RowStore`), in
+    an in-memory database of the shard's own, attached to the engine's: a checkpoint
+    (which compresses new rows, see :class:`Compactor`) blocks appends to the database it
+    writes, so with a database per shard it holds up no other shard's inserts."""
 
     def __init__(self, engine: DuckDBEngine, physical: str, schema: pa.Schema) -> None:
         self.engine = engine
         self.physical = physical
+        """The shard's database."""
+        self.ref = f"{quote(physical)}.main.rows"
+        """The table, as SQL names it."""
         self.schema = schema
         self._nbytes = 0
         self._rows = 0
         self._lock = threading.Lock()
+        engine.attach(physical)
         engine.execute(
-            f"CREATE OR REPLACE TABLE {quote(physical)} AS SELECT * FROM __sf_rows",
+            f"CREATE OR REPLACE TABLE {self.ref} AS SELECT * FROM __sf_rows",
             {"__sf_rows": schema.empty_table()},
         )
 
     def append(self, table: pa.Table) -> None:
-        self.engine.execute(
-            f"INSERT INTO {quote(self.physical)} SELECT * FROM __sf_rows", {"__sf_rows": table}
-        )
-        self.engine.compactor.appended(table.nbytes)
+        self.engine.execute(f"INSERT INTO {self.ref} SELECT * FROM __sf_rows", {"__sf_rows": table})
+        self.engine.compactor.appended(self.physical, table.nbytes)
         with self._lock:
             self._nbytes += table.nbytes
             self._rows += table.num_rows
@@ -206,16 +219,16 @@ class NativeRows:
     def reset(self, tables: list[pa.Table]) -> None:
         data = pa.concat_tables(tables) if tables else self.schema.empty_table()
         self.engine.execute(
-            f"CREATE OR REPLACE TABLE {quote(self.physical)} AS SELECT * FROM __sf_rows",
+            f"CREATE OR REPLACE TABLE {self.ref} AS SELECT * FROM __sf_rows",
             {"__sf_rows": data},
         )
-        self.engine.compactor.appended(data.nbytes)
+        self.engine.compactor.appended(self.physical, data.nbytes)
         with self._lock:
             self._nbytes = data.nbytes
             self._rows = data.num_rows
 
     def read(self) -> pa.Table:
-        table = self.engine.run(f"SELECT * FROM {quote(self.physical)}")
+        table = self.engine.run(f"SELECT * FROM {self.ref}")
         return table.cast(self.schema) if not table.schema.equals(self.schema) else table
 
     def stream(self, batch_rows: int) -> RowStream:
@@ -223,12 +236,12 @@ class NativeRows:
         follow (a transaction begun now keeps seeing them)."""
         cursor = self.engine._database.cursor()
         cursor.execute("BEGIN TRANSACTION")
-        cursor.execute(f"SELECT count(*) FROM {quote(self.physical)}").fetchall()
-        return RowStream(cursor, f"SELECT * FROM {quote(self.physical)}", batch_rows, self.schema)
+        cursor.execute(f"SELECT count(*) FROM {self.ref}").fetchall()
+        return RowStream(cursor, f"SELECT * FROM {self.ref}", batch_rows, self.schema)
 
     def checksum(self) -> tuple[int, int]:
         """(rows, order-independent sum of row hashes): equal on both sides of a move."""
-        return self.engine.checksum(f"SELECT * FROM {quote(self.physical)}")
+        return self.engine.checksum(f"SELECT * FROM {self.ref}")
 
     @property
     def rows(self) -> int:
@@ -239,8 +252,12 @@ class NativeRows:
         """Arrow size of the rows (DuckDB keeps them compressed, usually smaller)."""
         return self._nbytes
 
+    def compact(self) -> None:
+        """Compress the rows now, on this thread (appends to the shard wait meanwhile)."""
+        self.engine.compactor.compact(self.physical)
+
     def drop(self) -> None:
-        self.engine.drop_physical(self.physical)
+        self.engine.detach(self.physical)
 
 
 class RowStream:
@@ -290,20 +307,21 @@ class Compactor:
     """Compresses the rows appended to an engine's native tables, on a thread of its own.
 
     DuckDB keeps appended rows uncompressed until a checkpoint compresses them (one unit of
-    TPC-H lineitem: 495 MB as appended, 91 MB compressed). Left to itself it checkpoints an
-    in-memory database inside whichever commit crosses its ``checkpoint_threshold``: an
-    INSERT, a user's or a live move's, then waited 2-6 s while every new row group of the
-    database was compressed. The engine turns that off and this thread checkpoints instead,
-    once ``after_bytes`` were appended; bulk work (a load, a move's copy) holds it back
-    (:meth:`hold`) so that its own appends and its fence do not wait on it, for at most
-    :data:`DEFER_AT_MOST_S`. A checkpoint blocks appends only to the table it is writing
-    at that moment; queries, and appends to other tables, go on."""
+    TPC-H lineitem: 495 MB as appended, 91 MB compressed). Left to itself it checkpoints
+    inside whichever commit crosses its ``checkpoint_threshold``, and a checkpoint blocks
+    appends to the database it writes: an INSERT, a user's or a live move's, waited 2-6 s
+    while every new row group was compressed. The engine turns that off; each shard has a
+    database of its own (:class:`NativeRows`), and this thread checkpoints one once
+    ``after_bytes`` were appended to it, so only that shard's appends wait, for as long
+    as its own new rows take. Bulk work holds a database back (:meth:`hold`: a load while
+    it stages, a move's copy until it is served), for at most :data:`DEFER_AT_MOST_S`."""
 
     def __init__(self, database: duckdb.DuckDBPyConnection, after_bytes: int) -> None:
         self._database = database
         self.after_bytes = after_bytes
-        self._pending = 0
-        self._holds: dict[int, float] = {}
+        self._pending: dict[str, int] = {}
+        """Bytes appended since the last checkpoint, per database."""
+        self._holds: dict[int, tuple[frozenset[str], float]] = {}
         self._next_hold = 0
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -311,19 +329,25 @@ class Compactor:
         self.runs = 0
         """Checkpoints done (for tests and logs)."""
 
-    def appended(self, nbytes: int) -> None:
+    def appended(self, database: str, nbytes: int) -> None:
         with self._changed:
-            self._pending += nbytes
-            if self._pending >= self.after_bytes:
+            self._pending[database] = self._pending.get(database, 0) + nbytes
+            if self._pending[database] >= self.after_bytes:
                 self._start_locked()
                 self._changed.notify_all()
 
-    def hold(self) -> Callable[[], None]:
-        """Hold compaction back until the returned function is called (once is enough)."""
+    def forget(self, database: str) -> None:
+        """The database is gone."""
+        with self._changed:
+            self._pending.pop(database, None)
+
+    def hold(self, databases: Iterable[str]) -> Callable[[], None]:
+        """Hold compaction of ``databases`` back until the returned function is called
+        (once is enough)."""
         with self._changed:
             self._next_hold += 1
             token = self._next_hold
-            self._holds[token] = time.monotonic()
+            self._holds[token] = (frozenset(databases), time.monotonic())
 
         def release() -> None:
             with self._changed:
@@ -337,6 +361,12 @@ class Compactor:
         """Holds not released yet."""
         with self._changed:
             return len(self._holds)
+
+    def compact(self, database: str) -> None:
+        """Checkpoint ``database`` now, on this thread."""
+        with self._changed:
+            self._pending.pop(database, None)
+        self._checkpoint(database)
 
     def close(self) -> None:
         """Stop; a checkpoint under way is waited for (at most COMPACTOR_CLOSE_WAIT_S)."""
@@ -352,35 +382,46 @@ class Compactor:
             self._thread = threading.Thread(target=self._run, name="compactor", daemon=True)
             self._thread.start()
 
-    def _wait_s_locked(self) -> float | None:
-        """0 when a checkpoint is due now, the seconds until the oldest hold expires when
-        only holds keep it back, None when nothing is due."""
-        if self._pending < self.after_bytes:
-            return None
-        if not self._holds:
-            return 0.0
-        oldest = min(self._holds.values())
-        return max(0.0, oldest + DEFER_AT_MOST_S - time.monotonic())
+    def _next_locked(self) -> tuple[str | None, float | None]:
+        """The database to checkpoint now (the one with most new bytes), else the seconds
+        until a hold keeping one back expires (None: nothing is due)."""
+        now = time.monotonic()
+        held: dict[str, float] = {}
+        for databases, since in self._holds.values():
+            for name in databases:
+                held[name] = min(held.get(name, since), since)
+        wait: float | None = None
+        for name, pending in sorted(self._pending.items(), key=lambda item: -item[1]):
+            if pending < self.after_bytes:
+                break
+            expires = held.get(name, -DEFER_AT_MOST_S) + DEFER_AT_MOST_S
+            if expires <= now:
+                return name, None
+            wait = expires - now if wait is None else min(wait, expires - now)
+        return None, wait
 
     def _run(self) -> None:
         while True:
             with self._changed:
-                wait = self._wait_s_locked()
-                while not self._closed and wait != 0.0:
+                database, wait = self._next_locked()
+                while not self._closed and database is None:
                     self._changed.wait(wait)
-                    wait = self._wait_s_locked()
-                if self._closed:
+                    database, wait = self._next_locked()
+                if self._closed or database is None:
                     return
-                self._pending = 0
-            started = time.monotonic()
+                del self._pending[database]
+            self._checkpoint(database)
+
+    def _checkpoint(self, database: str) -> None:
+        started = time.monotonic()
+        try:
+            cursor = self._database.cursor()
             try:
-                cursor = self._database.cursor()
-                try:
-                    cursor.execute("CHECKPOINT")
-                finally:
-                    cursor.close()
-            except duckdb.Error as error:  # the rows stay as they are, which is only bigger
-                log.warning("compaction failed (tried again later): %s", error)
-                continue
-            self.runs += 1
-            log.debug("compacted new rows in %.2f s", time.monotonic() - started)
+                cursor.execute(f"CHECKPOINT {quote(database)}")
+            finally:
+                cursor.close()
+        except duckdb.Error as error:  # gone meanwhile; or its rows stay as they are
+            log.info("compaction of %s skipped: %s", database, error)
+            return
+        self.runs += 1
+        log.debug("compacted %s in %.2f s", database, time.monotonic() - started)

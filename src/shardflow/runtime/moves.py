@@ -214,7 +214,7 @@ class Import:
     """Per table, the checksum of what the new shards hold: the snapshot as stored (read
     back from the shards once the copy is committed), plus every change applied since."""
     release_compaction: Callable[[], None] = lambda: None
-    """Lets the engine's compactor run again (held back while the copy is built)."""
+    """Lets the engine's compactor at the new shards again (held back while they are built)."""
 
     @property
     def shares_files(self) -> bool:
@@ -257,6 +257,9 @@ class TargetSide:
                 self._snapshot_done(move, key, pin)
         for shard in move.shards.values():
             shard.commit_load()
+            # compressed here, where only the move waits for it: left to the compactor, it
+            # would make the shard's first inserts after the switch wait
+            _physical(shard).compact()
         self._inject_test_fault(move)
         move.stored = self._stored_checksums(move)
         return CopyResult(rows, size)
@@ -312,9 +315,10 @@ class TargetSide:
             spec = node.catalog.table(table)
             for unit_id, _, _ in mine:
                 shards[(table, unit_id)] = node.new_shard(spec, str(unit_id), writer=writes)
-        # the copy's appends, its catch-up and its fence must not wait for a compaction of
-        # the rows it stages; they are compacted once the move ends
-        move = Import(plan, mine, shards, release_compaction=node.engine.compactor.hold())
+        # the compactor leaves the new shards alone while they are built: the copy
+        # compacts them itself once its rows are in, and catch-up and fence never wait
+        held = node.engine.compactor.hold(_physical(shard).physical for shard in shards.values())
+        move = Import(plan, mine, shards, release_compaction=held)
         with node.lock:
             self.imports[plan.move_id] = move
         return move
@@ -397,7 +401,7 @@ class TargetSide:
             rows = _physical(shard)
             if shard.rows == 0:
                 continue
-            name = quote(rows.physical)
+            name = rows.ref
             if fault == "drop_row":
                 statement = f"DELETE FROM {name} WHERE rowid = (SELECT min(rowid) FROM {name})"
             else:

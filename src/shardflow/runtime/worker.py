@@ -31,7 +31,7 @@ import pyarrow as pa
 from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec, lease
 from shardflow.config import MIN_WORKER_MEMORY_MB, Settings
 from shardflow.engine import DuckDBEngine, Engine
-from shardflow.engine.duckdb_engine import NativeRows, quote
+from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.engine.simulated import SlowedEngine
 from shardflow.errors import ConfigError, Moved, NodeFault, QueryError
 from shardflow.runtime.executor import FragmentStats, distinct_names, query_error
@@ -338,16 +338,22 @@ class WorkerNode:
     def refresh_view(self, table: str) -> None:
         """The view named ``table`` reads exactly the shards this node serves of it."""
         if table in self.replicas:
-            physicals = [self._physical(self.replicas[table])]
+            refs = [self._ref(self.replicas[table])]
         else:
             units = sorted(u for t, u in self.shards if t == table)
-            physicals = [self._physical(self.shards[(table, u)]) for u in units]
-        self.engine.set_view(table, physicals)
+            refs = [self._ref(self.shards[(table, u)]) for u in units]
+        self.engine.set_view(table, refs)
 
     @staticmethod
     def _physical(shard: Shard) -> str:
+        """The shard's database (its native table is :meth:`_ref`)."""
         assert isinstance(shard.data, NativeRows)
         return shard.data.physical
+
+    @staticmethod
+    def _ref(shard: Shard) -> str:
+        assert isinstance(shard.data, NativeRows)
+        return shard.data.ref
 
     def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
         """Release a shard no longer served here: now, or when the fragments still reading
@@ -402,7 +408,9 @@ class WorkerNode:
                 shards = {u: self.new_shard(spec, str(u), writer=True) for u in unit_ids}
             self.loading[spec.name] = shards
             # a load's appends do not wait for compactions of its own rows; they follow it
-            self._release_compaction[spec.name] = self.engine.compactor.hold()
+            self._release_compaction[spec.name] = self.engine.compactor.hold(
+                self._physical(shard) for shard in shards.values()
+            )
 
     def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
         shards = self.loading[table]
@@ -482,8 +490,7 @@ class WorkerNode:
                     if (table, unit) not in self.shards:
                         raise Moved(f"{table}#{unit}", epoch)
                 views[table] = " UNION ALL ".join(
-                    f"SELECT * FROM {quote(self._physical(self.shards[(table, u)]))}"
-                    for u in sorted(units)
+                    f"SELECT * FROM {self._ref(self.shards[(table, u)])}" for u in sorted(units)
                 )
         return views
 

@@ -220,6 +220,35 @@ def test_a_move_to_a_worker_that_is_gone_rolls_back(cluster: LocalCluster) -> No
     assert_serves(cluster, events(0, ROWS))
 
 
+def test_a_move_whose_source_fails_over_onto_its_target_rolls_back_and_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source dies during the move and the failover gives its units to the move's
+    target (here the only other node): the catalog syncs left the moving unit to the copy
+    being built; when the move rolls back, the target serves the unit from its files."""
+    cluster = LocalCluster(tmp_path / "data", nodes=2)
+    try:
+        cluster.create_table("events", events(0, ROWS), "id")
+        unit = cluster.units("events")[0]
+        source, target = unit.node, other_node(cluster, unit.node)
+        catch_up = TargetSide.catch_up
+
+        def source_dies(side: TargetSide, *args: Any) -> int:
+            if source in cluster.catalog.nodes:
+                cluster.workers.stop(source)
+                cluster.controller.fail_node(source)
+            return catch_up(side, *args)
+
+        monkeypatch.setattr(TargetSide, "catch_up", source_dies)
+        record = cluster.migrate(unit.unit_id, target)
+        assert record["phase"] == "rolled_back", record["outcome"]
+        assert list(cluster.catalog.nodes) == [target]
+        assert cluster.catalog.group_of("events").unit(unit.unit_id).node == target
+        assert_serves(cluster, events(0, ROWS))
+    finally:
+        cluster.close()
+
+
 def test_a_shard_the_catalog_takes_away_refuses_appends_and_outlives_its_readers(
     cluster: LocalCluster,
 ) -> None:

@@ -272,3 +272,15 @@ def test_close_stops_the_compactor() -> None:
     assert thread is not None and thread.is_alive()
     engine.close()
     assert not thread.is_alive()
+
+
+def test_a_pinned_snapshot_closes_quietly_after_its_engine() -> None:
+    """A background checkpoint still reading a shard when its worker stops closes its
+    snapshot after the engine is gone: that must not raise in the checkpoint's thread."""
+    engine = DuckDBEngine(threads=1)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    rows.append(_rows(0, 1000))
+    stream = rows.stream(100)
+    assert stream.next() is not None
+    engine.close()
+    stream.close()

@@ -206,7 +206,9 @@ class SwitchRouting:
 
 @dataclass(frozen=True)
 class CleanUpSource:
-    pass
+    hand_over: bool = False
+    """The switch was cut short (a coordinator restarted past it): retire the sources and
+    tell every node the routing first, as the switch would have, before dropping them."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ def resume(
         return state, []
     if switched:
         moved = state if state.phase == Phase.CLEANUP else state._enter(Phase.CLEANUP, now)
-        return moved, [CleanUpSource()]
+        return moved, [CleanUpSource(hand_over=True)]
     return _transition_failed(state, Failed("the coordinator restarted during the move"), now)
 
 

@@ -299,6 +299,8 @@ class RowStream:
             self._closed = True
             try:
                 self._cursor.execute("COMMIT")
+            except duckdb.ConnectionException:
+                pass  # the engine closed (its worker stopped): the snapshot went with it
             finally:
                 self._cursor.close()
 

@@ -138,10 +138,15 @@ class Controller:
 
     def _resume(self) -> None:
         try:
-            for state in self.migrator.resume_unfinished():
-                log.info("resumed move %s: %s", state.plan.move_id, state.outcome)
+            for result in self.resume():
+                log.info("resumed move %s: %s", result["move_id"], result["outcome"])
         except Exception:  # a resume must never take the coordinator down
             log.exception("resuming unfinished moves failed")
+
+    def resume(self) -> list[dict[str, Any]]:
+        """Finish (past the switch) or roll back the moves a previous coordinator left
+        unfinished; each is recorded and counted as any move is."""
+        return [self._finished(state) for state in self.migrator.resume_unfinished()]
 
     def adopt(self) -> None:
         """This coordinator restarted (its node was lost): the members' profiles died with
@@ -211,7 +216,10 @@ class Controller:
 
     # -- moves --------------------------------------------------------------------------
     def run_move(self, plan: MovePlan) -> dict[str, Any]:
-        state = self.migrator.run(plan)
+        return self._finished(self.migrator.run(plan))
+
+    def _finished(self, state: MigrationState) -> dict[str, Any]:
+        plan = state.plan
         if state.outcome.startswith("done") and plan.kind != "move":  # a move keeps its ids
             self._carry_history(plan)
         result = record(state, self.state.catalog.group_tables(plan.group))

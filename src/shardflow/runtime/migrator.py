@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from shardflow.control import migration
 from shardflow.control.migration import (
@@ -137,6 +138,8 @@ class Migrator:
             if isinstance(action, SwitchRouting):
                 return self._switch(plan)
             if isinstance(action, CleanUpSource):
+                if action.hand_over:
+                    self._hand_over(plan, self.state.catalog_json())
                 for reply in [w.drop_retired(plan.move_id) for w in self._sources(plan)]:
                     reply.get()
                 return CleanedUp()
@@ -180,7 +183,11 @@ class Migrator:
 
     def _switch(self, plan: MovePlan) -> Event:
         self._target(plan).promote(plan.move_id).get()
-        catalog = self.state.apply_switch(plan)
+        self._hand_over(plan, self.state.apply_switch(plan))
+        return Switched()
+
+    def _hand_over(self, plan: MovePlan, catalog: dict[str, Any]) -> None:
+        """The sources stop serving what moved (idempotent); every node hears the routing."""
         for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
             reply.get()
         for node in self.state.catalog.nodes:  # routing news; the session learns on its own
@@ -188,7 +195,6 @@ class Migrator:
                 self.workers.get(node).sync(catalog)  # not waited for
             except Error:
                 pass
-        return Switched()
 
     def _roll_back(self, plan: MovePlan) -> None:
         """The target drops its copy, the sources serve writes again (all asked at once;

@@ -304,6 +304,9 @@ class TargetSide:
             self.node.release(shard)
             if not move.shares_files:  # the source's files are the shard's files
                 shard.store.destroy()
+        # a failover during the move may have given this node the very unit it was copying
+        # (its source died): catalog syncs left it to the copy, so serve it from its files now
+        self.node.sync(self.node.catalog.to_json())
 
     # -- steps ----------------------------------------------------------------------------
     def _begin(self, plan: MovePlan) -> Import:

@@ -110,6 +110,11 @@ def test_compaction_waits_while_a_copy_is_built_and_runs_after(
     monkeypatch.setattr(TargetSide, "catch_up", watched)
     assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
     assert seen and all(held[to] == 1 for held in seen)
+    # the move compressed its copy itself (at its first catch-up, before the fence)
+    node = cluster.workers.get(to).node
+    physical = node.shards[("events", unit.unit_id)].data.physical
+    kinds = node.engine.run(f"SELECT compression FROM pragma_storage_info('{physical}.rows')")
+    assert any(kind != "Uncompressed" for kind in kinds.column("compression").to_pylist())
     assert set(held_compactions(cluster).values()) == {0}
     assert all(held[unit.node] == 0 for held in seen)
 

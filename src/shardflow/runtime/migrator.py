@@ -27,6 +27,7 @@ from shardflow.control.migration import (
     MigrationPolicy,
     MigrationState,
     MovePlan,
+    Phase,
     PrecheckDone,
     RollBack,
     RunPrecheck,
@@ -43,6 +44,10 @@ PRECHECK_TIMEOUT_S = 30.0
 HEADROOM_FACTOR = 1.5
 MAX_ACTIONS = 200
 HISTORY = 1000
+UNWRITTEN = frozenset({Phase.VERIFY, Phase.SWITCH})
+"""Phases kept in memory only: they pass while writers are held, and a restarted
+coordinator does the same found in them as found in FENCE (whether the catalog switched
+decides)."""
 
 
 class Migrator:
@@ -74,11 +79,12 @@ class Migrator:
         return sorted(found, key=lambda m: m.started_at)[-HISTORY:]
 
     def _persist(self, state: MigrationState) -> None:
-        payload = json.dumps(migration.to_json(state)).encode()
-        # not fsync'ed: after a machine crash an older phase is found, which rolls back (or,
-        # past the switch that the fsync'ed catalog records, cleans up) exactly the same way
-        path = f"{self.folder}/{state.plan.move_id}.json"
-        self.state.data_dir.write_atomic(path, payload, sync=False)
+        if state.phase not in UNWRITTEN:
+            payload = json.dumps(migration.to_json(state)).encode()
+            # not fsync'ed: after a machine crash an older phase is found, which rolls back
+            # (or, past the switch the fsync'ed catalog records, cleans up) the same way
+            path = f"{self.folder}/{state.plan.move_id}.json"
+            self.state.data_dir.write_atomic(path, payload, sync=False)
         for index, known in enumerate(self.history):
             if known.plan.move_id == state.plan.move_id:
                 self.history[index] = state
@@ -139,7 +145,8 @@ class Migrator:
                 return self._switch(plan)
             if isinstance(action, CleanUpSource):
                 if action.hand_over:
-                    self._hand_over(plan, self.state.catalog_json())
+                    self._retire_sources(plan)
+                self._announce(self.state.catalog_json())
                 for reply in [w.drop_retired(plan.move_id) for w in self._sources(plan)]:
                     reply.get()
                 return CleanedUp()
@@ -183,14 +190,19 @@ class Migrator:
 
     def _switch(self, plan: MovePlan) -> Event:
         self._target(plan).promote(plan.move_id).get()
-        self._hand_over(plan, self.state.apply_switch(plan))
+        self.state.apply_switch(plan)
+        self._retire_sources(plan)  # writers held by the fence are told Moved from here
         return Switched()
 
-    def _hand_over(self, plan: MovePlan, catalog: dict[str, Any]) -> None:
-        """The sources stop serving what moved (idempotent); every node hears the routing."""
+    def _retire_sources(self, plan: MovePlan) -> None:
+        """The sources stop serving what moved (idempotent)."""
         for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
             reply.get()
-        for node in self.state.catalog.nodes:  # routing news; the session learns on its own
+
+    def _announce(self, catalog: dict[str, Any]) -> None:
+        """Routing news for every node, once writers are free again (sessions learn on
+        their own, from ``Moved``)."""
+        for node in self.state.catalog.nodes:
             try:
                 self.workers.get(node).sync(catalog)  # not waited for
             except Error:

@@ -213,6 +213,8 @@ class Import:
     stored: dict[str, Checksum] = field(default_factory=dict)
     """Per table, the checksum of what the new shards hold: the snapshot as stored (read
     back from the shards once the copy is committed), plus every change applied since."""
+    compacted: bool = False
+    """Whether the copy's rows were compressed (at the first catch-up)."""
     release_compaction: Callable[[], None] = lambda: None
     """Lets the engine's compactor at the new shards again (held back while they are built)."""
 
@@ -257,9 +259,6 @@ class TargetSide:
                 self._snapshot_done(move, key, pin)
         for shard in move.shards.values():
             shard.commit_load()
-            # compressed here, where only the move waits for it: left to the compactor, it
-            # would make the shard's first inserts after the switch wait
-            _physical(shard).compact()
         self._inject_test_fault(move)
         move.stored = self._stored_checksums(move)
         return CopyResult(rows, size)
@@ -267,6 +266,13 @@ class TargetSide:
     def catch_up(self, move_id: str, link: Callable[[str], SourceLink]) -> int:
         """Apply what the sources took in since the last pull; returns those rows."""
         move = self.imports[move_id]
+        if not move.compacted:
+            # the copy is compressed here, where only the move waits for it (the sources
+            # take writes meanwhile; this round carries them): left to the compactor, it
+            # would hold the fence's appends, or the shard's first inserts after the switch
+            for shard in move.shards.values():
+                _physical(shard).compact()
+            move.compacted = True
         since = dict(move.applied)
         nodes = _source_nodes(move.plan)
         replies = [link(node).changes(move_id, since) for node in nodes]  # all at once

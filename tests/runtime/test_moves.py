@@ -15,9 +15,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from shardflow.control.admission import CopyPacer
 from shardflow.control.migration import Checksum, MigrationState
 from shardflow.errors import Moved
 from shardflow.runtime.moves import TargetSide
+from shardflow.runtime.worker import WorkerNode
 from tests.support.local_cluster import LocalCluster
 
 ROWS = 20_000
@@ -117,6 +119,37 @@ def test_compaction_waits_while_a_copy_is_built_and_runs_after(
     assert any(kind != "Uncompressed" for kind in kinds.column("compression").to_pylist())
     assert set(held_compactions(cluster).values()) == {0}
     assert all(held[unit.node] == 0 for held in seen)
+
+
+def test_a_copy_is_paced_by_how_much_the_targets_own_work_slows_down(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes learn how long their fragments and inserts usually take; a move's copy asks
+    its target after every chunk how much slower they run now, and waits as the pacer
+    says (``control/admission.py``)."""
+    for number in range(3):
+        cluster.insert("events", events(ROWS + 100 * number, 100))
+        cluster.sql(CHECK)
+    kinds = {
+        kind
+        for node in cluster.catalog.nodes
+        for kind in cluster.workers.get(node).node.foreground.usual
+    }
+    assert any(k.startswith("insert events") for k in kinds), kinds
+    assert any("sum(events.id)" in k.lower() for k in kinds), kinds
+    asked: list[tuple[int, float]] = []
+    after_chunk = CopyPacer.after_chunk
+
+    def spied(pacer: CopyPacer, nbytes: int, seconds: float, slowdown: float) -> float:
+        asked.append((nbytes, slowdown))
+        return after_chunk(pacer, nbytes, seconds, slowdown)
+
+    monkeypatch.setattr(CopyPacer, "after_chunk", spied)
+    monkeypatch.setattr(WorkerNode, "foreground_slowdown", lambda node: 3.0)
+    unit = cluster.units("events")[0]
+    assert cluster.migrate(unit.unit_id, other_node(cluster, unit.node))["phase"] == "done"
+    assert asked and all(nbytes > 0 and slowdown == 3.0 for nbytes, slowdown in asked)
+    assert_serves(cluster, pa.concat_tables([events(0, ROWS + 300)]))
 
 
 def test_inserts_made_during_a_move_arrive_and_are_counted(cluster: LocalCluster) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from shardflow.control.admission import CopyPacer
 from shardflow.control.migration import Checksum, MoveKind, MovePlan, SourceChecksums
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.errors import Moved
@@ -239,24 +240,33 @@ class TargetSide:
     def copy_snapshot(
         self, plan: MovePlan, link: Callable[[str], SourceLink], bandwidth_bytes_s: float
     ) -> CopyResult:
-        """Copy the sources' pinned snapshots into new shards here, chunk by chunk, at most
+        """Copy the sources' pinned snapshots into new shards here, chunk by chunk, paced by
+        how much this node's own work slows down (``control/admission.py``), at most
         ``bandwidth_bytes_s`` (0: no cap), and commit them; then read back the checksum of
         what was stored. ``link`` reaches the source on a node."""
         move = self._begin(plan)
         rows = size = 0
-        started = time.monotonic()
+        pacer = CopyPacer.capped(bandwidth_bytes_s)
         for node in _source_nodes(plan):
             source = link(node)
             pinned = source.pin(plan)
             for key, pin in pinned.shards.items():
+                last = time.monotonic()
                 for chunk in source.chunks(plan.move_id, key):
                     rows += self._stage(move, key, chunk)
                     size += chunk.nbytes
-                    if bandwidth_bytes_s > 0:
-                        ahead = size / bandwidth_bytes_s - (time.monotonic() - started)
-                        if ahead > 0:
-                            time.sleep(ahead)
+                    slowdown = self.node.foreground_slowdown()
+                    wait = pacer.after_chunk(chunk.nbytes, time.monotonic() - last, slowdown)
+                    if wait > 0:
+                        time.sleep(wait)
+                    last = time.monotonic()
                 self._snapshot_done(move, key, pin)
+        if pacer.waited:
+            log.info(
+                "move %s: the copy gave way to the foreground for %.1f s",
+                plan.move_id,
+                pacer.waited,
+            )
         for shard in move.shards.values():
             shard.commit_load()
         self._inject_test_fault(move)

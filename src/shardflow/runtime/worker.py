@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec, lease
 from shardflow.config import MIN_WORKER_MEMORY_MB, Settings
+from shardflow.control.admission import Foreground
 from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.engine.simulated import SlowedEngine
@@ -168,6 +169,15 @@ fragment is tried again, and the node's failure rate counts them. Running out of
 the query's size, not the node's health: it is not among them."""
 
 
+_CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind(sql: str) -> str:
+    """A fragment's kind of work: its SQL with the constants left out."""
+    return _CONSTANTS.sub("?", sql)
+
+
 @functools.lru_cache(maxsize=1024)
 def _operators(sql: str) -> tuple[str, ...]:
     return operator_mix(sql)
@@ -230,6 +240,9 @@ class WorkerNode:
         """This node as the source of live moves."""
         self.target = TargetSide(self)
         """This node as the target of live moves."""
+        self.foreground = Foreground()
+        """Latencies of this node's fragments and inserts, usual and recent."""
+        self._foreground_lock = threading.Lock()
         self._running = 0
         self._busy_seconds = 0.0
         self._started = time.monotonic()
@@ -460,6 +473,7 @@ class WorkerNode:
         """Append each part (rows and their buckets) to its shard, durably; returns the new
         LSN per unit."""
         lsns = {}
+        started = time.perf_counter()
         for unit, (part, buckets) in parts.items():
             shard = self.shards.get((table, unit))
             if shard is None:
@@ -470,7 +484,21 @@ class WorkerNode:
                 self._count(failed=True)
                 raise
         self._count(failed=False)
+        rows = sum(part.num_rows for part, _ in parts.values())
+        self.record_foreground(f"insert {table} {rows.bit_length()}", time.perf_counter() - started)
         return lsns
+
+    # -- the foreground, as moves see it --------------------------------------------------
+    def record_foreground(self, kind: str, seconds: float) -> None:
+        """A fragment or an insert finished (what a move's copy must not slow down)."""
+        with self._foreground_lock:
+            copying = bool(self.target.imports)
+            self.foreground.record(kind, seconds, time.monotonic(), background=copying)
+
+    def foreground_slowdown(self) -> float:
+        """How much slower than usual this node's work runs now (1.0: as usual)."""
+        with self._foreground_lock:
+            return self.foreground.slowdown(time.monotonic())
 
     def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
         shard = self.replicas.get(table)
@@ -554,6 +582,7 @@ class WorkerNode:
                         self._unit_seconds[unit][operator] += elapsed / len(units) / len(operators)
                 for key in reading:
                     self._shard_seconds[key] += elapsed / len(reading)
+            self.record_foreground(_kind(sql), elapsed)
         self._count(failed=False)
         if not profile:
             return result, FragmentStats(elapsed, result.num_rows)

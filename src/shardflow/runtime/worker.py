@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -221,8 +221,6 @@ class WorkerNode:
         self.shards: dict[ShardKey, Shard] = {}
         self.replicas: dict[str, Shard] = {}
         self.loading: dict[str, dict[int | str, Shard]] = {}
-        self._release_compaction: dict[str, Callable[[], None]] = {}
-        """Per table being loaded: lets the engine's compactor run again."""
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
         self._releasing: list[tuple[ShardKey, Shard]] = []
@@ -420,10 +418,6 @@ class WorkerNode:
             else:
                 shards = {u: self.new_shard(spec, str(u), writer=True) for u in unit_ids}
             self.loading[spec.name] = shards
-            # a load's appends do not wait for compactions of its own rows; they follow it
-            self._release_compaction[spec.name] = self.engine.compactor.hold(
-                self._physical(shard) for shard in shards.values()
-            )
 
     def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
         shards = self.loading[table]
@@ -441,7 +435,6 @@ class WorkerNode:
         """Make a committed load visible: the staged shards become served shards."""
         with self.lock:
             shards = self.loading.pop(table, {})
-            self._release_compaction.pop(table, lambda: None)()
             for unit, shard in shards.items():
                 if unit == REPLICA:
                     self.replicas[table] = shard
@@ -455,7 +448,6 @@ class WorkerNode:
     def abort_load(self, table: str) -> None:
         with self.lock:
             shards = self.loading.pop(table, {})
-            self._release_compaction.pop(table, lambda: None)()
         for shard in shards.values():
             shard.abandon_load()
             self.release(shard)

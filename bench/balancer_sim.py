@@ -246,7 +246,10 @@ def play(
                 for u in units
             ]  # fmt: skip
             if predictive:
-                decision = plan_ahead(observed, states, history, t, settings, previous)
+                pace = move_s_per_gb / 2**30  # what the controller measures from its moves
+                decision = plan_ahead(
+                    observed, states, history, t, settings, previous, move_s_per_byte=pace
+                )
             else:
                 decision = plan(observed, states, settings, previous)
             previous = decision.total_load

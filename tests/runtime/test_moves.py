@@ -152,6 +152,17 @@ def test_a_copy_is_paced_by_how_much_the_targets_own_work_slows_down(
     assert_serves(cluster, pa.concat_tables([events(0, ROWS + 300)]))
 
 
+def test_the_balancer_knows_how_long_moves_take_now(cluster: LocalCluster) -> None:
+    assert cluster.controller.move_s_per_byte() == 0.0  # no move yet
+    unit = cluster.units("events")[0]
+    record = cluster.migrate(unit.unit_id, other_node(cluster, unit.node))
+    assert record["phase"] == "done"
+    state = last_move(cluster)
+    assert state.finished_at is not None
+    took = (state.finished_at - state.started_at) / state.copied_bytes
+    assert cluster.controller.move_s_per_byte() == pytest.approx(took)
+
+
 def test_inserts_made_during_a_move_arrive_and_are_counted(cluster: LocalCluster) -> None:
     unit = cluster.units("events")[0]
     stop = threading.Event()

@@ -146,6 +146,25 @@ def test_a_forecast_overload_far_ahead_waits_for_a_quiet_hour() -> None:
     assert plan_ahead(*at(quiet), history, quiet, SETTINGS).actions
 
 
+def test_slow_moves_start_earlier_before_a_forecast_overload() -> None:
+    """The same cluster as above at night, node-0's peak 7 h away: with moves as fast as
+    an idle cluster's they wait for a quiet window; at the speed moves go under load now
+    (here 5 h for the GiB to move) the overload is too close to wait."""
+    peaks = {1: 9.0, 2: 9.0, 3: 9.0, 4: 21.0, 5: 21.0}
+    history = scaled(learned(peaks), 0.3)
+    late = 2 * DAY + 22 * HOUR
+    units = [
+        UnitState(u, f"g{u}", "node-0" if u <= 3 else "node-1", 0, 1, 1 << 30,
+                  0.3 * working_day(h, late))
+        for u, h in peaks.items()
+    ]  # fmt: skip
+    nodes = [NodeState("node-0", 1.0), NodeState("node-1", 1.0, utilization=0.6)]
+    fast = plan_ahead(nodes, units, history, late, SETTINGS, move_s_per_byte=30 / (1 << 30))
+    assert fast.actions == () and "wait for a quiet window" in fast.reason
+    slow = plan_ahead(nodes, units, history, late, SETTINGS, move_s_per_byte=5 * HOUR / (1 << 30))
+    assert slow.actions and slow.actions[0].reason.startswith("predicted: node-0")
+
+
 def test_a_move_never_makes_an_overload_elsewhere() -> None:
     """Three morning tenants on node-0 and an evening one on node-1: node-1 can take one
     morning tenant and stay under 72 % all day, not two."""

@@ -222,11 +222,14 @@ def plan_ahead(
     previous_load: float | None = None,
     busy: frozenset[int] = frozenset(),
     excluded: frozenset[str] = frozenset(),
+    move_s_per_byte: float = 0.0,
 ) -> Decision:
     """The balancer's decision made ahead, on forecasts, where every unit is known; else
     the reactive balancer's (:func:`shardflow.control.balancer.plan`) on observed load.
     Every action's reason starts with ``predicted:`` or ``observed:`` (see the module's
-    docstring)."""
+    docstring). ``move_s_per_byte`` is how long moves take now (they slow down under
+    load, see ``control/admission.py``): moves due before an overload start that much
+    earlier than ``lead_s`` before it."""
     decision = plan(nodes, units, settings, previous_load, busy, excluded)
     evacuating = any(u.node in excluded for u in units)
     held = {u.node for u in units}
@@ -245,7 +248,8 @@ def plan_ahead(
     moves, first = moves_ahead(nodes, units, history, now, settings, busy, excluded)
     if not moves:
         return dataclasses.replace(decision, actions=(), reason="balanced for the forecast")
-    soon = first is not None and first <= now + history.settings.lead_s
+    taking = move_s_per_byte * sum(m.bytes for m in moves)  # one after another, at worst
+    soon = first is not None and first <= now + history.settings.lead_s + taking
     if not soon and not quiet(history, units, now):
         why = f"predicted: {len(moves)} move(s) wait for a quiet window"
         return dataclasses.replace(decision, actions=(), reason=why)

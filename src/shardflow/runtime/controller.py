@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import threading
 import time
 from collections import Counter, defaultdict
@@ -41,6 +42,8 @@ from shardflow.telemetry.metrics import ClusterGauges, NodeGauges, Recorder
 
 log = logging.getLogger(__name__)
 HISTORY_FILE = "load_history.json"
+RECENT_MOVES = 20
+"""Moves whose speed tells how long the next ones take."""
 CONSOLE_REPORT_S = 2.0
 """How long the console's snapshot waits for the workers' reports, all together: a worker
 that does not answer by then is shown as not alive, and the page still refreshes."""
@@ -226,6 +229,15 @@ class Controller:
         if self.recorder is not None:
             self.recorder.move(result)
         return result
+
+    def move_s_per_byte(self) -> float:
+        """How long moves take now: the median over the last moves done (0 before any)."""
+        recent = [
+            (state.finished_at - state.started_at) / state.copied_bytes
+            for state in self.migrator.history[-RECENT_MOVES:]
+            if state.outcome == "done" and state.copied_bytes > 0 and state.finished_at is not None
+        ]
+        return statistics.median(recent) if recent else 0.0
 
     def history(self) -> list[dict[str, Any]]:
         catalog = self.state.catalog
@@ -511,7 +523,7 @@ class Controller:
             with self._history_lock:
                 decision = forecast.plan_ahead(
                     nodes, units, self.load_history, now, settings, self._previous_load, busy,
-                    self.state.excluded,
+                    self.state.excluded, self.move_s_per_byte(),
                 )  # fmt: skip
         else:
             decision = balancer.plan(

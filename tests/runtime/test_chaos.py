@@ -115,7 +115,6 @@ class Chaos:
         self.acknowledged = [events(0, ROWS)]
         self.next_id = ROWS
         self.new_nodes = itertools.count(len(cluster.catalog.nodes))
-        self.restarts = 0
         self.moves = self.crashes = 0
         self.counted: Counter[str] = Counter()
         """Outcomes the coordinators' Prometheus counters had, summed over restarts."""
@@ -201,7 +200,6 @@ class Chaos:
         cluster.controller = Controller(state, cluster.workers, cluster.settings)
         cluster.registry, cluster.controller.recorder = registry_for(cluster.controller.gauges)
         self._install()
-        self.restarts += 1
         return [str(result["outcome"]) for result in cluster.controller.resume()]
 
     def _count_outcomes(self) -> None:

@@ -123,42 +123,38 @@ def test_moves_ahead_pair_tenants_that_peak_apart_in_a_quiet_hour() -> None:
             assert busy <= SETTINGS.utilization_threshold * 0.9 + 1e-9
 
 
+MORNINGS_HEAVY = {1: 9.0, 2: 9.0, 3: 9.0, 4: 21.0, 5: 21.0}
+"""Three morning tenants on node-0 (90 % each morning), two evening ones on node-1."""
+
+
+def mornings_heavy(t: float) -> tuple[list[NodeState], list[UnitState]]:
+    units = [
+        UnitState(u, f"g{u}", "node-0" if u <= 3 else "node-1", 0, 1, 1 << 30,
+                  0.3 * working_day(h, t))
+        for u, h in MORNINGS_HEAVY.items()
+    ]  # fmt: skip
+    return [NodeState("node-0", 1.0), NodeState("node-1", 1.0, utilization=0.6)], units
+
+
 def test_a_forecast_overload_far_ahead_waits_for_a_quiet_hour() -> None:
-    """Three morning tenants on node-0 (90 % each morning), two evening ones on node-1."""
-    peaks = {1: 9.0, 2: 9.0, 3: 9.0, 4: 21.0, 5: 21.0}
-    history = scaled(learned(peaks), 0.3)
-
-    def at(t: float) -> tuple[list[NodeState], list[UnitState]]:
-        units = [
-            UnitState(u, f"g{u}", "node-0" if u <= 3 else "node-1", 0, 1, 1 << 30,
-                      0.3 * working_day(h, t))
-            for u, h in peaks.items()
-        ]  # fmt: skip
-        return [NodeState("node-0", 1.0), NodeState("node-1", 1.0, utilization=0.6)], units
-
+    history = scaled(learned(MORNINGS_HEAVY), 0.3)
     late = 2 * DAY + 22 * HOUR  # node-1's evening: busy, and node-0's peak is 7 h away
-    decision = plan_ahead(*at(late), history, late, SETTINGS)
+    decision = plan_ahead(*mornings_heavy(late), history, late, SETTINGS)
     assert decision.actions == () and "wait for a quiet window" in decision.reason
     soon = 2 * DAY + 3.5 * HOUR  # node-0's peak starts in 1.5 h: no waiting
-    decision = plan_ahead(*at(soon), history, soon, SETTINGS)
+    decision = plan_ahead(*mornings_heavy(soon), history, soon, SETTINGS)
     assert decision.actions and decision.actions[0].reason.startswith("predicted: node-0")
     quiet = 2 * DAY + 15 * HOUR  # the afternoon lull: quiet, the moves are made now
-    assert plan_ahead(*at(quiet), history, quiet, SETTINGS).actions
+    assert plan_ahead(*mornings_heavy(quiet), history, quiet, SETTINGS).actions
 
 
 def test_slow_moves_start_earlier_before_a_forecast_overload() -> None:
-    """The same cluster as above at night, node-0's peak 7 h away: with moves as fast as
-    an idle cluster's they wait for a quiet window; at the speed moves go under load now
-    (here 5 h for the GiB to move) the overload is too close to wait."""
-    peaks = {1: 9.0, 2: 9.0, 3: 9.0, 4: 21.0, 5: 21.0}
-    history = scaled(learned(peaks), 0.3)
+    """The same cluster at night, node-0's peak 7 h away: with moves as fast as an idle
+    cluster's they wait for a quiet window; at the speed moves go under load now (here
+    5 h for the GiB to move) the overload is too close to wait."""
+    history = scaled(learned(MORNINGS_HEAVY), 0.3)
     late = 2 * DAY + 22 * HOUR
-    units = [
-        UnitState(u, f"g{u}", "node-0" if u <= 3 else "node-1", 0, 1, 1 << 30,
-                  0.3 * working_day(h, late))
-        for u, h in peaks.items()
-    ]  # fmt: skip
-    nodes = [NodeState("node-0", 1.0), NodeState("node-1", 1.0, utilization=0.6)]
+    nodes, units = mornings_heavy(late)
     fast = plan_ahead(nodes, units, history, late, SETTINGS, move_s_per_byte=30 / (1 << 30))
     assert fast.actions == () and "wait for a quiet window" in fast.reason
     slow = plan_ahead(nodes, units, history, late, SETTINGS, move_s_per_byte=5 * HOUR / (1 << 30))

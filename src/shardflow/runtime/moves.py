@@ -322,7 +322,7 @@ class TargetSide:
                 shard.store.destroy()
         # a failover during the move may have given this node the very unit it was copying
         # (its source died): catalog syncs left it to the copy, so serve it from its files now
-        self.node.sync(self.node.catalog.to_json())
+        self.node.serve(self.node.catalog)
 
     # -- steps ----------------------------------------------------------------------------
     def _begin(self, plan: MovePlan) -> Import:

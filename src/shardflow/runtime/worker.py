@@ -309,7 +309,11 @@ class WorkerNode:
     # -- catalog ------------------------------------------------------------------------
     def sync(self, catalog_json: Mapping[str, Any]) -> int:
         """Serve what ``catalog_json`` assigns to this node: load missing shards, drop others."""
-        catalog = Catalog.from_json(catalog_json)
+        return self.serve(Catalog.from_json(catalog_json))
+
+    def serve(self, catalog: Catalog) -> int:
+        """:meth:`sync` with the catalog read already (again with its own, after a move it
+        was building shards for ends)."""
         with self.lock:
             if catalog.version < self.catalog.version:
                 return self.catalog.version
@@ -354,12 +358,6 @@ class WorkerNode:
             units = sorted(u for t, u in self.shards if t == table)
             refs = [self._ref(self.shards[(table, u)]) for u in units]
         self.engine.set_view(table, refs)
-
-    @staticmethod
-    def _physical(shard: Shard) -> str:
-        """The shard's database (its native table is :meth:`_ref`)."""
-        assert isinstance(shard.data, NativeRows)
-        return shard.data.physical
 
     @staticmethod
     def _ref(shard: Shard) -> str:

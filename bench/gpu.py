@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 
 from shardflow import tpch
 from shardflow.catalog.types import storage_schema
-from shardflow.demo import best_of
 from shardflow.engine import DuckDBEngine
+from shardflow.telemetry.calibration import best_of, calibrate, capacity
 from shardflow.telemetry.devices import discover, installed
 
 
@@ -59,6 +59,17 @@ def main() -> None:
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
     parser.add_argument("--queries", type=str, default="", help="e.g. 1,3,18 (default all)")
     parser.add_argument("--cpu", action="store_true", help="Polars on the CPU, not the GPU")
+    parser.add_argument(
+        "--executor",
+        choices=("in-memory", "streaming"),
+        default="in-memory",
+        help="cudf-polars' executor (a worker's is in-memory)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also the calibration a worker runs when it joins, with each engine (capacity)",
+    )
     args = parser.parse_args()
 
     if not installed("polars"):
@@ -82,8 +93,10 @@ def main() -> None:
     numbers = [int(q) for q in args.queries.split(",") if q] or list(tpch.QUERY_NUMBERS)
 
     duck = DuckDBEngine(threads=os.cpu_count() or 1)
-    polars_engine = PolarsEngine(DuckDBEngine(threads=os.cpu_count() or 1), gpu=gpu)
-    label = f"{polars_engine.name}" + (f" on {device.model}" if gpu else "")
+    polars_engine = PolarsEngine(
+        DuckDBEngine(threads=os.cpu_count() or 1), gpu=gpu, executor=args.executor
+    )
+    label = polars_engine.name + (f" on {device.model} ({args.executor} executor)" if gpu else "")
     print(f"TPC-H SF {args.sf:g}: {label} vs duckdb on {os.cpu_count()} CPU threads")
     print(f"{'query':>5} {'polars ms':>10} {'duckdb ms':>10} {'ratio':>6}  check  fell back")
     ratios = []
@@ -102,8 +115,13 @@ def main() -> None:
         ratios.append(ours / theirs)
         print(
             f"Q{number:02d}  {ours * 1000:10.1f} {theirs * 1000:10.1f} {ours / theirs:6.2f}"
-            f"  {'ok' if ok else 'DIFF':5}  {reason[:90]}"
+            f"  {'ok' if ok else 'DIFF':5}  {reason[:150]}"
         )
+    if args.calibrate:
+        for name, engine in (("duckdb", duck), (polars_engine.name, polars_engine)):
+            throughput = calibrate(engine.run)
+            rates = " ".join(f"{op}={rate / 1e6:.0f}M/s" for op, rate in throughput.items())
+            print(f"calibration {name}: {rates} capacity={capacity(throughput):.2f}")
     total = sum(polars_engine.fallbacks.values())
     print(f"fallbacks: {dict(polars_engine.fallbacks) or 'none'} ({total} calls)")
     if wrong:

@@ -14,8 +14,8 @@ import duckdb
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec
-from shardflow.demo import best_of
 from shardflow.sql import plan
+from shardflow.telemetry.calibration import best_of
 
 SHAPES: dict[str, Callable[[int], str]] = {
     "OR": lambda n: "SELECT * FROM t WHERE " + " OR ".join(f"col1 = {i}" for i in range(n)),

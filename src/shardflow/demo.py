@@ -22,6 +22,7 @@ from shardflow import story, tpch
 from shardflow.api import Database, connect
 from shardflow.records import NodeInfo
 from shardflow.story import StorySummary
+from shardflow.telemetry.calibration import best_of
 
 
 @dataclass(frozen=True)
@@ -56,15 +57,6 @@ def same_rows(left: pa.Table, right: pa.Table) -> bool:
         return sorted(values, key=lambda row: tuple((v is None, str(v)) for v in row))
 
     return rows(left) == rows(right)
-
-
-def best_of(repeat: int, run: Any) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 @dataclass(frozen=True)

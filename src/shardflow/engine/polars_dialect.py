@@ -10,7 +10,18 @@ needs more than syntax, because Polars 1 (the version cudf-polars runs) types it
   operands of ``/`` are cast to DOUBLE.
 * A literal such as ``0.05`` is a float to Polars and a DECIMAL to DuckDB, which decides
   ``l_discount <= 0.06 + 0.01``; such literals become DECIMAL casts.
-* ``DATE '1998-12-01'`` (a cast of a string) becomes Polars' ``DATE('1998-12-01')``.
+* A literal such as ``0.05`` is read by Polars as a float (``12345678901234567.12`` would lose
+  its cents): decimal literals become casts of their text, ``CAST('0.05' AS DECIMAL(38, 2))``,
+  which Polars folds into an exact decimal.
+
+Constants are folded into literals the GPU engine takes, as cudf-polars refuses what Polars
+makes of them otherwise: ``DATE '1998-12-01'`` (Polars parses the text with a cached
+``strptime``, a CPU feature) and ``DATE '1998-12-01' - INTERVAL 90 DAY`` (``offset_by``)
+become ``CAST(10561 AS DATE)`` (days since 1970), which Polars reads as a date literal; and
+an uncorrelated scalar subquery (which Polars joins back to its query as a one-row
+horizontal concatenation, broadcast on the CPU but padded with nulls on the GPU: TPC-H Q11
+found nothing) is run first and its value written in its place (:func:`scalar_subqueries`,
+:func:`with_values`).
 
 Types come from SQLGlot's annotation over the input tables' schemas, so the rewrite is done
 once per fragment text and input schemas (cached). What it cannot type is left as it is; the
@@ -19,14 +30,21 @@ engine still checks the result's types against DuckDB's and falls back where the
 
 from __future__ import annotations
 
+import calendar
+import datetime
 import functools
+import math
 from collections.abc import Mapping
+from decimal import Decimal
+from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify_columns import qualify_columns
+from sqlglot.optimizer.scope import build_scope
 from sqlglot.schema import MappingSchema
 
 SchemaKey = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
@@ -63,13 +81,160 @@ def polars_sql(sql: str, schema: SchemaKey = ()) -> str:
         if not counts_rows and aggregate.find(exp.Column) is None:
             # Polars folds min(-2) to -2 even over no rows, where DuckDB gives NULL
             raise sqlglot.errors.UnsupportedError(f"{aggregate.sql('duckdb')} of a constant")
-    mapping = MappingSchema({table: dict(columns) for table, columns in schema}, dialect="duckdb")
-    try:  # columns need their tables for their types (the planner's fragments have them)
-        tree = qualify_columns(tree, mapping, expand_stars=False, allow_partial_qualification=True)
-    except sqlglot.errors.SqlglotError:
-        pass  # what stays unqualified stays untyped, and is left as it is
-    annotate_types(tree, schema=mapping, dialect="duckdb")
+    tree = _qualified(tree, schema)
+    annotate_types(tree, schema=_mapping(schema), dialect="duckdb")
     return _exact(tree).sql(dialect="postgres")
+
+
+def _mapping(schema: SchemaKey) -> MappingSchema:
+    return MappingSchema({table: dict(columns) for table, columns in schema}, dialect="duckdb")
+
+
+def _qualified(tree: exp.Expr, schema: SchemaKey) -> exp.Expr:
+    """``tree`` with its columns qualified by their tables in ``schema``, where it can be."""
+    try:  # columns need their tables for their types (the planner's fragments have them)
+        return qualify_columns(
+            tree, _mapping(schema), expand_stars=False, allow_partial_qualification=True
+        )
+    except sqlglot.errors.SqlglotError:
+        return tree  # what stays unqualified stays untyped, and is left as it is
+
+
+IN_LIST_MAX = 10_000
+"""An IN subquery with at most this many values is written into its query as a list."""
+
+
+class Subquery(NamedTuple):
+    sql: str
+    """DuckDB SQL that runs on its own."""
+    listed: bool
+    """``x IN (SELECT ...)``: its values make a list; else a scalar subquery: one value."""
+
+
+@functools.lru_cache(maxsize=2048)
+def constant_subqueries(sql: str, schema: SchemaKey = ()) -> tuple[Subquery, ...]:
+    """The uncorrelated subqueries of a DuckDB query whose values can be written into it:
+    scalar ones (``x > (SELECT avg(y) FROM t)``) and those of ``x [NOT] IN (SELECT ...)``,
+    not one inside another, each once, as SQL that runs on its own (with the query's WITH
+    clause where it reads one of its CTEs). Columns are qualified with ``schema`` first, so
+    that one naming the outer query's table is seen; a subquery naming a column no table
+    here has fails on its own, and stays."""
+    _, found = _constants(sql, schema)
+    return tuple(dict.fromkeys(subquery for _, subquery in found))
+
+
+def with_values(sql: str, schema: SchemaKey, values: Mapping[Subquery, str | list[str]]) -> str:
+    """``sql`` with each subquery (as :func:`constant_subqueries` gives it for the same
+    ``schema``) that ``values`` holds replaced by its value's SQL, or for an IN subquery by
+    the list of its values' SQL (``x IN ()`` is FALSE)."""
+    tree, found = _constants(sql, schema)
+    for node, subquery in found:
+        value = values.get(subquery)
+        if isinstance(value, str):
+            node.replace(sqlglot.parse_one(value, read="duckdb"))
+        elif value is not None:
+            test = node.parent
+            assert isinstance(test, exp.In)
+            items = [sqlglot.parse_one(v, read="duckdb") for v in value]
+            test.replace(exp.In(this=test.this, expressions=items) if items else exp.false())
+    return tree.sql(dialect="duckdb")
+
+
+def _constants(sql: str, schema: SchemaKey) -> tuple[exp.Expr, list[tuple[exp.Expr, Subquery]]]:
+    tree = _qualified(sqlglot.parse_one(sql, read="duckdb"), schema)
+    ctes = tree.args.get("with_")
+    cte_names = {cte.alias_or_name for cte in ctes.expressions} if ctes else set()
+    root = build_scope(tree)
+    found = []
+    for scope in root.traverse() if root is not None else ():
+        node = scope.expression.parent
+        listed = isinstance(node, exp.Subquery) and _is_in_list(node)
+        if (
+            scope.is_subquery
+            and (listed or _is_scalar(node))
+            and not scope.external_columns
+            and not _inside_constant(node)
+        ):
+            query = scope.expression.copy()
+            if ctes and any(t.name in cte_names for t in query.find_all(exp.Table)):
+                query.set("with_", ctes.copy())
+            found.append((node, Subquery(query.sql(dialect="duckdb"), listed)))
+    return tree, found
+
+
+def _inside_constant(node: exp.Expr) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if _is_scalar(parent) or _is_in_list(parent):
+            return True
+        parent = parent.parent
+    return False
+
+
+def _is_in_list(node: exp.Expr) -> bool:
+    return (
+        isinstance(node, exp.Subquery)
+        and isinstance(node.parent, exp.In)
+        and node.parent.args.get("query") is node
+        and isinstance(node.this, exp.Query)
+        and len(node.this.selects) == 1
+    )
+
+
+def _is_scalar(node: exp.Expr | None) -> bool:
+    return (
+        isinstance(node, exp.Subquery)
+        and isinstance(node.this, exp.Query)
+        and len(node.this.selects) == 1
+        and not isinstance(node.parent, exp.In | exp.Exists | exp.Any | exp.All)
+        and not isinstance(node.parent, exp.From | exp.Join | exp.Lateral)
+        and not node.alias
+    )
+
+
+def sql_literal(table: pa.Table) -> str | None:
+    """The value of a one-column result of at most one row as a typed DuckDB literal (NULL
+    when it has no row); None when it is not such a result or its type has no literal
+    here (the subquery is then left to run where it is)."""
+    if table.num_columns != 1 or table.num_rows > 1:
+        return None
+    return _literal(table.column(0)[0].as_py() if table.num_rows else None, table.schema[0].type)
+
+
+def sql_values(table: pa.Table) -> list[str] | None:
+    """The distinct values of a one-column result as typed DuckDB literals; None when it is
+    not one column, holds a NULL (``x NOT IN`` a list with NULL is never true, which a
+    list of values would not keep), holds more than :data:`IN_LIST_MAX` values or values
+    of a type that has no literal here."""
+    if table.num_columns != 1 or table.column(0).null_count:
+        return None
+    values = pc.unique(table.column(0))
+    if len(values) > IN_LIST_MAX:
+        return None
+    kind = table.schema[0].type
+    literals = [_literal(value, kind) for value in values.to_pylist()]
+    return None if None in literals else [v for v in literals if v is not None]
+
+
+def _literal(value: object, kind: pa.DataType) -> str | None:
+    name = _sql_type(kind)
+    if name == "UNKNOWN" or (pa.types.is_timestamp(kind) and kind.tz is not None):
+        return None
+    if value is None:
+        return f"CAST(NULL AS {name})"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, Decimal) or (isinstance(value, float) and not math.isfinite(value)):
+        return f"CAST('{value}' AS {name})"  # exact: Polars folds the text into a decimal
+    if isinstance(value, int | float):
+        return f"CAST({value!r} AS {name})"
+    if isinstance(value, datetime.datetime):
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, datetime.date):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return None
 
 
 def _sql_type(kind: pa.DataType) -> str:
@@ -95,6 +260,7 @@ def _exact(tree: exp.Expr) -> exp.Expr:
     """Rewrite decimal products, divisions and decimal literals, children before parents
     (a product's scale depends on its operands' scales after their own rewriting)."""
     scales: dict[int, int | None] = {}
+    dates: dict[int, datetime.date] = {}  # date constants folded so far
 
     def scale(node: exp.Expr) -> int | None:
         """DuckDB's scale of a numeric expression (0: an integer); None when it is not an
@@ -109,18 +275,20 @@ def _exact(tree: exp.Expr) -> exp.Expr:
             text = node.name
             if "." in text and "e" not in text.lower():
                 result = len(text.split(".", 1)[1])
-                cast = _cast(node.copy(), f"DECIMAL({EXACT_PRECISION}, {result})")
+                cast = _cast(exp.Literal.string(text), f"DECIMAL({EXACT_PRECISION}, {result})")
                 node = node.replace(cast) if node.parent is not None else cast
             else:
                 result = 0 if node.is_int else None
-        elif (
-            isinstance(node, exp.Cast)
-            and node.to.is_type(exp.DataType.Type.DATE)
-            and isinstance(node.this, exp.Literal)
-            and node.this.is_string
-        ):  # Polars 1 warns that casting a string to a date is deprecated: its DATE() parses
-            parsed = exp.Anonymous(this="DATE", expressions=[node.this.copy()])
-            node = node.replace(parsed) if node.parent is not None else parsed
+        elif (day := _date_of(node)) is not None:
+            node = _replace(node, _date_literal(day))
+            dates[id(node)] = day
+            result = None
+        elif (day := _shifted_date(node, dates)) is not None:
+            node = _replace(node, _date_literal(day))
+            dates[id(node)] = day
+            result = None
+        elif isinstance(node, exp.Like) and (matched := _like(node)) is not None:
+            node = _replace(node, matched)
             result = None
         elif isinstance(node, exp.Mul):
             left, right = scale(node.left), scale(node.right)
@@ -143,6 +311,105 @@ def _exact(tree: exp.Expr) -> exp.Expr:
         return node
 
     return visit(tree)
+
+
+def _replace(node: exp.Expr, by: exp.Expr) -> exp.Expr:
+    return node.replace(by) if node.parent is not None else by
+
+
+_EPOCH = datetime.date(1970, 1, 1)
+
+
+def _date_literal(day: datetime.date) -> exp.Expr:
+    """A date Polars reads as a literal: the cast of its days since 1970."""
+    return _cast(exp.Literal.number((day - _EPOCH).days), "DATE")
+
+
+def _date_of(node: exp.Expr) -> datetime.date | None:
+    """The day of a ``DATE 'yyyy-mm-dd'`` literal (None for anything else)."""
+    if not (
+        isinstance(node, exp.Cast)
+        and node.to.is_type(exp.DataType.Type.DATE)
+        and isinstance(node.this, exp.Literal)
+        and node.this.is_string
+    ):
+        return None
+    try:
+        return datetime.date.fromisoformat(node.this.name.strip())
+    except ValueError:
+        return None
+
+
+_DAYS_PER_UNIT = {"DAY": 1, "WEEK": 7}
+_MONTHS_PER_UNIT = {"MONTH": 1, "QUARTER": 3, "YEAR": 12}
+
+
+def _shifted_date(node: exp.Expr, dates: Mapping[int, datetime.date]) -> datetime.date | None:
+    """The day of a folded date constant plus or minus a constant interval in days, weeks,
+    months, quarters or years (DuckDB's calendar: a month later than January 31 is the last
+    of February); None when ``node`` is not one."""
+    if isinstance(node, exp.Add) and isinstance(node.left, exp.Interval):
+        day, interval, sign = dates.get(id(node.right)), node.left, 1
+    elif isinstance(node, exp.Add | exp.Sub):
+        day, interval, sign = (
+            dates.get(id(node.left)),
+            node.right,
+            -1 if isinstance(node, exp.Sub) else 1,
+        )
+    else:
+        return None
+    unit = interval.args.get("unit") if isinstance(interval, exp.Interval) else None
+    if day is None or not isinstance(unit, exp.Var) or not isinstance(interval.this, exp.Literal):
+        return None
+    name = unit.name.upper().removesuffix("S")
+    try:
+        amount = sign * int(interval.this.name)
+        if name in _DAYS_PER_UNIT:
+            return day + datetime.timedelta(days=amount * _DAYS_PER_UNIT[name])
+        if name in _MONTHS_PER_UNIT:
+            months = day.year * 12 + day.month - 1 + amount * _MONTHS_PER_UNIT[name]
+            year, month = divmod(months, 12)
+            last = calendar.monthrange(year, month + 1)[1]
+            return datetime.date(year, month + 1, min(day.day, last))
+    except (ValueError, OverflowError):
+        pass
+    return None
+
+
+_REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}")
+
+
+def _like(node: exp.Like) -> exp.Expr | None:
+    """``x LIKE 'pattern'`` in a form the GPU engine takes, where there is one: Polars
+    matches LIKE with a regex in dot-all mode (``^(?s)PROMO.*$``), which libcudf's regex
+    refuses. A prefix becomes ``STARTS_WITH``, a suffix ``ENDS_WITH``, and a pattern that
+    ends with ``%`` a regex without the flag (``%`` as ``[\\s\\S]*``, which also spans
+    lines); others (and LIKE ... ESCAPE) stay as they are."""
+    pattern = node.expression
+    if isinstance(node.parent, exp.Escape) or not (
+        isinstance(pattern, exp.Literal) and pattern.is_string
+    ):
+        return None
+    matched = _like_match(node.this.copy(), pattern.name)
+    return exp.Not(this=exp.Paren(this=matched)) if matched and node.args.get("negate") else matched
+
+
+def _like_match(value: exp.Expr, text: str) -> exp.Expr | None:
+    inner = text.strip("%")
+    if "%" not in text or "\\" in text:
+        return None
+    if "%" not in inner and "_" not in inner and inner:
+        if text == inner + "%":
+            return exp.func("STARTS_WITH", value, exp.Literal.string(inner))
+        if text == "%" + inner:
+            return exp.func("ENDS_WITH", value, exp.Literal.string(inner))
+    if not text.endswith("%"):  # its end would need an anchor, which regex dialects differ on
+        return None
+    wildcards = {"%": "[\\s\\S]*", "_": "[\\s\\S]"}
+    body = "".join(wildcards.get(c) or (f"\\{c}" if c in _REGEX_SPECIAL else c) for c in inner)
+    if not text.startswith("%"):
+        body = "^" + body
+    return exp.RegexpLike(this=value, expression=exp.Literal.string(body))
 
 
 def _annotated_scale(node: exp.Expr) -> int | None:

@@ -68,6 +68,16 @@ def calibrate(
     return throughput
 
 
+def best_of(repeat: int, run: Callable[[], object]) -> float:
+    """The fastest of ``repeat`` runs of ``run``, in seconds."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def capacity(throughput: Mapping[str, float], mix: Mapping[str, float] | None = None) -> float:
     """Weighted geometric mean of throughput relative to the reference; ``mix`` weighs the
     operators (by default equally)."""

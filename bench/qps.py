@@ -117,13 +117,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    parser.add_argument(
+        "--no-fast-lane", action="store_true", help="every fragment through Ray (fast_lane off)"
+    )
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
     oracle = tpch.duckdb_oracle(data)
     orders = oracle.sql("SELECT count(*) FROM orders").fetchall()[0][0]
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-qps-") as data_dir:
-        with shardflow.connect(workers=args.workers, data_dir=data_dir) as db:
+        with shardflow.connect(
+            workers=args.workers, data_dir=data_dir, fast_lane=not args.no_fast_lane
+        ) as db:
             tpch.load(db, data)
             print(db.explain(KINDS["point"](0, orders)).splitlines()[4].strip())
             for kind, make in KINDS.items():

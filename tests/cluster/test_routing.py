@@ -3,6 +3,8 @@ worker owning the key, and keeps answering right while that very shard moves."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -77,3 +79,63 @@ def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -
         ):
             got = sorted(db.sql(sql).to_pylist(), key=repr)
             assert got == sorted(oracle.sql(sql).to_arrow_table().to_pylist(), key=repr), sql
+
+
+def lookups_via(db: shardflow.Database, sql: str) -> set[str]:
+    _, profile = db.profile(sql)
+    return {f.via for stage in profile.stages for f in stage.fragments}
+
+
+def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_path: Path) -> None:
+    """A lookup routed to one worker is asked over the session's own connection to it; when
+    that worker is SIGKILLed, the lane breaks, Ray says the worker is gone, its shards fail
+    over, and no lookup fails or answers wrong meanwhile."""
+    with shardflow.connect(workers=3, data_dir=tmp_path, balance_interval_s=3600) as db:
+        db.create_table("events", events(0, 30_000), distributed_by="id")
+        lookup = f"SELECT id, g FROM events WHERE id = {KEY}"
+        assert lookups_via(db, lookup) == {"fast lane"}
+        assert lookups_via(db, "SELECT count(*) FROM events") == {"ray"}  # every worker
+        assert "via fast lane" in db.profile(lookup)[1].text()
+        victim = str(owner_of(db, KEY)["node"])
+        failures: list[BaseException] = []
+        answers: list[object] = []
+        stop = threading.Event()
+
+        def reader() -> None:
+            i = 0
+            while not stop.is_set():
+                key = KEY if i % 2 == 0 else 17 + i % 29_000
+                try:
+                    got = db.sql(f"SELECT id, g FROM events WHERE id = {key}").to_pylist()
+                    answers.append(got == [{"id": key, "g": key % 13}] or (key, got))
+                except BaseException as error:  # the assertion below reports it
+                    failures.append(error)
+                i += 1
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            before = len(answers)
+            worker = db._handle.workers.get(victim)
+            os.kill(worker.pid().get(), signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not db.cluster.failovers() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1)
+        finally:
+            stop.set()
+            thread.join(timeout=120)
+        assert not failures, failures[:3]
+        assert len(answers) > before + 10, "no lookup ran across the kill"
+        assert all(a is True for a in answers), [a for a in answers if a is not True][:3]
+        assert db.cluster.failovers()[0]["node"] == victim
+        assert lookups_via(db, lookup) == {"fast lane"}  # the new owner's lane
+
+
+def test_without_the_fast_lane_everything_goes_through_ray(tmp_path: Path) -> None:
+    with shardflow.connect(workers=2, data_dir=tmp_path, fast_lane=False) as db:
+        db.create_table("events", events(0, 1_000), distributed_by="id")
+        lookup = f"SELECT id, g FROM events WHERE id = {KEY % 1_000}"
+        assert lookups_via(db, lookup) == {"ray"}
+        assert db.sql(lookup).to_pylist() == [{"id": KEY % 1_000, "g": KEY % 1_000 % 13}]

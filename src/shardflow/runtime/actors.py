@@ -28,6 +28,7 @@ from shardflow.errors import ConfigError, Error
 from shardflow.runtime.controller import Controller
 from shardflow.runtime.coordinator import CoordinatorState
 from shardflow.runtime.executor import FragmentStats, concat
+from shardflow.runtime.fastlane import LaneAddress, LaneServer, from_wire, to_wire
 from shardflow.runtime.protocol import (
     CatalogJson,
     ChangeSet,
@@ -47,8 +48,6 @@ from shardflow.runtime.ray_workers import (
     RaySourceLink,
     RayWorkers,
     coordinator_actor_name,
-    from_wire,
-    to_wire,
     worker_actor_name,
 )
 from shardflow.runtime.raynode import NAME_LABEL
@@ -400,6 +399,16 @@ class WorkerService:
         kept = self.node.kept_calibration()
         if kept is not None:  # a known kind of node: serves calibrated, measures nothing
             ray.get(self.coordinator.report_profile.remote(kept))
+        self.lane = (
+            LaneServer(self._run_fragment, self.host.address, node_id)
+            if settings.fast_lane
+            else None
+        )
+
+    def _run_fragment(
+        self, sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+    ) -> tuple[pa.Table, FragmentStats]:
+        return self.node.execute(sql, bindings, epoch, {}, profile)
 
     def _link(self, node: str) -> RaySourceLink:
         return RaySourceLink(node, self.workers.handle(node))
@@ -424,6 +433,11 @@ class WorkerService:
     @ray.method
     def ping(self) -> bool:
         return True
+
+    @ray.method
+    def fast_lane(self) -> LaneAddress | None:
+        """Where this worker answers fragments directly (None: it does not)."""
+        return self.lane.address if self.lane is not None else None
 
     @ray.method
     def load_report(self) -> LoadReport:

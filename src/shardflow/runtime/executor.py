@@ -77,6 +77,8 @@ class FragmentResult:
     stats: FragmentStats | None = None
     """What the worker measured (None where nothing was)."""
     submitted_at: float = 0.0
+    via: str = ""
+    """How the fragment was asked: "ray", "fast lane" ("" in process)."""
 
 
 class Runner(Protocol):

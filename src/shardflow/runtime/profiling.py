@@ -27,6 +27,7 @@ def build_profile(sql: str, report: ExecutionReport) -> QueryProfile:
                     rows_out=fragment.rows,
                     bytes_out=stats.bytes_out,
                     transfer_seconds=_transfer(fragment.output),
+                    via=fragment.via,
                 )
             )
         stages.append(

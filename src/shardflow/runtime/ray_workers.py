@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
 from shardflow.errors import ClusterError, Error, WorkerGone, WorkerTimeout
+from shardflow.runtime.fastlane import LaneAddress
 from shardflow.runtime.protocol import (
     CatalogJson,
     ChangeSet,
@@ -99,24 +100,6 @@ class RayReply(Generic[T]):
             raise translate(error, self.who) from None
 
 
-def to_wire(table: pa.Table) -> pa.Buffer:
-    """A fragment's result as one Arrow IPC buffer: Ray pickles an Arrow table column by
-    column and buffer by buffer in Python (~0.4 ms for a one-row, nine-column answer, more
-    than the query), an IPC buffer in one piece (~0.02 ms each way)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def from_wire(value: pa.Table | pa.Buffer) -> pa.Table:
-    """A result sent by :func:`to_wire` (or a table put as it is) as a table."""
-    if isinstance(value, pa.Table):
-        return value
-    with pa.ipc.open_stream(value) as reader:
-        return reader.read_all()
-
-
 def rows_arg(rows: pa.Table | SharedRows) -> Any:
     """Rows as a call argument: shared rows travel as their object reference (Ray hands
     the worker the table behind it)."""
@@ -140,6 +123,9 @@ class RayWorker:
     # life and reports
     def ping(self) -> Reply[bool]:
         return self._reply(self.handle.ping.remote())
+
+    def fast_lane(self) -> Reply[LaneAddress | None]:
+        return self._reply(self.handle.fast_lane.remote())
 
     def pid(self) -> Reply[int]:
         return self._reply(self.handle.pid.remote())

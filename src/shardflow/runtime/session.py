@@ -44,8 +44,10 @@ from shardflow.runtime.executor import (
     ExecutionReport,
     FragmentResult,
     FragmentStats,
+    Materialized,
     Output,
 )
+from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, from_wire
 from shardflow.runtime.protocol import (
     DrainReport,
     NodeLoad,
@@ -55,7 +57,7 @@ from shardflow.runtime.protocol import (
     WorkerInfo,
 )
 from shardflow.runtime.queries import Binder, PlanCache, PlannedQuery, answer
-from shardflow.runtime.ray_workers import RayReply, ResultLost, from_wire
+from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA, local_folder
 from shardflow.sql import Stage, explain
 from shardflow.storage.conform import conform
@@ -135,6 +137,9 @@ class Session:
         workers, so a test kills a node holding them at the right moment."""
         self.profiling = self.settings.profile_queries
         """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
+        self.lanes = Lanes()
+        """Connections to the workers' fast lanes (``fast_lane``)."""
+        self._lane_of: dict[str, tuple[object, LaneAddress | None]] = {}
         self.catalog = Catalog()
         self.refresh()
 
@@ -561,9 +566,34 @@ class Session:
     def _info(self, node: str) -> Reply[WorkerInfo]:
         return self.workers.get(node).info()
 
+    def lane(self, node: str) -> LaneAddress | None:
+        """Where ``node``'s worker answers fragments directly: asked through Ray once per
+        worker (a new worker of the node is asked again); None without a fast lane."""
+        if not self.settings.fast_lane:
+            return None
+        worker = self.workers.get(node)
+        known = self._lane_of.get(node)
+        if known is None or known[0] is not worker.handle:
+            try:
+                address = worker.fast_lane().get()
+            except Error as error:  # the Ray call says what became of the worker
+                log.info("%s has no fast lane now: %s", node, error)
+                return None
+            known = self._lane_of[node] = (worker.handle, address)
+        return known[1]
+
+    def lane_broken(self, node: str, error: Exception) -> None:
+        """``node``'s lane failed: its worker is asked through Ray from now on (a worker
+        that died is then seen as gone; a new worker of the node gets a lane again)."""
+        log.info("the fast lane to %s failed (%s); asking it through Ray", node, error)
+        known = self._lane_of.get(node)
+        if known is not None:
+            self._lane_of[node] = (known[0], None)
+
     def close(self) -> None:
         self.closed.set()
         self._tally.close()
+        self.lanes.close()
         self.engine.close()
 
 
@@ -717,6 +747,14 @@ class _RayRunner:
             for unit in group.units:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
+            if len(by_node) == 1 and not refs and _answered_on_the_client(stage):
+                ((node, units),) = by_node.items()
+                bindings = {t: units for t in stage.tables}
+                direct = self._direct(node, stage.sql, bindings, catalog.epoch)
+                if direct is not None:
+                    results.append(direct)
+                    pending -= set(units)
+                    return
             calls = _submit_all(
                 {
                     node: partial(
@@ -753,6 +791,26 @@ class _RayRunner:
             session.results_held.clear()
         return results
 
+    def _direct(
+        self, node: str, sql: str, bindings: dict[str, list[int]], epoch: int
+    ) -> FragmentResult | None:
+        """The fragment on ``node`` over its fast lane; None where it has none, or the lane
+        failed (Ray is asked then). The worker's own errors are raised as through Ray."""
+        session = self.session
+        address = session.lane(node)
+        if address is None:
+            return None
+        submitted = time.time()
+        try:
+            table, stats = session.lanes.execute(address, sql, bindings, epoch, session.profiling)
+        except LaneBroken as error:
+            session.lane_broken(node, error)
+            return None
+        output = Materialized(table)
+        return FragmentResult(
+            output, node, stats.seconds, stats.rows_out, stats, submitted, via="fast lane"
+        )
+
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         session = self.session
         names, refs = self._refs(inputs)
@@ -771,12 +829,19 @@ class _RayRunner:
         return session._retrying("query", attempt)
 
 
+def _answered_on_the_client(stage: Stage) -> bool:
+    """Whether the stage's result goes to the client (a routed stage's few rows, or
+    partials the client merges) rather than to workers of a later stage, which read it
+    from Ray's object store."""
+    return stage.buckets is not None or (stage.merge_sql is not None and stage.merge_on == "client")
+
+
 def _fragment_result(
     node: str, table_ref: ObjectRef[pa.Table], stats: FragmentStats, submitted: float
 ) -> FragmentResult:
     """A fragment's answer, left in the object store, with what its worker measured."""
     return FragmentResult(
-        _RayOutput(table_ref), node, stats.seconds, stats.rows_out, stats, submitted
+        _RayOutput(table_ref), node, stats.seconds, stats.rows_out, stats, submitted, via="ray"
     )
 
 

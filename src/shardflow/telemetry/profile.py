@@ -21,6 +21,8 @@ class FragmentProfile:
     bytes_out: int
     transfer_seconds: float
     """Fetching the fragment's result to where it was merged (0 when it stayed remote)."""
+    via: str = ""
+    """How it was asked: "ray", or "fast lane" (a connection of the session's own)."""
 
     @property
     def queue_wait(self) -> float:
@@ -156,7 +158,8 @@ TICKS = 5
 
 def _fragment_line(f: FragmentProfile) -> str:
     return (
-        f"{f.worker} [{f.device}, {f.engine}]: wait {_ms(f.queue_wait)}, run {_ms(f.seconds)}, "
+        f"{f.worker} [{f.device}, {f.engine}]{f' via {f.via}' if f.via else ''}: "
+        f"wait {_ms(f.queue_wait)}, run {_ms(f.seconds)}, "
         f"in {f.rows_in} rows / {_size(f.bytes_in)}, out {f.rows_out} rows / "
         f"{_size(f.bytes_out)}, transfer {_ms(f.transfer_seconds)}"
     )

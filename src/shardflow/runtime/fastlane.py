@@ -1,0 +1,223 @@
+"""A worker's fast lane: a fragment that needs one worker and no inputs (a query routed to
+one shard, above all) is asked and answered over a TCP connection the client keeps open to
+that worker, not through a Ray actor call, whose submission, scheduling and object-store
+round trip cost more than a point lookup itself (measured: ~1 ms of the client's CPU and
+~0.6 ms of the worker's per call, against ~0.1 ms for a framed request on a socket).
+
+The worker listens on its node's address (the address Ray gives it) on a port of the
+system's choosing, and learns nothing from a peer before it sent the worker's token: 16
+random bytes the client obtained through Ray, which authenticates that call. Requests are
+JSON (the worker unpickles nothing a peer sends); answers are the fragment's measurements
+(pickled, as Ray would send them) and its result as one Arrow IPC stream, or the worker's
+error. A lane that fails (its worker died, a connection broke) raises :class:`LaneBroken`;
+the session then uses Ray for that worker, whose answer says what happened.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import pickle
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from shardflow.errors import ClusterError, Error
+from shardflow.runtime.executor import FragmentStats
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!Q")
+_OK = b"\x00"
+_FAILED = b"\x01"
+TOKEN_BYTES = 16
+MAX_REQUEST_BYTES = 256 << 20
+"""The longest request a worker reads (a fragment's SQL, IN lists included)."""
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class LaneAddress:
+    host: str
+    port: int
+    token: str
+    """Hex of the worker's token."""
+
+
+class LaneBroken(ClusterError):
+    """A lane failed (not the fragment): its worker is gone, or the connection broke."""
+
+
+Run = Callable[[str, Mapping[str, list[int]], int, bool], tuple[pa.Table, FragmentStats]]
+"""A worker's fragment runner: (sql, bindings, epoch, profile) -> (result, measurements)."""
+
+
+class LaneServer:
+    """The worker's end: a listening socket and a thread per connected client."""
+
+    def __init__(self, run: Run, host: str, name: str = "worker") -> None:
+        self._run = run
+        self._name = name
+        self._token = secrets.token_bytes(TOKEN_BYTES)
+        self._listener = socket.create_server((host, 0))
+        self.address = LaneAddress(host, self._listener.getsockname()[1], self._token.hex())
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name=f"{name}-fast-lane", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(
+                target=self._serve, args=(connection,), name=f"{self._name}-lane", daemon=True
+            ).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                token = _read_exactly(connection, TOKEN_BYTES)
+                if not hmac.compare_digest(token, self._token):
+                    return
+                while not self._closed.is_set():
+                    request = json.loads(_read_frame(connection, MAX_REQUEST_BYTES))
+                    _write_frames(connection, *self._answer(request))
+            except (OSError, EOFError, ValueError, KeyError, TypeError):
+                return  # the client went away, or sent what is not a request: hang up
+
+    def _answer(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
+        try:
+            result, stats = self._run(
+                str(request["sql"]),
+                {str(t): [int(u) for u in units] for t, units in request["bindings"].items()},
+                int(request["epoch"]),
+                bool(request["profile"]),
+            )
+            return _OK, pickle.dumps(stats), to_wire(result)
+        except Error as error:
+            return _FAILED, pickle.dumps(error)
+        except Exception as error:  # a fault of the worker's own: say what it was
+            log.exception("%s: a fragment on the fast lane failed", self._name)
+            return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+
+class Lanes:
+    """The client's end: connections to workers' lanes, kept open between queries (one per
+    thread asking at a time), by address."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[LaneAddress, list[socket.socket]] = {}
+
+    def execute(
+        self,
+        address: LaneAddress,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+    ) -> tuple[pa.Table, FragmentStats]:
+        """Run a fragment on the worker at ``address``: its result and measurements, or
+        the worker's error raised here; :class:`LaneBroken` when the lane failed."""
+        request = json.dumps(
+            {"sql": sql, "bindings": dict(bindings), "epoch": epoch, "profile": profile}
+        ).encode()
+        connection = self._connection(address)
+        try:
+            _write_frames(connection, request)
+            status = _read_frame(connection)
+            if status == _OK:
+                stats = pickle.loads(_read_frame(connection))
+                result = from_wire(_read_frame(connection))
+            else:
+                error = pickle.loads(_read_frame(connection))
+        except Exception as failure:  # the lane's fault, not the fragment's: no answer came
+            connection.close()
+            raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
+        with self._lock:
+            self._idle.setdefault(address, []).append(connection)
+        if status != _OK:
+            raise error
+        return result, stats
+
+    def _connection(self, address: LaneAddress) -> socket.socket:
+        with self._lock:
+            idle = self._idle.get(address)
+            if idle:
+                return idle.pop()
+        try:
+            connection = socket.create_connection(
+                (address.host, address.port), timeout=CONNECT_TIMEOUT_S
+            )
+            connection.settimeout(None)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection.sendall(bytes.fromhex(address.token))
+        except OSError as failure:
+            raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
+        return connection
+
+    def close(self) -> None:
+        with self._lock:
+            idle = [c for connections in self._idle.values() for c in connections]
+            self._idle.clear()
+        for connection in idle:
+            connection.close()
+
+
+def to_wire(table: pa.Table) -> pa.Buffer:
+    """A fragment's result as one Arrow IPC buffer, for Ray and the fast lane alike: Ray
+    pickles an Arrow table column by column and buffer by buffer in Python (~0.4 ms for a
+    one-row, nine-column answer, more than the query), an IPC buffer in one piece (~0.02 ms
+    each way)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def from_wire(value: pa.Table | pa.Buffer | bytes | bytearray) -> pa.Table:
+    """A result sent by :func:`to_wire` (or a table put as it is) as a table."""
+    if isinstance(value, pa.Table):
+        return value
+    with pa.ipc.open_stream(pa.py_buffer(value)) as reader:
+        return reader.read_all()
+
+
+def _write_frames(connection: socket.socket, *frames: bytes | pa.Buffer) -> None:
+    if sum(len(frame) for frame in frames) < 1 << 16:  # one write: no wait between parts
+        connection.sendall(b"".join(_LENGTH.pack(len(f)) + bytes(f) for f in frames))
+        return
+    for frame in frames:
+        connection.sendall(_LENGTH.pack(len(frame)))
+        connection.sendall(memoryview(frame))
+
+
+def _read_frame(connection: socket.socket, limit: int | None = None) -> bytearray:
+    (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
+    if limit is not None and length > limit:
+        raise ValueError(f"a frame of {length} bytes is over {limit}")
+    return _read_exactly(connection, length)
+
+
+def _read_exactly(connection: socket.socket, length: int) -> bytearray:
+    data = bytearray(length)
+    view = memoryview(data)
+    while view:
+        received = connection.recv_into(view)
+        if received == 0:
+            raise EOFError("the connection closed")
+        view = view[received:]
+    return data

@@ -1,0 +1,130 @@
+"""The fast lane's transport on its own (no Ray): a real listening socket on loopback, a
+worker side that runs fragments with DuckDB, the session's client side."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import ClusterError, Moved, QueryError
+from shardflow.runtime.executor import FragmentStats
+from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, LaneServer
+
+ROWS = pa.table({"k": pa.array(range(1000), pa.int64()), "s": [f"row {i}" for i in range(1000)]})
+
+
+class Worker:
+    """Runs fragments over ``t`` with DuckDB, as a worker runs them over its shards."""
+
+    def __init__(self) -> None:
+        self.engine = DuckDBEngine(threads=1)
+        self.calls: list[tuple[str, Mapping[str, list[int]], int, bool]] = []
+
+    def run(
+        self, sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+    ) -> tuple[pa.Table, FragmentStats]:
+        self.calls.append((sql, bindings, epoch, profile))
+        if epoch < 0:
+            raise Moved("t#1", 3)
+        if sql == "crash":
+            raise RuntimeError("a bug of the worker's own")
+        try:
+            result = self.engine.run(sql, {"t": ROWS})
+        except duckdb.Error as error:
+            raise QueryError(str(error)) from None
+        return result, FragmentStats(0.001, result.num_rows, engine="duckdb")
+
+
+@pytest.fixture
+def lane() -> Iterator[tuple[LaneServer, Worker, Lanes]]:
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0")
+    lanes = Lanes()
+    yield server, worker, lanes
+    lanes.close()
+    server.close()
+    worker.engine.close()
+
+
+def test_a_fragment_and_its_measurements_come_back(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, worker, lanes = lane
+    assert server.address.host == "127.0.0.1"
+    result, stats = lanes.execute(
+        server.address, "SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True
+    )
+    assert result.to_pylist() == [{"k": 7, "s": "row 7"}]
+    assert stats == FragmentStats(0.001, 1, engine="duckdb")
+    assert worker.calls == [("SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True)]
+    whole, _ = lanes.execute(server.address, "SELECT * FROM t, range(300)", {}, 5, False)
+    assert whole.num_rows == 300_000  # megabytes: written in parts, read whole
+    assert whole.slice(0, 1000).column("k").to_pylist() == list(range(1000))
+
+
+def test_the_workers_errors_arrive_as_they_were_raised(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, _, lanes = lane
+    with pytest.raises(QueryError, match="nope"):
+        lanes.execute(server.address, "SELECT nope FROM t", {}, 0, False)
+    with pytest.raises(Moved):  # retryable: the session refreshes its routing and retries
+        lanes.execute(server.address, "SELECT 1", {}, -1, False)
+    with pytest.raises(ClusterError, match="a bug of the worker's own") as caught:
+        lanes.execute(server.address, "crash", {}, 0, False)
+    assert not isinstance(caught.value, LaneBroken)
+    result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+    assert result.to_pylist() == [{"n": 1000}]  # the same connection serves on
+
+
+def test_a_peer_without_the_token_gets_nothing(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, worker, lanes = lane
+    forged = LaneAddress(server.address.host, server.address.port, "00" * 16)
+    with pytest.raises(LaneBroken):
+        lanes.execute(forged, "SELECT 1", {}, 0, False)
+    with socket.create_connection((server.address.host, server.address.port)) as peer:
+        peer.sendall(b"\x00" * 16 + b"\x00" * 7 + b"\x10" + b'{"sql": "SELECT 1"}')
+        peer.settimeout(5)
+        try:
+            answer = peer.recv(100)
+        except ConnectionResetError:  # hung up with our bytes unread
+            answer = b""
+        assert answer == b""  # hung up, unanswered
+    assert worker.calls == []
+
+
+def test_a_lane_whose_worker_is_gone_is_broken(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    lanes.execute(server.address, "SELECT 1", {}, 0, False)  # a connection kept open
+    server.close()
+    with pytest.raises(LaneBroken):  # the kept connection is refused an answer, or fails
+        for _ in range(3):
+            lanes.execute(server.address, "SELECT 1", {}, 0, False)
+
+
+def test_clients_in_many_threads_each_get_their_own_answer(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, _, lanes = lane
+    wrong: list[object] = []
+
+    def client(first: int) -> None:
+        for key in range(first, 1000, 8):
+            result, _ = lanes.execute(
+                server.address, f"SELECT s FROM t WHERE k = {key}", {}, 0, False
+            )
+            if result.to_pylist() != [{"s": f"row {key}"}]:
+                wrong.append((key, result.to_pylist()))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

@@ -59,6 +59,9 @@ def main() -> None:
         "alone gets the workers' total. 0: the defaults",
     )
     parser.add_argument(
+        "--no-fast-lane", action="store_true", help="every fragment through Ray (fast_lane off)"
+    )
+    parser.add_argument(
         "--profiling-overhead",
         action="store_true",
         help="also time every query with per-fragment profiling off and on",
@@ -75,7 +78,9 @@ def main() -> None:
     # The balancer stays off: this measures queries, not moves (bench/elasticity.py does).
     answers: dict[int, pa.Table] = {}
     timings: dict[int, tuple[float, float, float, float, str]] = {}
-    options = {"worker_memory_mb": limit_mb} if limit_mb else {}
+    options: dict[str, object] = {"worker_memory_mb": limit_mb} if limit_mb else {}
+    if args.no_fast_lane:
+        options["fast_lane"] = False
     with shardflow.connect(
         workers=args.workers, data_dir=db_dir, auto_balance=False, **options
     ) as db:

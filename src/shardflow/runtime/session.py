@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -77,6 +78,7 @@ MAX_IN_FLIGHT_LOADS = 8
 QUERY_ATTEMPTS = 3
 FIRST_RETRY_DELAY_S = 0.05
 MAX_RETRY_DELAY_S = 1.0
+LANE_THREADS = 32
 
 
 class _Again(Exception):
@@ -139,6 +141,8 @@ class Session:
         """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
         self.lanes = Lanes()
         """Connections to the workers' fast lanes (``fast_lane``)."""
+        self.lane_pool = ThreadPoolExecutor(LANE_THREADS, thread_name_prefix="shardflow-lane")
+        """Asks the workers of a stage at once over their lanes."""
         self._lane_of: dict[str, tuple[object, LaneAddress | None]] = {}
         self.catalog = Catalog()
         self.refresh()
@@ -593,6 +597,7 @@ class Session:
     def close(self) -> None:
         self.closed.set()
         self._tally.close()
+        self.lane_pool.shutdown(wait=False)
         self.lanes.close()
         self.engine.close()
 
@@ -747,14 +752,28 @@ class _RayRunner:
             for unit in group.units:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
-            if len(by_node) == 1 and not refs and _answered_on_the_client(stage):
-                ((node, units),) = by_node.items()
-                bindings = {t: units for t in stage.tables}
-                direct = self._direct(node, stage.sql, bindings, catalog.epoch)
-                if direct is not None:
-                    results.append(direct)
-                    pending -= set(units)
-                    return
+            direct = (
+                self._direct(stage.sql, by_node, stage.tables, catalog.epoch)
+                if not refs and _answered_on_the_client(stage)
+                else None
+            )
+            if direct is not None:
+                failed = None
+                for node, outcome in direct.items():
+                    if isinstance(outcome, FragmentResult):
+                        results.append(outcome)
+                        pending -= set(by_node[node])
+                    elif isinstance(outcome, LaneBroken):  # Ray is asked on the next attempt
+                        session.lane_broken(node, outcome)
+                    elif isinstance(outcome, Retryable):
+                        log.info("fragment retried after %s failed: %s", node, outcome)
+                    else:  # the query's own error
+                        failed = failed or outcome
+                if failed is not None:
+                    raise failed
+                if pending:
+                    raise _Again(f"{len(pending)} unit(s) of the stage still to run")
+                return
             calls = _submit_all(
                 {
                     node: partial(
@@ -792,24 +811,32 @@ class _RayRunner:
         return results
 
     def _direct(
-        self, node: str, sql: str, bindings: dict[str, list[int]], epoch: int
-    ) -> FragmentResult | None:
-        """The fragment on ``node`` over its fast lane; None where it has none, or the lane
-        failed (Ray is asked then). The worker's own errors are raised as through Ray."""
+        self, sql: str, work: Mapping[str, list[int]], tables: Iterable[str], epoch: int
+    ) -> dict[str, FragmentResult | Exception] | None:
+        """Each node's fragment (over its units of ``tables``) asked over its fast lane, all
+        at once: its result, or what it raised (the worker's own errors as through Ray,
+        :class:`LaneBroken` where the lane failed). None where a node has no lane: the
+        stage goes through Ray."""
         session = self.session
-        address = session.lane(node)
-        if address is None:
+        addresses = {node: session.lane(node) for node in work}
+        if any(address is None for address in addresses.values()):
             return None
-        submitted = time.time()
-        try:
+
+        def ask(node: str) -> FragmentResult:
+            address = addresses[node]
+            assert address is not None
+            submitted = time.time()
+            bindings = {table: work[node] for table in tables}
             table, stats = session.lanes.execute(address, sql, bindings, epoch, session.profiling)
-        except LaneBroken as error:
-            session.lane_broken(node, error)
-            return None
-        output = Materialized(table)
-        return FragmentResult(
-            output, node, stats.seconds, stats.rows_out, stats, submitted, via="fast lane"
-        )
+            output = Materialized(table)
+            return FragmentResult(
+                output, node, stats.seconds, stats.rows_out, stats, submitted, via="fast lane"
+            )
+
+        if len(work) == 1:
+            return {node: _outcome(partial(ask, node)) for node in work}
+        asked = {node: session.lane_pool.submit(ask, node) for node in work}
+        return {node: _outcome(future.result) for node, future in asked.items()}
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         session = self.session
@@ -827,6 +854,13 @@ class _RayRunner:
             return _fragment_result(node, table_ref, stats, submitted)
 
         return session._retrying("query", attempt)
+
+
+def _outcome(call: Callable[[], T]) -> T | Exception:
+    try:
+        return call()
+    except Exception as error:
+        return error
 
 
 def _answered_on_the_client(stage: Stage) -> bool:

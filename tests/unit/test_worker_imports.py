@@ -21,10 +21,20 @@ def loaded_after(statement: str) -> set[str]:
     return set(json.loads(out.splitlines()[-1]))
 
 
-def test_the_actor_module_does_not_import_the_planner() -> None:
+CONTROL_PLANE = {
+    "shardflow.runtime.controller",
+    "shardflow.runtime.coordinator",
+    "shardflow.telemetry.console",
+    "prometheus_client",
+}
+"""Run by the coordinator alone (~0.1 s of CPU to import, in each of four workers)."""
+
+
+def test_the_actor_module_does_not_import_the_planner_or_the_control_plane() -> None:
     loaded = loaded_after("import shardflow.runtime.actors")
     assert {"shardflow.runtime.worker", "shardflow.sql.plan", "duckdb"} <= loaded  # it ran
     assert not PLANNING & loaded
+    assert not CONTROL_PLANE & loaded
 
 
 def test_the_planner_is_still_there_for_those_who_ask() -> None:

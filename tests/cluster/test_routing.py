@@ -99,6 +99,9 @@ def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_pat
             (f"node-{i}", "fast lane") for i in range(3)
         }
         assert "via fast lane" in db.profile(lookup)[1].text()
+        db.create_table("kinds", pa.table({"g": range(13), "name": [f"k{i}" for i in range(13)]}),
+                        replicated=True)  # fmt: skip
+        assert lookups_via(db, "SELECT count(*) FROM kinds") == {"fast lane"}  # one worker
         victim = str(owner_of(db, KEY)["node"])
         failures: list[BaseException] = []
         answers: list[object] = []

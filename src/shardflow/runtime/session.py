@@ -845,6 +845,14 @@ class _RayRunner:
         def attempt() -> FragmentResult:
             nodes = session.catalog.serving
             node = nodes[next(session._round_robin) % len(nodes)]
+            direct = None if refs else self._direct(sql, {node: []}, (), 0)
+            if direct is not None:  # no inputs: over the node's lane
+                outcome = direct[node]
+                if isinstance(outcome, FragmentResult):
+                    return outcome
+                if not isinstance(outcome, LaneBroken):
+                    raise outcome  # retried (moved, gone), or the query's own error
+                session.lane_broken(node, outcome)
             table_ref, stats_reply, submitted = self._call(node, sql, {}, 0, names, refs)
             try:
                 stats = stats_reply.get()

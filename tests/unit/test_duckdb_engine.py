@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -120,6 +121,21 @@ def test_memory_is_read_while_other_threads_read_it_too() -> None:
 
 # -- compaction of new rows ----------------------------------------------------------------
 AFTER_BYTES = 2 << 20
+MakeEngine = Callable[..., DuckDBEngine]
+
+
+@pytest.fixture
+def make_engine() -> Iterator[MakeEngine]:
+    """DuckDB engines of one thread, closed after the test whatever it ends with."""
+    made: list[DuckDBEngine] = []
+
+    def make(**options: int) -> DuckDBEngine:
+        made.append(DuckDBEngine(threads=1, **options))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
 
 
 def _rows(first: int, count: int) -> pa.Table:
@@ -149,118 +165,102 @@ def _wait_for_compaction(engine: DuckDBEngine, runs: int, timeout_s: float = 20.
         time.sleep(0.02)
 
 
-def test_duckdb_never_checkpoints_inside_a_commit() -> None:
+def test_duckdb_never_checkpoints_inside_a_commit(make_engine: MakeEngine) -> None:
     """DuckDB's own checkpoints run inside the commit that crosses its threshold (an
     INSERT waited seconds while the whole database was compressed): they are off."""
-    engine = DuckDBEngine(threads=1)
-    try:
-        setting = engine.run("SELECT current_setting('checkpoint_threshold') AS v")
-        size, unit = setting.column("v")[0].as_py().split()
-        gib = float(size) * {"GiB": 1, "TiB": 1 << 10, "PiB": 1 << 20}.get(unit, 0)
-        assert gib >= 1 << 10, setting  # 1 TiB at least: never reached
-    finally:
-        engine.close()
+    engine = make_engine()
+    setting = engine.run("SELECT current_setting('checkpoint_threshold') AS v")
+    size, unit = setting.column("v")[0].as_py().split()
+    gib = float(size) * {"GiB": 1, "TiB": 1 << 10, "PiB": 1 << 20}.get(unit, 0)
+    assert gib >= 1 << 10, setting  # 1 TiB at least: never reached
 
 
-def test_new_rows_are_compressed_in_the_background() -> None:
-    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
-    try:
-        rows = engine.native_rows("t_1", _rows(0, 0).schema)
-        chunk = _rows(0, 100_000)
-        assert chunk.nbytes < AFTER_BYTES  # the first append is not enough
-        rows.append(chunk)
-        time.sleep(0.2)
-        assert engine.compactor.runs == 0 and _compressed_segments(engine, rows) == 0
-        for first in range(100_000, 600_000, 100_000):
-            rows.append(_rows(first, 100_000))
-        _wait_for_compaction(engine, 1)
-        assert _compressed_segments(engine, rows) > 0
-        assert engine.run(f"SELECT count(*) AS n, sum(id) AS s FROM {rows.ref}").to_pylist() == [
-            {"n": 600_000, "s": sum(range(600_000))}
-        ]
-    finally:
-        engine.close()
+def test_new_rows_are_compressed_in_the_background(make_engine: MakeEngine) -> None:
+    engine = make_engine(compact_after_bytes=AFTER_BYTES)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    chunk = _rows(0, 100_000)
+    assert chunk.nbytes < AFTER_BYTES  # the first append is not enough
+    rows.append(chunk)
+    time.sleep(0.2)
+    assert engine.compactor.runs == 0 and _compressed_segments(engine, rows) == 0
+    for first in range(100_000, 600_000, 100_000):
+        rows.append(_rows(first, 100_000))
+    _wait_for_compaction(engine, 1)
+    assert _compressed_segments(engine, rows) > 0
+    assert engine.run(f"SELECT count(*) AS n, sum(id) AS s FROM {rows.ref}").to_pylist() == [
+        {"n": 600_000, "s": sum(range(600_000))}
+    ]
 
 
-def test_a_checkpoint_holds_up_appends_to_its_own_shard_only() -> None:
+def test_a_checkpoint_holds_up_appends_to_its_own_shard_only(make_engine: MakeEngine) -> None:
     """Each shard has a database of its own: compressing one (which blocks appends to the
     database it writes for as long as it takes) leaves the others' inserts alone."""
-    engine = DuckDBEngine(threads=1, compact_after_bytes=1 << 40)
-    try:
-        big = engine.native_rows("t_big", _rows(0, 0).schema)
-        small = engine.native_rows("t_small", _rows(0, 0).schema)
-        _fill(big, 1_500_000)
-        compacting = threading.Thread(target=big.compact)
-        compacting.start()
-        time.sleep(0.05)
-        waits = []
-        while compacting.is_alive():
-            started = time.perf_counter()
-            small.append(_rows(0, 10))
-            waits.append(time.perf_counter() - started)
-        compacting.join()
-        assert waits and _compressed_segments(engine, big) > 0
-        assert small.rows == 10 * len(waits)
-        # the appends went on while the big shard was compressed, rather than after it
-        assert len(waits) > 1 and max(waits) < sum(waits), waits
-    finally:
-        engine.close()
+    engine = make_engine(compact_after_bytes=1 << 40)
+    big = engine.native_rows("t_big", _rows(0, 0).schema)
+    small = engine.native_rows("t_small", _rows(0, 0).schema)
+    _fill(big, 1_500_000)
+    compacting = threading.Thread(target=big.compact)
+    compacting.start()
+    time.sleep(0.05)
+    waits = []
+    while compacting.is_alive():
+        started = time.perf_counter()
+        small.append(_rows(0, 10))
+        waits.append(time.perf_counter() - started)
+    compacting.join()
+    assert waits and _compressed_segments(engine, big) > 0
+    assert small.rows == 10 * len(waits)
+    # the appends went on while the big shard was compressed, rather than after it
+    assert len(waits) > 1 and max(waits) < sum(waits), waits
 
 
-def test_bulk_work_holds_compaction_back_until_it_ends() -> None:
-    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
-    try:
-        held = engine.native_rows("t_held", _rows(0, 0).schema)
-        free = engine.native_rows("t_free", _rows(0, 0).schema)
-        release = engine.compactor.hold(["t_held"])
-        _fill(held)
-        _fill(free)  # not held: compressed while the other one waits
-        _wait_for_compaction(engine, 1)
-        time.sleep(0.3)
-        assert _compressed_segments(engine, held) == 0
-        assert _compressed_segments(engine, free) > 0
-        assert engine.compactor.held == 1
-        runs = engine.compactor.runs
-        release()
-        release()  # once is enough; again is harmless
-        assert engine.compactor.held == 0
-        _wait_for_compaction(engine, runs + 1)
-        assert _compressed_segments(engine, held) > 0
-    finally:
-        engine.close()
+def test_bulk_work_holds_compaction_back_until_it_ends(make_engine: MakeEngine) -> None:
+    engine = make_engine(compact_after_bytes=AFTER_BYTES)
+    held = engine.native_rows("t_held", _rows(0, 0).schema)
+    free = engine.native_rows("t_free", _rows(0, 0).schema)
+    release = engine.compactor.hold(["t_held"])
+    _fill(held)
+    _fill(free)  # not held: compressed while the other one waits
+    _wait_for_compaction(engine, 1)
+    time.sleep(0.3)
+    assert _compressed_segments(engine, held) == 0
+    assert _compressed_segments(engine, free) > 0
+    assert engine.compactor.held == 1
+    runs = engine.compactor.runs
+    release()
+    release()  # once is enough; again is harmless
+    assert engine.compactor.held == 0
+    _wait_for_compaction(engine, runs + 1)
+    assert _compressed_segments(engine, held) > 0
 
 
-def test_a_hold_defers_compaction_only_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hold_defers_compaction_only_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, make_engine: MakeEngine
+) -> None:
     monkeypatch.setattr(duckdb_engine, "DEFER_AT_MOST_S", 0.3)
-    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
-    try:
-        rows = engine.native_rows("t_1", _rows(0, 0).schema)
-        engine.compactor.hold(["t_1"])  # never released: a move whose coordinator went away
-        _fill(rows)
-        _wait_for_compaction(engine, 1)
-        assert _compressed_segments(engine, rows) > 0
-    finally:
-        engine.close()
+    engine = make_engine(compact_after_bytes=AFTER_BYTES)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    engine.compactor.hold(["t_1"])  # never released: a move whose coordinator went away
+    _fill(rows)
+    _wait_for_compaction(engine, 1)
+    assert _compressed_segments(engine, rows) > 0
 
 
-def test_a_dropped_shard_is_forgotten_and_its_readers_finish() -> None:
-    engine = DuckDBEngine(threads=1, compact_after_bytes=AFTER_BYTES)
-    try:
-        rows = engine.native_rows("t_1", _rows(0, 0).schema)
-        engine.compactor.hold(["t_1"])
-        _fill(rows)
-        stream = rows.stream(100_000)
-        first = stream.next()
-        rows.drop()  # the database goes; the pinned reader still reads it to the end
-        seen = first.num_rows if first is not None else 0
-        while (batch := stream.next()) is not None:
-            seen += batch.num_rows
-        assert seen == 600_000
-        with pytest.raises(duckdb.Error):
-            engine.run(f"SELECT count(*) FROM {rows.ref}")
-        assert not engine.compactor._pending
-    finally:
-        engine.close()
+def test_a_dropped_shard_is_forgotten_and_its_readers_finish(make_engine: MakeEngine) -> None:
+    engine = make_engine(compact_after_bytes=AFTER_BYTES)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    engine.compactor.hold(["t_1"])
+    _fill(rows)
+    stream = rows.stream(100_000)
+    first = stream.next()
+    rows.drop()  # the database goes; the pinned reader still reads it to the end
+    seen = first.num_rows if first is not None else 0
+    while (batch := stream.next()) is not None:
+        seen += batch.num_rows
+    assert seen == 600_000
+    with pytest.raises(duckdb.Error):
+        engine.run(f"SELECT count(*) FROM {rows.ref}")
+    assert not engine.compactor._pending
 
 
 def test_close_stops_the_compactor() -> None:

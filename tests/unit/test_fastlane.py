@@ -3,8 +3,10 @@ worker side that runs fragments with DuckDB, the session's client side."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 import duckdb
@@ -128,3 +130,41 @@ def test_clients_in_many_threads_each_get_their_own_answer(
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_closing_the_client_closes_connections_still_in_use() -> None:
+    """A session closed while a query is on a lane: that connection closes when the call
+    ends rather than being kept (an unclosed socket fails the test when collected)."""
+    release = threading.Event()
+    worker = Worker()
+
+    def slow(
+        sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+    ) -> tuple[pa.Table, FragmentStats]:
+        release.wait(10)
+        return worker.run(sql, bindings, epoch, profile)
+
+    server = LaneServer(slow, "127.0.0.1", "node-0")
+    lanes = Lanes()
+    answers: list[object] = []
+    call = threading.Thread(
+        target=lambda: answers.append(lanes.execute(server.address, "SELECT 1 AS x", {}, 0, False))
+    )
+    call.start()
+    time.sleep(0.2)
+    lanes.close()
+    release.set()
+    call.join(10)
+    assert len(answers) == 1 and lanes._idle == {}
+    server.close()
+    worker.engine.close()
+    gc.collect()
+
+
+def test_a_closed_server_hangs_up_on_its_clients(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    lanes.execute(server.address, "SELECT 1", {}, 0, False)
+    [kept] = lanes._idle[server.address]
+    server.close()
+    kept.settimeout(5)
+    assert kept.recv(1) == b""  # hung up

@@ -69,6 +69,8 @@ class LaneServer:
         self._listener = socket.create_server((host, 0))
         self.address = LaneAddress(host, self._listener.getsockname()[1], self._token.hex())
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
         threading.Thread(target=self._accept, name=f"{name}-fast-lane", daemon=True).start()
 
     def _accept(self) -> None:
@@ -82,6 +84,10 @@ class LaneServer:
             ).start()
 
     def _serve(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(connection)
+        if self._closed.is_set():  # closed while this connection was being accepted
+            connection.shutdown(socket.SHUT_RDWR)
         with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
@@ -93,6 +99,9 @@ class LaneServer:
                     _write_frames(connection, *self._answer(request))
             except (OSError, EOFError, ValueError, KeyError, TypeError):
                 return  # the client went away, or sent what is not a request: hang up
+            finally:
+                with self._lock:
+                    self._connections.discard(connection)
 
     def _answer(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
         try:
@@ -110,8 +119,16 @@ class LaneServer:
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
     def close(self) -> None:
+        """Stop listening and hang up on every client (a call in progress ends first)."""
         self._closed.set()
         self._listener.close()
+        with self._lock:
+            connected = list(self._connections)
+        for connection in connected:
+            try:
+                connection.shutdown(socket.SHUT_RD)  # wakes its thread waiting for a request
+            except OSError:
+                pass
 
 
 class Lanes:
@@ -121,6 +138,7 @@ class Lanes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: dict[LaneAddress, list[socket.socket]] = {}
+        self._closed = False
 
     def execute(
         self,
@@ -144,11 +162,12 @@ class Lanes:
                 result = from_wire(_read_frame(connection))
             else:
                 error = pickle.loads(_read_frame(connection))
-        except Exception as failure:  # the lane's fault, not the fragment's: no answer came
+        except BaseException as failure:  # no answer came: the connection is done with
             connection.close()
+            if not isinstance(failure, Exception):
+                raise
             raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
-        with self._lock:
-            self._idle.setdefault(address, []).append(connection)
+        self._keep(address, connection)
         if status != _OK:
             raise error
         return result, stats
@@ -162,15 +181,29 @@ class Lanes:
             connection = socket.create_connection(
                 (address.host, address.port), timeout=CONNECT_TIMEOUT_S
             )
+        except OSError as failure:
+            raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
+        try:
             connection.settimeout(None)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             connection.sendall(bytes.fromhex(address.token))
         except OSError as failure:
+            connection.close()
             raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
         return connection
 
-    def close(self) -> None:
+    def _keep(self, address: LaneAddress, connection: socket.socket) -> None:
+        """Keep a connection for the next call; one that ends after :meth:`close` closes."""
         with self._lock:
+            if not self._closed:
+                self._idle.setdefault(address, []).append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        """Close every kept connection; those still in use close when their call ends."""
+        with self._lock:
+            self._closed = True
             idle = [c for connections in self._idle.values() for c in connections]
             self._idle.clear()
         for connection in idle:

@@ -580,9 +580,9 @@ class Session:
         if known is None or known[0] is not worker.handle:
             try:
                 address = worker.fast_lane().get()
-            except Error as error:  # the Ray call says what became of the worker
-                log.info("%s has no fast lane now: %s", node, error)
-                return None
+            except Error as error:  # gone (a new worker gets asked), or one without a lane
+                log.info("%s has no fast lane: %s", node, error)
+                address = None
             known = self._lane_of[node] = (worker.handle, address)
         return known[1]
 

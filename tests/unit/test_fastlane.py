@@ -168,3 +168,37 @@ def test_a_closed_server_hangs_up_on_its_clients(lane: tuple[LaneServer, Worker,
     server.close()
     kept.settimeout(5)
     assert kept.recv(1) == b""  # hung up
+
+
+def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
+    worker = Worker()
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def slow(
+        sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+    ) -> tuple[pa.Table, FragmentStats]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return worker.run(sql, bindings, epoch, profile)
+
+    server = LaneServer(slow, "127.0.0.1", "node-0", concurrency=2)
+    lanes = Lanes()
+    calls = [
+        threading.Thread(target=lanes.execute, args=(server.address, "SELECT 1", {}, 0, False))
+        for _ in range(6)
+    ]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join(10)
+    assert len(worker.calls) == 6 and most == 2  # all ran, never more than two at once
+    lanes.close()
+    server.close()
+    worker.engine.close()

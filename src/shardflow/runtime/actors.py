@@ -403,7 +403,7 @@ class WorkerService:
         if kept is not None:  # a known kind of node: serves calibrated, measures nothing
             ray.get(self.coordinator.report_profile.remote(kept))
         self.lane = (
-            LaneServer(self._run_fragment, self.host.address, node_id)
+            LaneServer(self._run_fragment, self.host.address, node_id, WORKER_CONCURRENCY)
             if settings.fast_lane
             else None
         )

@@ -62,9 +62,12 @@ Run = Callable[[str, Mapping[str, list[int]], int, bool], tuple[pa.Table, Fragme
 class LaneServer:
     """The worker's end: a listening socket and a thread per connected client."""
 
-    def __init__(self, run: Run, host: str, name: str = "worker") -> None:
+    def __init__(self, run: Run, host: str, name: str = "worker", concurrency: int = 16) -> None:
+        """``concurrency``: fragments run at once at most (as many as the worker's Ray calls
+        may be; more clients wait their turn rather than crowd its memory)."""
         self._run = run
         self._name = name
+        self._running = threading.BoundedSemaphore(concurrency)
         self._token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
         self.address = LaneAddress(host, self._listener.getsockname()[1], self._token.hex())
@@ -105,12 +108,13 @@ class LaneServer:
 
     def _answer(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
         try:
-            result, stats = self._run(
-                str(request["sql"]),
-                {str(t): [int(u) for u in units] for t, units in request["bindings"].items()},
-                int(request["epoch"]),
-                bool(request["profile"]),
-            )
+            with self._running:
+                result, stats = self._run(
+                    str(request["sql"]),
+                    {str(t): [int(u) for u in units] for t, units in request["bindings"].items()},
+                    int(request["epoch"]),
+                    bool(request["profile"]),
+                )
             return _OK, pickle.dumps(stats), to_wire(result)
         except Error as error:
             return _FAILED, pickle.dumps(error)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -30,16 +31,41 @@ FALLS_BACK = {
 
 
 @pytest.fixture(scope="module")
-def polars_cluster(tpch_tiny: Path) -> tuple[InMemoryCluster, PolarsEngine]:
+def tiny_tables(tpch_tiny: Path) -> dict[str, pa.Table]:
+    """The tiny TPC-H tables as shardflow stores them."""
+    tables = {}
+    for layout in tpch.LAYOUT:
+        table = pq.read_table(tpch_tiny / f"{layout.name}.parquet")
+        tables[layout.name] = table.cast(storage_schema(table.schema))
+    return tables
+
+
+@pytest.fixture(scope="module")
+def polars_cluster(tiny_tables: dict[str, pa.Table]) -> tuple[InMemoryCluster, PolarsEngine]:
     engine = PolarsEngine(DuckDBEngine(threads=1))
     cluster = InMemoryCluster(nodes=3, units_per_node=2, engine=engine)
     for layout in tpch.LAYOUT:
-        table = pq.read_table(tpch_tiny / f"{layout.name}.parquet")
-        table = table.cast(storage_schema(table.schema))
         cluster.create_table(
-            layout.name, table, layout.distributed_by, layout.colocate_with, layout.replicated
+            layout.name,
+            tiny_tables[layout.name],
+            layout.distributed_by,
+            layout.colocate_with,
+            layout.replicated,
         )
     return cluster, engine
+
+
+def assert_tpch_answer(number: int, result: pa.Table, oracle: duckdb.DuckDBPyConnection) -> None:
+    sql = tpch.query(number)
+    expected = oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        result,
+        expected,
+        ordered=query_is_ordered(sql),
+        check_names=False,
+        sort_keys=sort_key_indexes(sql, expected.column_names),
+        context=f"Q{number}",
+    )
 
 
 @pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
@@ -50,17 +76,8 @@ def test_every_tpch_fragment_runs_on_polars(
 ) -> None:
     cluster, engine = polars_cluster
     before = sum(engine.fallbacks.values())
-    sql = tpch.query(number)
-    result, _ = execute(plan(sql, cluster.catalog), cluster, CLIENT)
-    expected = tiny_oracle.sql(sql).to_arrow_table()
-    assert_same_result(
-        result,
-        expected,
-        ordered=query_is_ordered(sql),
-        check_names=False,
-        sort_keys=sort_key_indexes(sql, expected.column_names),
-        context=f"Q{number}",
-    )
+    result, _ = execute(plan(tpch.query(number), cluster.catalog), cluster, CLIENT)
+    assert_tpch_answer(number, result, tiny_oracle)
     if number not in FALLS_BACK:
         assert sum(engine.fallbacks.values()) == before, engine.last_fallback  # Polars ran it
 
@@ -304,24 +321,12 @@ def test_uncorrelated_scalar_subqueries_run_first() -> None:
 
 @pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
 def test_whole_tpch_queries_reach_polars_in_a_form_the_gpu_engine_takes(
-    number: int, tpch_tiny: Path, tiny_oracle: duckdb.DuckDBPyConnection
+    number: int, tiny_tables: dict[str, pa.Table], tiny_oracle: duckdb.DuckDBPyConnection
 ) -> None:
-    tables = {}
-    for layout in tpch.LAYOUT:
-        table = pq.read_table(tpch_tiny / f"{layout.name}.parquet")
-        tables[layout.name] = table.cast(storage_schema(table.schema))
+    tables = dict(tiny_tables)
     engine = PolarsEngine(DuckDBEngine(threads=1))
     sql = tpch.query(number)
-    result = engine.run(sql, tables)
-    expected = tiny_oracle.sql(sql).to_arrow_table()
-    assert_same_result(
-        result,
-        expected,
-        ordered=query_is_ordered(sql),
-        check_names=False,
-        sort_keys=sort_key_indexes(sql, expected.column_names),
-        context=f"Q{number}",
-    )
+    assert_tpch_answer(number, engine.run(sql, tables), tiny_oracle)
     if engine.fell_back:  # Polars' SQL front end refused it: DuckDB answered (counted)
         return
     plan = engine.explain(sql, tables)

@@ -4,7 +4,9 @@ not kill or restart anything (those start clusters of their own)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +57,16 @@ def small_oracle(tpch_small: Path) -> Iterator[object]:
     con = tpch.duckdb_oracle(tpch_small)
     yield con
     con.close()
+
+
+def sigkill_worker(db: shardflow.Database, node: str) -> None:
+    """Kill ``node``'s worker process with SIGKILL, as a crash would."""
+    os.kill(db._handle.workers.get(node).pid().get(), signal.SIGKILL)
+
+
+def wait_for_failover(db: shardflow.Database, seconds: float = 30.0) -> None:
+    """Wait until the coordinator has failed a dead worker's shards over (or ``seconds``
+    passed: the test's own assertions say what is missing)."""
+    deadline = time.monotonic() + seconds
+    while not db.cluster.failovers() and time.monotonic() < deadline:
+        time.sleep(0.1)

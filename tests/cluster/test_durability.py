@@ -3,8 +3,6 @@ checkpoints, and a worker process killed with SIGKILL while queries run."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -13,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import shardflow
+from tests.cluster.conftest import sigkill_worker, wait_for_failover
 
 pytestmark = pytest.mark.cluster
 
@@ -89,16 +88,13 @@ def test_sigkill_of_a_worker_fails_no_query_and_loses_no_row(tmp_path: Path) -> 
         reader.start()
         try:
             time.sleep(0.5)
-            victim = db._handle.workers.get("node-1")
-            os.kill(victim.pid().get(), signal.SIGKILL)
+            sigkill_worker(db, "node-1")
             # as after a drain: the session must look the worker up, and finds none
             db._handle.workers.forget("node-1")
             answered_before_kill = len(answers)
             db.insert("events", batch(40_000, 100))  # before the failover: retried, lands once
             ids += range(40_000, 40_100)
-            deadline = time.monotonic() + 30
-            while not db.cluster.failovers() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for_failover(db)
             time.sleep(1)
         finally:
             stop.set()

@@ -3,8 +3,6 @@ worker owning the key, and keeps answering right while that very shard moves."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 
 import shardflow
 from shardflow.catalog.buckets import bucket_of
+from tests.cluster.conftest import sigkill_worker, wait_for_failover
 
 pytestmark = pytest.mark.cluster
 KEY = 4242
@@ -128,11 +127,8 @@ def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_pat
         try:
             time.sleep(0.5)
             before = len(answers)
-            worker = db._handle.workers.get(victim)
-            os.kill(worker.pid().get(), signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while not db.cluster.failovers() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            sigkill_worker(db, victim)
+            wait_for_failover(db)
             time.sleep(1)
         finally:
             stop.set()

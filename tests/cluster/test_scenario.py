@@ -6,9 +6,7 @@ there exactly once, every answer must equal DuckDB's, and no reader's count may 
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 
 import shardflow
 from shardflow import tpch
+from tests.cluster.conftest import sigkill_worker, wait_for_failover
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
 
 pytestmark = pytest.mark.cluster
@@ -133,11 +132,8 @@ def test_zero_downtime_under_load(tpch_tiny: Path, tmp_path: Path) -> None:
             for step in range(12):
                 done.append(forced_operation(db, rng, step))
             db.cluster.drain("node-1", deadline=180)
-            victim = db._handle.workers.get("node-3")
-            os.kill(victim.pid().get(), signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while not db.cluster.failovers() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            sigkill_worker(db, "node-3")
+            wait_for_failover(db)
             for step in range(12, 24):
                 done.append(forced_operation(db, rng, step))
             time.sleep(1)

@@ -19,7 +19,8 @@ import yaml
 from shardflow.config import Settings
 from shardflow.control.migration import Phase
 from shardflow.errors import ConfigError
-from shardflow.k8s.render import cluster_spec, render
+from shardflow.k8s.render import PROCESS_ENVIRONMENT, cluster_spec, render
+from shardflow.runtime import raynode
 from tests.k8s.manifests import (
     DEPLOY,
     OURS,
@@ -111,6 +112,20 @@ def test_the_rendered_cluster_is_a_valid_raycluster_and_service() -> None:
               for n, g in groups.items()}  # fmt: skip
     assert limits["h200"]["nvidia.com/gpu"] == "1" and limits["mi300"]["amd.com/gpu"] == "1"
     assert not {"nvidia.com/gpu", "amd.com/gpu"} & set(limits["cpu"])
+
+
+def test_the_ray_containers_start_with_the_environment_of_shardflows_own_nodes() -> None:
+    """Arrow's allocator is read from the environment when a process starts: the pods'
+    Ray processes get what ``shardflow cluster up`` and embedded clusters give theirs."""
+    assert PROCESS_ENVIRONMENT == raynode.PROCESS_ENVIRONMENT
+    ray_cluster, _ = render(cluster_spec(sample()))
+    pods = [ray_cluster["spec"]["headGroupSpec"]["template"]] + [
+        g["template"] for g in ray_cluster["spec"]["workerGroupSpecs"]
+    ]
+    for pod in pods:
+        ray = pod["spec"]["containers"][0]
+        assert ray["name"].startswith("ray-")
+        assert {e["name"]: e["value"] for e in ray["env"]} == PROCESS_ENVIRONMENT
 
 
 def test_a_broken_render_fails_the_kuberay_schema() -> None:

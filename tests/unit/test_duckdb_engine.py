@@ -192,6 +192,23 @@ def test_new_rows_are_compressed_in_the_background(make_engine: MakeEngine) -> N
     ]
 
 
+def test_settle_compresses_what_is_below_the_threshold(make_engine: MakeEngine) -> None:
+    """The end of bulk work (a load) settles its shards: their last rows, too few for the
+    compactor to get at by themselves, are compressed all the same."""
+    engine = make_engine(compact_after_bytes=AFTER_BYTES)
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    empty = engine.native_rows("t_2", _rows(0, 0).schema)
+    rows.append(_rows(0, 100_000))
+    empty.settle()  # nothing appended: nothing to do
+    time.sleep(0.2)
+    assert engine.compactor.runs == 0 and _compressed_segments(engine, rows) == 0
+    rows.settle()
+    _wait_for_compaction(engine, 1)
+    assert _compressed_segments(engine, rows) > 0
+    time.sleep(0.2)
+    assert engine.compactor.runs == 1  # the empty one was left alone
+
+
 def test_a_checkpoint_holds_up_appends_to_its_own_shard_only(make_engine: MakeEngine) -> None:
     """Each shard has a database of its own: compressing one (which blocks appends to the
     database it writes for as long as it takes) leaves the others' inserts alone."""

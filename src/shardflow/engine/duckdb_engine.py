@@ -69,7 +69,11 @@ class DuckDBEngine:
         state of big operators spill there beyond it, so the shards a worker holds may
         exceed its memory. New rows of native tables are compressed in the background once
         ``compact_after_bytes`` were appended (see :class:`Compactor`)."""
-        config: dict[str, str | int | bool] = {}
+        # DuckDB's allocator hands freed pages back to the system on threads of its own:
+        # without them it does so only while it allocates, and a shard compressed after
+        # a load kept the uncompressed rows' pages (measured: 1.5 M lineitem rows, 360 MB
+        # resident after the checkpoint instead of 135 MB)
+        config: dict[str, str | int | bool] = {"allocator_background_threads": True}
         if threads:
             config["threads"] = threads
         if memory_limit:
@@ -256,6 +260,10 @@ class NativeRows:
         """Compress the rows now, on this thread (appends to the shard wait meanwhile)."""
         self.engine.compactor.compact(self.physical)
 
+    def settle(self) -> None:
+        """Compress the rows soon, on the compactor's thread (see :meth:`Compactor.settle`)."""
+        self.engine.compactor.settle(self.physical)
+
     def drop(self) -> None:
         self.engine.detach(self.physical)
 
@@ -335,6 +343,15 @@ class Compactor:
         with self._changed:
             self._pending[database] = self._pending.get(database, 0) + nbytes
             if self._pending[database] >= self.after_bytes:
+                self._start_locked()
+                self._changed.notify_all()
+
+    def settle(self, database: str) -> None:
+        """Compress what was appended to ``database`` soon, however little (its bulk work
+        ended: a load's last rows would otherwise stay uncompressed until more come)."""
+        with self._changed:
+            if self._pending.get(database):
+                self._pending[database] = max(self._pending[database], self.after_bytes)
                 self._start_locked()
                 self._changed.notify_all()
 

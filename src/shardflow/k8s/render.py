@@ -31,6 +31,9 @@ DEVICE_CLASSES = ("nvidia", "amd", "cpu")
 DATA_NODE_RESOURCE = "shardflow"
 """The Ray resource of nodes that serve shards (the head, control only, lacks it); the same
 name as :data:`shardflow.runtime.raynode.DATA_NODE_RESOURCE`."""
+PROCESS_ENVIRONMENT = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+"""Set on the Ray containers: :data:`shardflow.runtime.raynode.PROCESS_ENVIRONMENT` (Arrow's
+allocator, which hands freed memory back to the system)."""
 FLIGHT_PORT = 8815
 OPERATOR_TOKEN_DIR = "/etc/shardflow/operator"
 TLS_DIR = "/etc/shardflow/tls"
@@ -242,6 +245,10 @@ def serve_command(spec: ClusterSpec) -> list[str]:
     return command
 
 
+def _environment() -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in sorted(PROCESS_ENVIRONMENT.items())]
+
+
 def _data_volume(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if spec.volume_claim is None:
         return [], []
@@ -266,6 +273,7 @@ def _head_pod(spec: ClusterSpec) -> dict[str, Any]:
                     "name": "ray-head",
                     "image": spec.image,
                     "resources": {"requests": resources, "limits": resources},
+                    "env": _environment(),
                     "volumeMounts": mounts,
                 },
                 {  # the service: restarted by the kubelet until the Ray head answers
@@ -316,6 +324,7 @@ def _worker_group(spec: ClusterSpec, group: NodeGroup, to_delete: list[str]) -> 
                         "name": "ray-worker",
                         "image": group.image or spec.image,
                         "resources": {"requests": requests, "limits": limits},
+                        "env": _environment(),
                         "volumeMounts": mounts,
                     }
                 ],

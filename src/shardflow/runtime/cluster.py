@@ -35,7 +35,7 @@ from shardflow.runtime.ray_workers import (
     RayWorkers,
     coordinator_actor_name,
 )
-from shardflow.runtime.raynode import DATA_NODE_RESOURCE, enable_token_auth
+from shardflow.runtime.raynode import DATA_NODE_RESOURCE, enable_token_auth, process_environment
 from shardflow.runtime.slots import Slot, choose_slots, worker_slots
 from shardflow.runtime.worker import default_memory_mb, local_root
 
@@ -139,9 +139,10 @@ def _start_local_ray(settings: Settings) -> None:
         include_log_monitor=False,  # type: ignore[arg-type]  # a flag Ray annotates as str
         no_monitor=True,
     )
-    node = _node_without_api_server()(
-        params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True
-    )
+    with process_environment():
+        node = _node_without_api_server()(
+            params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True
+        )
     _local_node = node
     atexit.register(_stop_local_ray)  # a process that exits with databases open
     try:

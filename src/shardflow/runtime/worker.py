@@ -441,6 +441,9 @@ class WorkerNode:
                     self.shards[(table, unit)] = shard
             self.refresh_view(table)
         self.sync(catalog_json)
+        for shard in shards.values():
+            if isinstance(shard.data, NativeRows):
+                shard.data.settle()  # the load's last rows, below the compactor's threshold
         release_memory()
 
     def abort_load(self, table: str) -> None:

@@ -1,0 +1,65 @@
+"""A loaded worker holds its shards at DuckDB's compressed size, not the load's Arrow
+batches: the load's last rows are compressed when it ends, and the memory Arrow allocated
+on the way is handed back to the system (the worker processes allocate from jemalloc,
+which the embedded cluster's Ray node puts in their environment)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import shardflow
+from shardflow.runtime.raynode import PROCESS_ENVIRONMENT
+
+pytestmark = pytest.mark.cluster
+
+ROWS = 1_200_000
+TABLES = ("t", "u")
+
+
+def rows() -> pa.Table:
+    ids = pa.array(range(ROWS), pa.int64())
+    text = pc.binary_join_element_wise(pc.cast(ids, pa.string()), "-" + "padding" * 8, "")
+    return pa.table({"id": ids, "g": pc.bit_wise_and(ids, 7), "pad": text})
+
+
+def anonymous_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("RssAnon:")[1].split()[0]) << 10
+
+
+def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -> None:
+    table = rows()
+    ours = {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT}
+    # no balancer: a unit it splits is compressed by the split
+    with shardflow.connect(workers=1, data_dir=tmp_path / "data", auto_balance=False) as db:
+        assert {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT} == ours  # as it was
+        (node,) = db._handle.workers.known
+        pid = db._handle.workers.get(node).pid().get()
+        spawned = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        for key, value in PROCESS_ENVIRONMENT.items():
+            assert f"{key}={os.environ.get(key, value)}".encode() in spawned
+        before = anonymous_bytes(pid)
+
+        for name in TABLES:
+            db.create_table(name, table, distributed_by="id")
+        loaded = len(TABLES) * table.nbytes
+
+        # no unit took in enough rows for the compactor: the loads' ends compress them
+        assert max(db.cluster.shards().column("bytes").to_pylist()) < 64 << 20
+        deadline = time.monotonic() + 30
+        while (engine := db.cluster.nodes()[0].engine_memory_bytes) > loaded // 4:
+            assert time.monotonic() < deadline, f"DuckDB holds {engine} of {loaded} bytes"
+            time.sleep(0.2)
+        time.sleep(2)  # the allocator returns freed pages within a second
+        grown = anonymous_bytes(pid) - before
+        assert grown < loaded // 4, f"{grown} bytes more after {loaded} loaded ({engine} DuckDB)"
+        for name in TABLES:
+            assert db.sql(f"SELECT count(*) AS n, sum(id) AS s FROM {name}").to_pylist() == [
+                {"n": ROWS, "s": ROWS * (ROWS - 1) // 2}
+            ]

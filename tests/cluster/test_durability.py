@@ -67,6 +67,27 @@ def test_failed_load_leaves_nothing_behind(tmp_path: Path) -> None:
     assert not (data_dir / "tables").exists() or not any((data_dir / "tables").iterdir())
 
 
+def test_a_load_whose_worker_dies_fails_whole_and_can_be_done_again(tmp_path: Path) -> None:
+    """A worker SIGKILLed while a load sends it rows (over its fast lane): the load fails
+    (the rows it took are gone with it) and leaves no table; once the dead worker's shards
+    are served again the same load succeeds."""
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data", load_batch_rows=2_000) as db:
+        killed: list[int] = []
+
+        def kill_once(loaded: int, total: int) -> None:
+            if not killed:
+                killed.append(loaded)
+                sigkill_worker(db, "node-1")
+
+        session = db._session_or_raise()  # its loads report each batch sent
+        with pytest.raises(shardflow.ClusterError, match="node-1"):  # the worker, not a lane
+            session.create_table("events", batch(0, 200_000), "id", False, None, kill_once)
+        assert killed and "events" not in db.tables().column("name").to_pylist()
+        wait_for_failover(db)
+        db.create_table("events", batch(0, 200_000), distributed_by="id")
+        assert summary(db, "events") == expected_summary(list(range(200_000)))
+
+
 def test_sigkill_of_a_worker_fails_no_query_and_loses_no_row(tmp_path: Path) -> None:
     """The coordinator notices the dead worker, gives its shards to the others, which rebuild
     them from storage; the queries that ran meanwhile were retried, none failed."""

@@ -14,9 +14,16 @@ import pyarrow as pa
 import pytest
 
 from shardflow.engine import DuckDBEngine
-from shardflow.errors import ClusterError, Moved, QueryError
+from shardflow.errors import ClusterError, Moved, QueryError, TableError
 from shardflow.runtime.executor import FragmentStats
-from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, LaneServer
+from shardflow.runtime.fastlane import (
+    ARROW_FRAME_BYTES,
+    LaneAddress,
+    LaneBroken,
+    Lanes,
+    LaneServer,
+    to_wire,
+)
 
 ROWS = pa.table({"k": pa.array(range(1000), pa.int64()), "s": [f"row {i}" for i in range(1000)]})
 
@@ -202,3 +209,45 @@ def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
     lanes.close()
     server.close()
     worker.engine.close()
+
+
+class Loader:
+    """Takes a load's parts as a worker's ``stage`` does (and refuses an unknown table)."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, dict[int | str, pa.Table]]] = []
+
+    def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
+        if table != "t":
+            raise TableError(f"no load of {table!r} is under way")
+        self.staged.append((table, dict(parts)))
+        return sum(part.num_rows for part in parts.values())
+
+
+def test_a_loads_parts_go_over_the_lane_as_they_were() -> None:
+    loader = Loader()
+    server = LaneServer(Worker().run, "127.0.0.1", "node-0", stage=loader.stage)
+    lanes = Lanes()
+    big = pa.table({"k": pa.array(range(300_000), pa.int64())})  # over ARROW_FRAME_BYTES
+    assert big.nbytes >= ARROW_FRAME_BYTES > ROWS.nbytes
+    try:
+        rows = lanes.stage(server.address, "t", {3: to_wire(big), "replica": to_wire(ROWS)})
+        assert rows == big.num_rows + ROWS.num_rows
+        [(table, parts)] = loader.staged
+        assert table == "t" and list(parts) == [3, "replica"]  # the units' keys as they were
+        assert parts[3].equals(big) and parts["replica"].equals(ROWS)
+        with pytest.raises(TableError, match="no load of 'u'"):
+            lanes.stage(server.address, "u", {0: to_wire(ROWS)})
+        assert lanes.stage(server.address, "t", {}) == 0  # the same connection serves on
+    finally:
+        lanes.close()
+        server.close()
+
+
+def test_a_lane_without_a_loader_refuses_loads(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    with pytest.raises(ClusterError, match="takes no loads") as caught:
+        lanes.stage(server.address, "t", {0: to_wire(ROWS)})
+    assert not isinstance(caught.value, LaneBroken)
+    result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+    assert result.to_pylist() == [{"n": 1000}]  # the parts were read: the lane serves on

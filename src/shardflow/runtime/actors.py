@@ -403,7 +403,13 @@ class WorkerService:
         if kept is not None:  # a known kind of node: serves calibrated, measures nothing
             ray.get(self.coordinator.report_profile.remote(kept))
         self.lane = (
-            LaneServer(self._run_fragment, self.host.address, node_id, WORKER_CONCURRENCY)
+            LaneServer(
+                self._run_fragment,
+                self.host.address,
+                node_id,
+                WORKER_CONCURRENCY,
+                stage=self.node.stage,
+            )
             if settings.fast_lane
             else None
         )

@@ -11,6 +11,11 @@ JSON (the worker unpickles nothing a peer sends); answers are the fragment's mea
 (pickled, as Ray would send them) and its result as one Arrow IPC stream, or the worker's
 error. A lane that fails (its worker died, a connection broke) raises :class:`LaneBroken`;
 the session then uses Ray for that worker, whose answer says what happened.
+
+A load sends its rows the same way (:meth:`Lanes.stage`): Arrow IPC straight into the
+worker, not through Ray's object store, whose shared memory keeps every page a load passed
+through resident in the worker's process and the store (~0.15 GiB a worker after loading
+TPC-H SF 1 lineitem and orders on four; ``bench/memory.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -33,6 +38,7 @@ from shardflow.errors import ClusterError, Error
 from shardflow.runtime.executor import FragmentStats
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _LENGTH = struct.Struct("!Q")
 _OK = b"\x00"
@@ -40,6 +46,10 @@ _FAILED = b"\x01"
 TOKEN_BYTES = 16
 MAX_REQUEST_BYTES = 256 << 20
 """The longest request a worker reads (a fragment's SQL, IN lists included)."""
+ARROW_FRAME_BYTES = 1 << 20
+"""Frames of rows this large or larger are received into Arrow's memory (see _read_rows)."""
+MAX_PART_BYTES = 4 << 30
+"""The largest part of a load a worker reads (one unit's rows of one load batch)."""
 CONNECT_TIMEOUT_S = 2.0
 
 
@@ -57,15 +67,26 @@ class LaneBroken(ClusterError):
 
 Run = Callable[[str, Mapping[str, list[int]], int, bool], tuple[pa.Table, FragmentStats]]
 """A worker's fragment runner: (sql, bindings, epoch, profile) -> (result, measurements)."""
+Stage = Callable[[str, Mapping[int | str, pa.Table]], int]
+"""A worker's loader: (table, rows by unit) -> rows staged."""
 
 
 class LaneServer:
     """The worker's end: a listening socket and a thread per connected client."""
 
-    def __init__(self, run: Run, host: str, name: str = "worker", concurrency: int = 16) -> None:
-        """``concurrency``: fragments run at once at most (as many as the worker's Ray calls
-        may be; more clients wait their turn rather than crowd its memory)."""
+    def __init__(
+        self,
+        run: Run,
+        host: str,
+        name: str = "worker",
+        concurrency: int = 16,
+        stage: Stage | None = None,
+    ) -> None:
+        """``concurrency``: fragments and load parts taken at once at most (as many as the
+        worker's Ray calls may be; more clients wait their turn rather than crowd its
+        memory). Without ``stage`` the lane takes no loads."""
         self._run = run
+        self._stage = stage
         self._name = name
         self._running = threading.BoundedSemaphore(concurrency)
         self._token = secrets.token_bytes(TOKEN_BYTES)
@@ -99,7 +120,10 @@ class LaneServer:
                     return
                 while not self._closed.is_set():
                     request = json.loads(_read_frame(connection, MAX_REQUEST_BYTES))
-                    _write_frames(connection, *self._answer(request))
+                    if request.get("op") == "stage":
+                        _write_frames(connection, *self._staged(request, connection))
+                    else:
+                        _write_frames(connection, *self._answer(request))
             except (OSError, EOFError, ValueError, KeyError, TypeError):
                 return  # the client went away, or sent what is not a request: hang up
             finally:
@@ -120,6 +144,23 @@ class LaneServer:
             return _FAILED, pickle.dumps(error)
         except Exception as error:  # a fault of the worker's own: say what it was
             log.exception("%s: a fragment on the fast lane failed", self._name)
+            return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
+
+    def _staged(self, request: dict[str, Any], connection: socket.socket) -> tuple[bytes, ...]:
+        """Read a load's parts and stage them (they are let go when this returns: a part
+        kept by the connection's thread until its next request held ~40 MB)."""
+        parts = [_read_rows(connection, MAX_PART_BYTES) for _ in request["units"]]
+        try:
+            if self._stage is None:
+                raise ClusterError(f"{self._name} takes no loads on its fast lane")
+            units = [u if isinstance(u, str) else int(u) for u in request["units"]]
+            with self._running:
+                rows = self._stage(str(request["table"]), dict(zip(units, parts, strict=True)))
+            return _OK, json.dumps(rows).encode()
+        except Error as error:
+            return _FAILED, pickle.dumps(error)
+        except Exception as error:  # a fault of the worker's own: say what it was
+            log.exception("%s: a load on the fast lane failed", self._name)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
     def close(self) -> None:
@@ -157,13 +198,38 @@ class Lanes:
         request = json.dumps(
             {"sql": sql, "bindings": dict(bindings), "epoch": epoch, "profile": profile}
         ).encode()
+
+        def answer(connection: socket.socket) -> tuple[pa.Table, FragmentStats]:
+            stats = pickle.loads(_read_frame(connection))
+            return _read_rows(connection), stats
+
+        return self._call(address, (request,), answer)
+
+    def stage(
+        self, address: LaneAddress, table: str, parts: Mapping[int | str, pa.Buffer | bytes]
+    ) -> int:
+        """Hand a load's rows (each unit's part as :func:`to_wire` wrote it) to the worker
+        at ``address``: the rows it staged, or its error raised here; :class:`LaneBroken`
+        when the lane failed (the worker may have staged the rows or not)."""
+        request = json.dumps({"op": "stage", "table": table, "units": list(parts)}).encode()
+        return self._call(
+            address, (request, *parts.values()), lambda c: int(json.loads(_read_frame(c)))
+        )
+
+    def _call(
+        self,
+        address: LaneAddress,
+        frames: tuple[bytes | pa.Buffer, ...],
+        answer: Callable[[socket.socket], T],
+    ) -> T:
+        """Send ``frames``, read the status and then the ``answer``; the worker's error is
+        raised here, :class:`LaneBroken` when no answer came."""
         connection = self._connection(address)
         try:
-            _write_frames(connection, request)
+            _write_frames(connection, *frames)
             status = _read_frame(connection)
             if status == _OK:
-                stats = pickle.loads(_read_frame(connection))
-                result = from_wire(_read_frame(connection))
+                got = answer(connection)
             else:
                 error = pickle.loads(_read_frame(connection))
         except BaseException as failure:  # no answer came: the connection is done with
@@ -174,7 +240,7 @@ class Lanes:
         self._keep(address, connection)
         if status != _OK:
             raise error
-        return result, stats
+        return got
 
     def _connection(self, address: LaneAddress) -> socket.socket:
         with self._lock:
@@ -249,12 +315,30 @@ def _read_frame(connection: socket.socket, limit: int | None = None) -> bytearra
     return _read_exactly(connection, length)
 
 
+def _read_rows(connection: socket.socket, limit: int | None = None) -> pa.Table:
+    """A frame of Arrow IPC as a table over the bytes received. A large one is received
+    into memory of Arrow's allocator, which hands it back to the system once the table is
+    gone: in a bytearray, glibc's allocator kept most of a load's parts (~50 MB a worker
+    for TPC-H SF 1 lineitem and orders)."""
+    (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
+    if limit is not None and length > limit:
+        raise ValueError(f"a frame of {length} bytes is over {limit}")
+    if length < ARROW_FRAME_BYTES:
+        return from_wire(_read_exactly(connection, length))
+    buffer = pa.allocate_buffer(length)
+    _receive_into(connection, memoryview(buffer))
+    return from_wire(buffer)
+
+
 def _read_exactly(connection: socket.socket, length: int) -> bytearray:
     data = bytearray(length)
-    view = memoryview(data)
+    _receive_into(connection, memoryview(data))
+    return data
+
+
+def _receive_into(connection: socket.socket, view: memoryview) -> None:
     while view:
         received = connection.recv_into(view)
         if received == 0:
             raise EOFError("the connection closed")
         view = view[received:]
-    return data

@@ -11,9 +11,9 @@ import os
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from shardflow.errors import (
     UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
+    WorkerTimeout,
 )
 from shardflow.runtime.cluster import ClusterHandle, next_slot, start_worker
 from shardflow.runtime.executor import (
@@ -48,7 +49,7 @@ from shardflow.runtime.executor import (
     Materialized,
     Output,
 )
-from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, from_wire
+from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, from_wire, to_wire
 from shardflow.runtime.protocol import (
     DrainReport,
     NodeLoad,
@@ -432,18 +433,13 @@ class Session:
         for batch in batches:
             table = pa.Table.from_batches([batch]).cast(spec.schema)
             if spec.kind == "replicated":
-                shared = self.workers.share(table)
-                in_flight += [
-                    self.workers.get(n).stage(spec.name, {REPLICA: shared}) for n in nodes
-                ]
+                in_flight += self._stage(spec.name, {n: {REPLICA: table} for n in nodes})
             else:
-                by_node: dict[str, dict[int | str, pa.Table | SharedRows]] = defaultdict(dict)
+                by_node: dict[str, dict[int | str, pa.Table]] = defaultdict(dict)
                 group = preview.group_of(spec.name)
                 for unit_id, part in split_by_unit(table, spec, preview).items():
                     by_node[group.unit(unit_id).node][unit_id] = part
-                in_flight += [
-                    self.workers.get(n).stage(spec.name, parts) for n, parts in by_node.items()
-                ]
+                in_flight += self._stage(spec.name, by_node)
             loaded += table.num_rows
             if len(in_flight) > MAX_IN_FLIGHT_LOADS * len(nodes):
                 for reply in in_flight:
@@ -456,6 +452,40 @@ class Session:
         committed = [self.workers.get(n).commit_load(spec.name) for n in targets]
         counts = [reply.get() for reply in committed]
         return loaded if spec.kind == "replicated" else sum(counts)
+
+    def _stage(
+        self, table: str, by_node: Mapping[str, Mapping[int | str, pa.Table]]
+    ) -> list[Reply[int]]:
+        """Hand each node its parts of a load batch: over its fast lane where it has one
+        (Arrow IPC straight into the worker), else through Ray (rows the same for every
+        node, a replicated table's, put in the object store once)."""
+        sends = Counter(id(part) for parts in by_node.values() for part in parts.values())
+        wire: dict[int, pa.Buffer] = {}
+        shared: dict[int, SharedRows] = {}
+
+        def encoded(part: pa.Table) -> pa.Buffer:
+            if id(part) not in wire:
+                wire[id(part)] = to_wire(part)
+            return wire[id(part)]
+
+        def through_ray(part: pa.Table) -> pa.Table | SharedRows:
+            if sends[id(part)] == 1:
+                return part
+            if id(part) not in shared:
+                shared[id(part)] = self.workers.share(part)
+            return shared[id(part)]
+
+        replies: list[Reply[int]] = []
+        for node, parts in by_node.items():
+            address = self.lane(node)
+            if address is not None:
+                wired = {unit: encoded(part) for unit, part in parts.items()}
+                sent = self.lane_pool.submit(self.lanes.stage, address, table, wired)
+                replies.append(_LaneStage(self, node, sent))
+            else:
+                ray_parts = {unit: through_ray(part) for unit, part in parts.items()}
+                replies.append(self.workers.get(node).stage(table, ray_parts))
+        return replies
 
     def _abort_load(self, spec: TableSpec, preview: Catalog) -> None:
         for node in preview.nodes:
@@ -660,6 +690,25 @@ class Tally:
 
 def _hex_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class _LaneStage:
+    """A load's parts on their way over a fast lane (a :class:`Reply` of the rows staged)."""
+
+    def __init__(self, session: Session, node: str, sent: Future[int]) -> None:
+        self.session = session
+        self.node = node
+        self.sent = sent
+
+    def get(self, timeout: float | None = None) -> int:
+        try:
+            return self.sent.result(timeout)
+        except TimeoutError:
+            raise WorkerTimeout(f"{self.node} staged no rows within {timeout} s") from None
+        except LaneBroken as error:  # the rows may be staged or not: the load fails
+            self.session.lane_broken(self.node, error)
+            self.session.workers.get(self.node).ping().get()  # gone: said as through Ray
+            raise
 
 
 def _submit_all(submissions: Mapping[str, Callable[[], T]]) -> dict[str, T]:

@@ -68,3 +68,18 @@ def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -
             assert db.sql(f"SELECT count(*) AS n, sum(id) AS s FROM {name}").to_pylist() == [
                 {"n": ROWS, "s": ROWS * (ROWS - 1) // 2}
             ]
+
+
+def test_a_moves_rows_reach_its_target_without_the_object_store(tmp_path: Path) -> None:
+    """The target pulls the snapshot over its source's fast lane: none of the rows stays
+    mapped in the target from Ray's object store once the move is done."""
+    table = rows()
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as db:
+        db.create_table("t", table, distributed_by="id")
+        target = db._handle.workers.get("node-1").pid().get()
+        [shard, *_] = [s for s in db.cluster.shards().to_pylist() if s["node"] == "node-0"]
+        db.cluster.migrate(shard["shard"], "node-1")
+        assert resident(target, "RssShmem") < shard["bytes"] // 10, shard
+        assert db.sql("SELECT count(*) AS n, sum(id) AS s FROM t").to_pylist() == [
+            {"n": ROWS, "s": ROWS * (ROWS - 1) // 2}
+        ]

@@ -226,7 +226,8 @@ class Loader:
 
 def test_a_loads_parts_go_over_the_lane_as_they_were() -> None:
     loader = Loader()
-    server = LaneServer(Worker().run, "127.0.0.1", "node-0", stage=loader.stage)
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", stage=loader.stage)
     lanes = Lanes()
     big = pa.table({"k": pa.array(range(300_000), pa.int64())})  # over ARROW_FRAME_BYTES
     assert big.nbytes >= ARROW_FRAME_BYTES > ROWS.nbytes
@@ -242,6 +243,7 @@ def test_a_loads_parts_go_over_the_lane_as_they_were() -> None:
     finally:
         lanes.close()
         server.close()
+        worker.engine.close()
 
 
 def test_a_lane_without_a_loader_refuses_loads(lane: tuple[LaneServer, Worker, Lanes]) -> None:
@@ -251,3 +253,38 @@ def test_a_lane_without_a_loader_refuses_loads(lane: tuple[LaneServer, Worker, L
     assert not isinstance(caught.value, LaneBroken)
     result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
     assert result.to_pylist() == [{"n": 1000}]  # the parts were read: the lane serves on
+
+
+def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
+    """The target of a move pulls its source's snapshot chunk by chunk: each as the source
+    handed it out, then None; the source's errors as raised."""
+    chunks = {("t", 3): [ROWS, pa.table({"k": pa.array(range(300_000), pa.int64())})]}
+
+    def export(move_id: str, shard: tuple[str, int]) -> pa.Table | None:
+        if move_id != "m1":
+            raise Moved(f"no move {move_id}", 2)
+        left = chunks[shard]
+        return left.pop(0) if left else None
+
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", export=export)
+    lanes = Lanes()
+    try:
+        first = lanes.chunk(server.address, "m1", ("t", 3))
+        second = lanes.chunk(server.address, "m1", ("t", 3))
+        assert first is not None and first.equals(ROWS)
+        assert second is not None and second.num_rows == 300_000
+        assert lanes.chunk(server.address, "m1", ("t", 3)) is None
+        with pytest.raises(Moved, match="no move m2"):
+            lanes.chunk(server.address, "m2", ("t", 3))
+    finally:
+        lanes.close()
+        server.close()
+    without, lanes = LaneServer(worker.run, "127.0.0.1", "node-1"), Lanes()
+    try:
+        with pytest.raises(ClusterError, match="hands out no move's rows"):
+            lanes.chunk(without.address, "m1", ("t", 3))
+    finally:
+        lanes.close()
+        without.close()
+        worker.engine.close()

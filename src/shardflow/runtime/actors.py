@@ -26,7 +26,7 @@ from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
 from shardflow.errors import ConfigError, Error
 from shardflow.runtime.executor import FragmentStats, concat
-from shardflow.runtime.fastlane import LaneAddress, LaneServer, from_wire, to_wire
+from shardflow.runtime.fastlane import LaneAddress, Lanes, LaneServer, from_wire, to_wire
 from shardflow.runtime.protocol import (
     CatalogJson,
     ChangeSet,
@@ -409,10 +409,13 @@ class WorkerService:
                 node_id,
                 WORKER_CONCURRENCY,
                 stage=self.node.stage,
+                export=self.node.source.chunk,
             )
             if settings.fast_lane
             else None
         )
+        self.lanes = Lanes() if settings.fast_lane else None
+        """Connections to other workers' lanes (a move's rows come from its sources so)."""
 
     def _run_fragment(
         self, sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
@@ -420,7 +423,7 @@ class WorkerService:
         return self.node.execute(sql, bindings, epoch, {}, profile)
 
     def _link(self, node: str) -> RaySourceLink:
-        return RaySourceLink(node, self.workers.handle(node))
+        return RaySourceLink(node, self.workers.handle(node), self.lanes)
 
     @ray.method
     def calibrate(self) -> NodeProfile:

@@ -15,7 +15,8 @@ the session then uses Ray for that worker, whose answer says what happened.
 A load sends its rows the same way (:meth:`Lanes.stage`): Arrow IPC straight into the
 worker, not through Ray's object store, whose shared memory keeps every page a load passed
 through resident in the worker's process and the store (~0.15 GiB a worker after loading
-TPC-H SF 1 lineitem and orders on four; ``bench/memory.py``).
+TPC-H SF 1 lineitem and orders on four; ``bench/memory.py``). The target of a move pulls
+its source's snapshot the same way, chunk by chunk (:meth:`Lanes.chunk`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ Run = Callable[[str, Mapping[str, list[int]], int, bool], tuple[pa.Table, Fragme
 """A worker's fragment runner: (sql, bindings, epoch, profile) -> (result, measurements)."""
 Stage = Callable[[str, Mapping[int | str, pa.Table]], int]
 """A worker's loader: (table, rows by unit) -> rows staged."""
+Export = Callable[[str, tuple[str, int]], pa.Table | None]
+"""A move's source: (move id, shard) -> the next chunk of its snapshot, None after the last."""
 
 
 class LaneServer:
@@ -81,12 +84,15 @@ class LaneServer:
         name: str = "worker",
         concurrency: int = 16,
         stage: Stage | None = None,
+        export: Export | None = None,
     ) -> None:
         """``concurrency``: fragments and load parts taken at once at most (as many as the
         worker's Ray calls may be; more clients wait their turn rather than crowd its
-        memory). Without ``stage`` the lane takes no loads."""
+        memory). Without ``stage`` the lane takes no loads, without ``export`` it hands out
+        no move's rows."""
         self._run = run
         self._stage = stage
+        self._export = export
         self._name = name
         self._running = threading.BoundedSemaphore(concurrency)
         self._token = secrets.token_bytes(TOKEN_BYTES)
@@ -122,6 +128,8 @@ class LaneServer:
                     request = json.loads(_read_frame(connection, MAX_REQUEST_BYTES))
                     if request.get("op") == "stage":
                         _write_frames(connection, *self._staged(request, connection))
+                    elif request.get("op") == "chunk":
+                        _write_frames(connection, *self._chunk(request))
                     else:
                         _write_frames(connection, *self._answer(request))
             except (OSError, EOFError, ValueError, KeyError, TypeError):
@@ -161,6 +169,20 @@ class LaneServer:
             return _FAILED, pickle.dumps(error)
         except Exception as error:  # a fault of the worker's own: say what it was
             log.exception("%s: a load on the fast lane failed", self._name)
+            return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
+
+    def _chunk(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
+        """The next chunk of a move's snapshot of one shard; an empty frame after the last."""
+        try:
+            if self._export is None:
+                raise ClusterError(f"{self._name} hands out no move's rows on its fast lane")
+            table, unit = request["shard"]
+            chunk = self._export(str(request["move"]), (str(table), int(unit)))
+            return _OK, b"" if chunk is None else to_wire(chunk)
+        except Error as error:
+            return _FAILED, pickle.dumps(error)
+        except Exception as error:  # a fault of the worker's own: say what it was
+            log.exception("%s: a move's chunk on the fast lane failed", self._name)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
     def close(self) -> None:
@@ -215,6 +237,13 @@ class Lanes:
         return self._call(
             address, (request, *parts.values()), lambda c: int(json.loads(_read_frame(c)))
         )
+
+    def chunk(self, address: LaneAddress, move_id: str, shard: tuple[str, int]) -> pa.Table | None:
+        """The next chunk of a move's snapshot of ``shard`` from its source at ``address``
+        (None after the last); :class:`LaneBroken` when the lane failed (a chunk the source
+        handed out may be lost: the move's checksums then fail it)."""
+        request = json.dumps({"op": "chunk", "move": move_id, "shard": list(shard)}).encode()
+        return self._call(address, (request,), _read_rows_or_none)
 
     def _call(
         self,
@@ -323,11 +352,23 @@ def _read_rows(connection: socket.socket, limit: int | None = None) -> pa.Table:
     (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
     if limit is not None and length > limit:
         raise ValueError(f"a frame of {length} bytes is over {limit}")
+    return _rows(connection, length)
+
+
+def _rows(connection: socket.socket, length: int) -> pa.Table:
     if length < ARROW_FRAME_BYTES:
         return from_wire(_read_exactly(connection, length))
     buffer = pa.allocate_buffer(length)
     _receive_into(connection, memoryview(buffer))
     return from_wire(buffer)
+
+
+def _read_rows_or_none(connection: socket.socket) -> pa.Table | None:
+    """A frame of :func:`_read_rows`, or None for an empty frame."""
+    (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
+    if length == 0:
+        return None
+    return _rows(connection, length)
 
 
 def _read_exactly(connection: socket.socket, length: int) -> bytearray:

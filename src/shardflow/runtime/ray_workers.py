@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
 from shardflow.errors import ClusterError, Error, WorkerGone, WorkerTimeout
-from shardflow.runtime.fastlane import LaneAddress
+from shardflow.runtime.fastlane import LaneAddress, Lanes
 from shardflow.runtime.protocol import (
     CatalogJson,
     ChangeSet,
@@ -285,11 +286,15 @@ class RayWorkers:
 
 
 class RaySourceLink:
-    """A target's link to one source worker of a move (worker to worker)."""
+    """A target's link to one source worker of a move (worker to worker). With ``lanes``
+    the snapshot's chunks come over the source's fast lane where it has one: Arrow IPC on a
+    socket, not an actor call whose result passes through the object store (~3x the rate
+    measured on one machine, and no object-store pages left mapped in the target)."""
 
-    def __init__(self, node: str, handle: WorkerHandle) -> None:
+    def __init__(self, node: str, handle: WorkerHandle, lanes: Lanes | None = None) -> None:
         self.node = node
         self.handle = handle
+        self.lanes = lanes
 
     def _reply(self, ref: ObjectRef[T]) -> RayReply[T]:
         return RayReply(ref, f"source worker {self.node}")
@@ -299,6 +304,10 @@ class RaySourceLink:
 
     def chunks(self, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
         """The next chunk is on its way while this one is loaded."""
+        address = self._lane()
+        if address is not None:
+            yield from self._lane_chunks(address, move_id, key)
+            return
         pending = self._reply(self.handle.export_chunk.remote(move_id, key))
         while True:
             chunk = pending.get()
@@ -306,6 +315,22 @@ class RaySourceLink:
                 return
             pending = self._reply(self.handle.export_chunk.remote(move_id, key))
             yield chunk
+
+    def _lane(self) -> LaneAddress | None:
+        if self.lanes is None:
+            return None
+        return self._reply(self.handle.fast_lane.remote()).get()
+
+    def _lane_chunks(self, address: LaneAddress, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
+        assert self.lanes is not None
+        with ThreadPoolExecutor(1, thread_name_prefix="shardflow-move-chunk") as ahead:
+            pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+            while True:
+                chunk = pending.result()  # LaneBroken: the move fails and is rolled back
+                if chunk is None:
+                    return
+                pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+                yield chunk
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
         return self._reply(self.handle.export_changes.remote(move_id, dict(since)))

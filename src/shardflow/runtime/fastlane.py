@@ -338,10 +338,7 @@ def _write_frames(connection: socket.socket, *frames: bytes | pa.Buffer) -> None
 
 
 def _read_frame(connection: socket.socket, limit: int | None = None) -> bytearray:
-    (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
-    if limit is not None and length > limit:
-        raise ValueError(f"a frame of {length} bytes is over {limit}")
-    return _read_exactly(connection, length)
+    return _read_exactly(connection, _frame_length(connection, limit))
 
 
 def _read_rows(connection: socket.socket, limit: int | None = None) -> pa.Table:
@@ -349,10 +346,20 @@ def _read_rows(connection: socket.socket, limit: int | None = None) -> pa.Table:
     into memory of Arrow's allocator, which hands it back to the system once the table is
     gone: in a bytearray, glibc's allocator kept most of a load's parts (~50 MB a worker
     for TPC-H SF 1 lineitem and orders)."""
+    return _rows(connection, _frame_length(connection, limit))
+
+
+def _read_rows_or_none(connection: socket.socket) -> pa.Table | None:
+    """A frame of :func:`_read_rows`, or None for an empty frame."""
+    length = _frame_length(connection)
+    return _rows(connection, length) if length else None
+
+
+def _frame_length(connection: socket.socket, limit: int | None = None) -> int:
     (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
     if limit is not None and length > limit:
         raise ValueError(f"a frame of {length} bytes is over {limit}")
-    return _rows(connection, length)
+    return int(length)
 
 
 def _rows(connection: socket.socket, length: int) -> pa.Table:
@@ -361,14 +368,6 @@ def _rows(connection: socket.socket, length: int) -> pa.Table:
     buffer = pa.allocate_buffer(length)
     _receive_into(connection, memoryview(buffer))
     return from_wire(buffer)
-
-
-def _read_rows_or_none(connection: socket.socket) -> pa.Table | None:
-    """A frame of :func:`_read_rows`, or None for an empty frame."""
-    (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
-    if length == 0:
-        return None
-    return _rows(connection, length)
 
 
 def _read_exactly(connection: socket.socket, length: int) -> bytearray:

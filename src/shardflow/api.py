@@ -28,6 +28,8 @@ from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
 CLOSED = "the database is closed; call shardflow.connect() again"
+CLOSE_WAIT_S = 10.0
+"""How long ``close()`` waits for the calls in flight to end before it stops Ray."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,6 +48,8 @@ def _while_open(
         db: Database = self if isinstance(self, Database) else self._db
         if db._closing.is_set():
             raise ClosedError(CLOSED)
+        with db._in_flight:
+            db._calls += 1
         try:
             return method(self, *args, **kwargs)
         except ClosedError:
@@ -54,6 +58,10 @@ def _while_open(
             if db._closing.is_set():
                 raise ClosedError(f"{CLOSED} (it was closed during this call)") from error
             raise
+        finally:
+            with db._in_flight:
+                db._calls -= 1
+                db._in_flight.notify_all()
 
     return call
 
@@ -294,6 +302,9 @@ class Database:
         self._handle = handle
         self._session: Session | None = session
         self._closing = threading.Event()
+        self._in_flight = threading.Condition()
+        self._calls = 0
+        """Public calls under way (``close()`` lets them end before it stops Ray)."""
         self.cluster = Cluster(self)
         self.last_report: ExecutionReport | None = None
         """How the last ``sql()`` ran: planning time, per-stage fragments and merges."""
@@ -423,6 +434,11 @@ class Database:
         self._closing.set()  # calls in flight end with ClosedError (see _while_open)
         session, self._session = self._session, None
         session.close()
+        # A thread that touches Ray after it stopped ends the whole process (Ray's core
+        # worker exits): the calls in flight see the closed session and end first (a load
+        # between its batches, a query between its retries), waited for a while at most
+        with self._in_flight:
+            self._in_flight.wait_for(lambda: self._calls == 0, CLOSE_WAIT_S)
         shutdown(self._handle)
 
     def __enter__(self) -> Database:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -67,3 +68,36 @@ def test_calls_in_flight_at_close_and_after_raise_closed_error(tmp_path: Path) -
         session.insert("t", rows)
     assert not ray.is_initialized(), "a call in flight at close() started Ray again"
     db.close()  # a second close is harmless
+
+
+def test_a_load_in_flight_at_close_ends_with_closed_error_and_leaves_no_table(
+    tmp_path: Path,
+) -> None:
+    """close() while a load sends its batches: the load ends with a ClosedError between two
+    batches, before Ray stops (a thread that touches Ray after that ends the process), and
+    the table is not there when the data directory is opened again."""
+    rows = pa.table({"k": pa.array(range(2_000_000), pa.int64()), "s": ["x" * 20] * 2_000_000})
+    db = shardflow.connect(workers=2, data_dir=tmp_path / "data", load_batch_rows=20_000)
+    outcome: list[BaseException | None] = []
+    loading = threading.Thread(
+        target=lambda: outcome.append(
+            _raised(lambda: db.create_table("t", rows, distributed_by="k"))
+        )
+    )
+    loading.start()
+    time.sleep(1.0)
+    db.close()
+    loading.join(SETTLE_S)
+    assert not loading.is_alive(), "the load in flight at close() still runs"
+    [error] = outcome
+    assert isinstance(error, shardflow.ClosedError), repr(error)
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data") as again:
+        assert again.tables().num_rows == 0
+
+
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as error:
+        return error
+    return None

@@ -475,6 +475,8 @@ class Session:
                 shared[id(part)] = self.workers.share(part)
             return shared[id(part)]
 
+        if self.closed.is_set():  # the lanes are closed, and Ray is stopping
+            raise ClosedError(f"loading {table}: the database was closed")
         replies: list[Reply[int]] = []
         for node, parts in by_node.items():
             address = self.lane(node)
@@ -706,6 +708,8 @@ class _LaneStage:
         except TimeoutError:
             raise WorkerTimeout(f"{self.node} staged no rows within {timeout} s") from None
         except LaneBroken as error:  # the rows may be staged or not: the load fails
+            if self.session.closed.is_set():  # the lanes were closed with the session
+                raise ClosedError(f"{self.node}: the database was closed") from error
             self.session.lane_broken(self.node, error)
             self.session.workers.get(self.node).ping().get()  # gone: said as through Ray
             raise

@@ -359,8 +359,10 @@ class Database:
         colocate_with: str | None = None,
         progress: bool = False,
     ) -> int:
-        """Create and load a table from a Parquet file/directory (path or URI) or a
-        ``pyarrow.Table``; returns the rows loaded.
+        """Create and load a table from a Parquet file/directory (path or URI), a
+        ``pyarrow.Table`` or an Arrow stream (a ``pyarrow.RecordBatchReader``, or anything with
+        ``__arrow_c_stream__``: a DuckDB relation, a Polars DataFrame); returns the rows
+        loaded. A stream is read once, batch by batch, as it is loaded.
 
         ``distributed_by`` hashes that column into buckets (shards own bucket ranges);
         ``colocate_with`` keeps the shards of equal bucket ranges of both tables on one worker
@@ -378,7 +380,7 @@ class Database:
         ) as bar:
             task = bar.add_task(name, total=None)
 
-            def report(done: int, total: int) -> None:
+            def report(done: int, total: int | None) -> None:
                 bar.update(task, completed=done, total=total)
 
             return session.create_table(

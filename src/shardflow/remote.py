@@ -202,8 +202,8 @@ class RemoteDatabase:
         colocate_with: str | None = None,
         progress: bool = False,
     ) -> int:
-        """Create a table from a ``pyarrow.Table`` or a Parquet file on this machine (read
-        here, sent by bulk ingest); all or nothing, as locally."""
+        """Create a table from a ``pyarrow.Table``, an Arrow stream or a Parquet file on this
+        machine (read here, sent by bulk ingest); all or nothing, as locally."""
         options = {"shardflow.replicated": str(replicated).lower()}
         if distributed_by:
             options["shardflow.distributed_by"] = distributed_by
@@ -270,4 +270,8 @@ def _as_table(source: object) -> pa.Table:
         return source
     if isinstance(source, str | os.PathLike):
         return pq.read_table(os.fspath(source))
-    raise ConfigError(f"send a pyarrow.Table or a Parquet path, not {type(source).__name__}")
+    if hasattr(source, "__arrow_c_stream__"):  # a RecordBatchReader, DuckDB, Polars, ...
+        return pa.RecordBatchReader.from_stream(source).read_all()
+    raise ConfigError(
+        f"send a pyarrow.Table, an Arrow stream or a Parquet path, not {type(source).__name__}"
+    )

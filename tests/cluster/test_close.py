@@ -4,9 +4,10 @@ not started again behind the user's back."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,16 +77,30 @@ def test_a_load_in_flight_at_close_ends_with_closed_error_and_leaves_no_table(
     """close() while a load sends its batches: the load ends with a ClosedError between two
     batches, before Ray stops (a thread that touches Ray after that ends the process), and
     the table is not there when the data directory is opened again."""
-    rows = pa.table({"k": pa.array(range(2_000_000), pa.int64()), "s": ["x" * 20] * 2_000_000})
-    db = shardflow.connect(workers=2, data_dir=tmp_path / "data", load_batch_rows=20_000)
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string())])
+    streaming = threading.Event()
+
+    db = shardflow.connect(workers=2, data_dir=tmp_path / "data", load_batch_rows=1000)
+
+    def endless() -> Iterator[pa.RecordBatch]:  # a producer that never ends by itself
+        for n in itertools.count():
+            if n == 3:  # two batches are in the workers: the load is in flight
+                streaming.set()
+                db._closing.wait()  # the next batch comes while close() stops the cluster
+                time.sleep(0.2)  # inside Ray's shutdown, were close() not to wait for the load
+            yield pa.record_batch(
+                [pa.array(range(n * 1000, n * 1000 + 1000)), ["x"] * 1000], schema=schema
+            )
+
     outcome: list[BaseException | None] = []
+    source = pa.RecordBatchReader.from_batches(schema, endless())
     loading = threading.Thread(
         target=lambda: outcome.append(
-            _raised(lambda: db.create_table("t", rows, distributed_by="k"))
+            _raised(lambda: db.create_table("t", source, distributed_by="k"))
         )
     )
     loading.start()
-    time.sleep(1.0)
+    assert streaming.wait(60), "the load never started"
     db.close()
     loading.join(SETTLE_S)
     assert not loading.is_alive(), "the load in flight at close() still runs"

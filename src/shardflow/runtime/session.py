@@ -359,7 +359,7 @@ class Session:
         distributed_by: str | None,
         replicated: bool,
         colocate_with: str | None,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int | None], None] | None = None,
     ) -> int:
         if not isinstance(name, str):
             raise TableError(f"a table name must be a string, not {type(name).__name__}")
@@ -412,8 +412,8 @@ class Session:
         spec: TableSpec,
         preview: Catalog,
         batches: Iterator[pa.RecordBatch],
-        total: int,
-        progress: Callable[[int, int], None] | None,
+        total: int | None,
+        progress: Callable[[int, int | None], None] | None,
     ) -> int:
         nodes = list(preview.nodes)
         primary = preview.primary
@@ -969,11 +969,23 @@ def _parts(value: Output) -> list[Output]:
 
 def _open_source(
     source: object, batch_rows: int
-) -> tuple[pa.Schema, int, Iterator[pa.RecordBatch]]:
+) -> tuple[pa.Schema, int | None, Iterator[pa.RecordBatch]]:
+    """The source's schema, its row count where known before reading (a stream's is not),
+    and its rows in batches of at most ``batch_rows``."""
     if isinstance(source, pa.RecordBatch):
         source = pa.Table.from_batches([source])
     if isinstance(source, pa.Table):
         return source.schema, source.num_rows, iter(source.to_batches(max_chunksize=batch_rows))
+    if hasattr(source, "__arrow_c_stream__"):  # a RecordBatchReader, DuckDB, Polars, ...
+        try:
+            reader = (
+                source
+                if isinstance(source, pa.RecordBatchReader)
+                else pa.RecordBatchReader.from_stream(source)
+            )
+        except (pa.ArrowException, TypeError, ValueError) as error:
+            raise TableError(f"cannot read an Arrow stream from the source: {error}") from None
+        return reader.schema, None, _stream_batches(reader, batch_rows)
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
         if "://" not in path and not Path(path).exists():
@@ -986,8 +998,8 @@ def _open_source(
             raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
         return schema, total, _read_batches(path, dataset, batch_rows)
     raise TableError(
-        "a table source is a Parquet file or directory (path or URI) or a pyarrow.Table, "
-        f"not {type(source).__name__}"
+        "a table source is a Parquet file or directory (path or URI), a pyarrow.Table or an "
+        f"Arrow stream (a RecordBatchReader, a DuckDB relation, ...), not {type(source).__name__}"
     )
 
 
@@ -1009,6 +1021,22 @@ def _one_schema(path: str, dataset: ds.FileSystemDataset) -> pa.Schema:
                 f"{fragment.path} differ in {', '.join(differ)}"
             )
     return first
+
+
+def _stream_batches(reader: pa.RecordBatchReader, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """A stream's batches cut to at most ``batch_rows`` (a producer may send one batch of
+    millions of rows); small batches pass as they come, so a slow producer's rows are sent
+    as they arrive. A batch must have the stream's schema (pyarrow does not check what a
+    Python producer yields)."""
+    with reader:
+        for batch in reader:
+            if not batch.schema.equals(reader.schema):
+                raise TableError(
+                    f"a batch of the stream does not have the stream's schema: {batch.schema} "
+                    f"(the stream's: {reader.schema})".replace("\n", ", ")
+                )
+            for start in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(start, batch_rows)
 
 
 def _read_batches(

@@ -240,6 +240,14 @@ def main() -> None:
         f" insert latency p99 {percentile(insert_waits, 99) * 1000:.0f} ms, max "
         f"{max(insert_waits, default=0) * 1000:.0f} ms over {len(insert_waits)} inserts"
     )
+    print(
+        "  within the fence, p50/p99 ms: "
+        + ", ".join(
+            f"{phase} {percentile(spent, 50) * 1000:.0f}/{percentile(spent, 99) * 1000:.0f}"
+            for phase in ("fence", "verify", "switch")
+            for spent in [[m.phase_seconds.get(phase, 0.0) for m in moves]]
+        )
+    )
     print(f"drain of a node holding {len(drained)} unit(s): {drain_seconds:.2f} s")
     print(
         f"failover: kill to every shard served {failover_seconds:.2f} s "

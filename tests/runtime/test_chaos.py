@@ -56,8 +56,15 @@ FAULTS = (
 )
 """Every kind of fault comes round in turn (the moves, their units and nodes are random):
 a short run meets each of them, and a coordinator restart before each step in turn."""
-CRASH_BEFORE = ("copy_snapshot", "catch_up", "fence", "apply_final", "promote", "retire")
-"""The calls a coordinator restart may come just before (after the switch: retire)."""
+CRASH_AT = (
+    "before copy_snapshot",
+    "before catch_up",
+    "before fence",
+    "before apply_final",
+    "after apply_final",  # the target serves the copy already; the switch has not come
+    "before retire",  # after the switch
+)
+"""Where a coordinator restart may come: just before, or just after, a call to a worker."""
 
 
 class CoordinatorCrash(BaseException):
@@ -67,7 +74,7 @@ class CoordinatorCrash(BaseException):
 @dataclass
 class Fault:
     kind: str
-    crash_before: str = ""
+    crash_at: str = ""
     node: str = ""
     fired: bool = False
 
@@ -86,7 +93,9 @@ class ChaosWorker:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self._chaos.before(self._inner.node_id, name)
-            return target(*args, **kwargs)
+            answer = target(*args, **kwargs)
+            self._chaos.crash_at(f"after {name}")
+            return answer
 
         return call
 
@@ -159,9 +168,14 @@ class Chaos:
             self.kill(source)
         elif fault.kind == "target_killed_at_fence" and call == "apply_final":
             self.kill(target)
-        elif fault.kind == "coordinator_restarted" and call == fault.crash_before:
+        else:
+            self.crash_at(f"before {call}")
+
+    def crash_at(self, point: str) -> None:
+        fault = self.fault
+        if fault is not None and not fault.fired and fault.crash_at == point:
             fault.fired = True
-            raise CoordinatorCrash(call)
+            raise CoordinatorCrash(point)
 
     def mid_copy(self) -> None:
         """A chunk of a snapshot is on its way to the target."""
@@ -216,7 +230,7 @@ class Chaos:
             return None
         fault = Fault(kind)
         if kind == "coordinator_restarted":
-            fault.crash_before = CRASH_BEFORE[self.crashes % len(CRASH_BEFORE)]
+            fault.crash_at = CRASH_AT[self.crashes % len(CRASH_AT)]
             self.crashes += 1
         if kind == "slow_node":
             fault.node = self.rng.choice(self.cluster.catalog.nodes)
@@ -293,6 +307,10 @@ def test_a_seeded_chaos_run_of_moves_loses_nothing(tmp_path: Path) -> None:
             # nothing half-way, and exactly the acknowledged rows, after every move
             assert not cluster.state.moving, (number, kind)
             assert_serves(cluster, chaos.rows())
+            for node in cluster.catalog.nodes:  # each node serves what the catalog says
+                units = {u.unit_id for u in cluster.units("events") if u.node == node}
+                served = cluster.workers.get(node).node.shards
+                assert {u for (_, u) in served} == units, (number, kind, node)
             chaos.insert()
         chaos._count_outcomes()
 

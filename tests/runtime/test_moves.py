@@ -220,6 +220,17 @@ def test_a_corrupted_copy_rolls_back_at_verify(
         cluster.create_table("orders_e", orders(0, ROWS), "oid", colocate_with="events")
         unit = cluster.units("events")[0]
         target = other_node(cluster, unit.node) if kind == "move" else unit.node
+        target_side = cluster.workers.get(target).node.target
+        served_before = set(target_side.node.shards)
+        final: list[tuple[bool, set[object]]] = []  # what the target did at the fence
+        apply_final = target_side.apply_final
+
+        def watched(move_id: str, fenced: Any) -> Any:
+            answer = apply_final(move_id, fenced)
+            final.append((answer.promoted, set(target_side.node.shards)))
+            return answer
+
+        target_side.apply_final = watched  # type: ignore[method-assign]
 
         def attempt() -> dict[str, object]:
             if kind == "move":
@@ -231,6 +242,7 @@ def test_a_corrupted_copy_rolls_back_at_verify(
         assert "verification" in str(record["outcome"]) and named in str(record["outcome"])
         assert "verify" in record["phase_seconds"]  # it got as far as VERIFY, and no further
         assert "switch" not in record["phase_seconds"]
+        assert final == [(False, served_before)], "the target served a copy that differs"
         # the source still owns and serves every row, and takes writes again
         assert cluster.catalog.group_of("events").unit(unit.unit_id).node == unit.node
         assert_serves(cluster, events(0, ROWS))

@@ -563,8 +563,8 @@ class WorkerService:
         return self.node.target.catch_up(move_id, self._link)
 
     @ray.method
-    def apply_final(self, move_id: str, changes: list[ChangeSet]) -> FinalApplied:
-        return self.node.target.apply_final(move_id, changes)
+    def apply_final(self, move_id: str, fenced: list[FenceResult]) -> FinalApplied:
+        return self.node.target.apply_final(move_id, fenced)
 
     @ray.method
     def promote(self, move_id: str) -> None:

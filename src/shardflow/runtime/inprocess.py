@@ -163,8 +163,8 @@ class LocalWorker:
     def catch_up(self, move_id: str) -> Reply[int]:
         return self._call(lambda: self.node.target.catch_up(move_id, self._workers.link))
 
-    def apply_final(self, move_id: str, changes: Sequence[ChangeSet]) -> Reply[FinalApplied]:
-        return self._call(lambda: self.node.target.apply_final(move_id, changes))
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
+        return self._call(lambda: self.node.target.apply_final(move_id, fenced))
 
     def promote(self, move_id: str) -> Reply[None]:
         return self._call(lambda: self.node.target.promote(move_id))

@@ -65,6 +65,8 @@ class Migrator:
         self.folder = state.data_dir.path("migrations")
         state.data_dir.fs.create_dir(self.folder, recursive=True)
         self.history: list[MigrationState] = self._load()
+        self._promoted: set[str] = set()
+        """Moves whose target serves the new shards since its fence (see ``apply_final``)."""
 
     # -- persistence -----------------------------------------------------------------------
     def _load(self) -> list[MigrationState]:
@@ -179,7 +181,9 @@ class Migrator:
         checksums, in one answer; the target applies those changes and answers with the
         checksums of what it stores. ``Fenced`` carries both sides to VERIFY."""
         fenced = [reply.get() for reply in [w.fence(plan.move_id) for w in self._sources(plan)]]
-        final = self._target(plan).apply_final(plan.move_id, [f.changes for f in fenced]).get()
+        final = self._target(plan).apply_final(plan.move_id, fenced).get()
+        if final.promoted:
+            self._promoted.add(plan.move_id)
         return Fenced(final.rows, tuple(f.sums for f in fenced), final.stored)
 
     def _verify(self, action: VerifyCopy) -> Event:
@@ -189,7 +193,9 @@ class Migrator:
         return migration.verify_copy(action.handed_out, action.stored)
 
     def _switch(self, plan: MovePlan) -> Event:
-        self._target(plan).promote(plan.move_id).get()
+        if plan.move_id not in self._promoted:  # e.g. a switch retried: promote is idempotent
+            self._target(plan).promote(plan.move_id).get()
+        self._promoted.discard(plan.move_id)
         self.state.apply_switch(plan)
         self._retire_sources(plan)  # writers held by the fence are told Moved from here
         return Switched()
@@ -211,6 +217,7 @@ class Migrator:
     def _roll_back(self, plan: MovePlan) -> None:
         """The target drops its copy, the sources serve writes again (all asked at once;
         a worker that is gone has nothing to undo)."""
+        self._promoted.discard(plan.move_id)
         calls: list[Callable[[], Reply[None]]] = [
             lambda: self._target(plan).abort_import(plan.move_id)
         ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,7 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.control.admission import CopyPacer
-from shardflow.control.migration import Checksum, MoveKind, MovePlan, SourceChecksums
+from shardflow.control.migration import (
+    Checksum,
+    MoveKind,
+    MovePlan,
+    SourceChecksums,
+    verify_copy,
+)
 from shardflow.engine.duckdb_engine import NativeRows, quote
 from shardflow.errors import Moved
 from shardflow.runtime.protocol import (
@@ -49,6 +55,9 @@ CHUNK_ROWS = 128 * 1024
 RETIRED_READERS_WAIT_S = 60.0
 """How long retired shards wait for the fragments still reading them before they are kept
 for a later cleanup instead."""
+
+PROMOTED_KEPT = 8
+"""Promoted moves a target keeps to take back: more than the moves in flight at once."""
 
 
 def _checksum(node: WorkerNode, rows: pa.Table) -> Checksum:
@@ -232,6 +241,9 @@ class TargetSide:
     def __init__(self, node: WorkerNode) -> None:
         self.node = node
         self.imports: dict[str, Import] = {}
+        self.promoted: OrderedDict[str, Import] = OrderedDict()
+        """The last moves promoted here: served, but maybe not switched yet (the switch
+        may fail, or the coordinator restart): an abort still takes them back."""
 
     def building(self, table: str, unit_id: int) -> bool:
         """Whether a move in progress builds this shard here (it is served at the switch)."""
@@ -288,12 +300,18 @@ class TargetSide:
         replies = [link(node).changes(move_id, since) for node in nodes]  # all at once
         return sum(self._apply(move, reply.get()) for reply in replies)
 
-    def apply_final(self, move_id: str, changes: Sequence[ChangeSet]) -> FinalApplied:
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> FinalApplied:
         """Apply the last changes the fenced sources handed out; answer the rows applied and
-        the checksums of what the new shards hold now."""
+        the checksums of what the new shards hold now. Where those equal what the sources
+        handed out (VERIFY's own check, which the coordinator makes again), the new shards
+        are served from here on: the switch that follows only routes to them."""
         move = self.imports[move_id]
-        rows = sum(self._apply(move, found) for found in changes)
-        return FinalApplied(rows, dict(move.stored))
+        rows = sum(self._apply(move, source.changes) for source in fenced)
+        stored = dict(move.stored)
+        verified = verify_copy(tuple(source.sums for source in fenced), stored)
+        if verified.ok:
+            self.promote(move_id)
+        return FinalApplied(rows, stored, verified.ok)
 
     def promote(self, move_id: str) -> None:
         """Serve the new shards (the routing switch follows)."""
@@ -302,6 +320,9 @@ class TargetSide:
             move = self.imports.pop(move_id, None)
             if move is None:  # promoted already: the switch is being retried
                 return
+            self.promoted[move_id] = move
+            while len(self.promoted) > PROMOTED_KEPT:
+                self.promoted.popitem(last=False)
             move.release_compaction()
             for key, shard in move.shards.items():
                 shard.writer = True  # from the switch on, this copy logs the inserts
@@ -310,10 +331,17 @@ class TargetSide:
                 node.refresh_view(table)
 
     def abort(self, move_id: str) -> None:
-        with self.node.lock:
-            move = self.imports.pop(move_id, None)
-        if move is None:
-            return
+        """The move rolled back: drop the new shards, served already or not."""
+        node = self.node
+        with node.lock:
+            move = self.imports.pop(move_id, None) or self.promoted.pop(move_id, None)
+            if move is None:
+                return
+            served = [key for key, shard in move.shards.items() if node.shards.get(key) is shard]
+            for key in served:
+                del node.shards[key]
+            for table in {key[0] for key in served}:
+                node.refresh_view(table)
         move.release_compaction()
         for shard in move.shards.values():
             shard.abandon_load()

@@ -174,6 +174,9 @@ class FinalApplied:
 
     rows: int
     stored: Mapping[str, Checksum]
+    promoted: bool = False
+    """Whether the target found ``stored`` equal to what the sources handed out and serves
+    the new shards already (saving the switch a round trip while writers wait)."""
 
 
 # -- the interfaces ------------------------------------------------------------------------
@@ -238,7 +241,11 @@ class Worker(Protocol):
         """Apply what the sources took in since the last pull; answers those rows."""
         ...
 
-    def apply_final(self, move_id: str, changes: Sequence[ChangeSet]) -> Reply[FinalApplied]: ...
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
+        """Apply the fenced sources' last changes; where the copy then holds what they
+        handed out, serve the new shards (promote) in the same call."""
+        ...
+
     def promote(self, move_id: str) -> Reply[None]: ...
     def abort_import(self, move_id: str) -> Reply[None]: ...
 

@@ -199,8 +199,8 @@ class RayWorker:
     def catch_up(self, move_id: str) -> Reply[int]:
         return self._reply(self.handle.catch_up.remote(move_id))
 
-    def apply_final(self, move_id: str, changes: Sequence[ChangeSet]) -> Reply[FinalApplied]:
-        return self._reply(self.handle.apply_final.remote(move_id, list(changes)))
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
+        return self._reply(self.handle.apply_final.remote(move_id, list(fenced)))
 
     def promote(self, move_id: str) -> Reply[None]:
         return self._reply(self.handle.promote.remote(move_id))

@@ -6,6 +6,11 @@ loaded_move_s_per_gb=E``: query p99 while migrating over steady, the fence pause
 copy rate of moves on the idle cluster over plain Arrow IPC, insert p99 while migrating over
 steady (an inserter runs in both phases), and seconds per GB a move takes under this load.
 
+While migrating, one lineitem unit moves back and forth between its node and another, one
+move after the other; steady is measured in both of those placements, half the time each.
+So the ratios weigh what moving costs, not what the placement a move leaves costs (a unit
+moved to a node that holds more already slows every query that follows, moving or not).
+
     python bench/elasticity.py --sf 1 --workers 4
 """
 
@@ -107,6 +112,23 @@ def move_one(db: shardflow.Database, rng: random.Random) -> shardflow.MigrationR
     return db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes))
 
 
+def placed(db: shardflow.Database, shard: str) -> str:
+    return next(str(s["node"]) for s in db.cluster.shards().to_pylist() if s["shard"] == shard)
+
+
+def pick_shuttle(db: shardflow.Database) -> tuple[str, str, str]:
+    """The largest lineitem unit, its node and the node that holds the fewest units: the
+    migrating phase moves it back and forth between the two."""
+    shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+    largest = max(shards, key=lambda s: (s["rows"], str(s["shard"])))
+    held = {n.node_id: 0 for n in db.cluster.nodes()}
+    for s in shards:
+        held[str(s["node"])] += 1
+    home = str(largest["node"])
+    away = min((n for n in held if n != home), key=lambda n: (held[n], n))
+    return str(largest["shard"]), home, away
+
+
 def move_some(db: shardflow.Database, count: int) -> list[shardflow.MigrationRecord]:
     """``count`` moves on an idle cluster, one after another (the copy rate's measure)."""
     rng = random.Random(3)
@@ -171,17 +193,23 @@ def main() -> None:
                 waits.append(time.perf_counter() - started)
                 time.sleep(0.005)
 
-        steady_inserter = threading.Thread(target=inserter, args=(steady_inserts,))
-        steady_inserter.start()
-        steady = Readers(db, args.readers).run_for(args.seconds)
-        stop.set()
-        steady_inserter.join()
-        stop.clear()
+        shard, home, away = pick_shuttle(db)
+        steady: list[float] = []
+        for placement in ("home", "away"):  # the two placements the moves go between
+            if placement == "away":
+                db.cluster.migrate(shard, to=away)
+            steady_inserter = threading.Thread(target=inserter, args=(steady_inserts,))
+            steady_inserter.start()
+            steady += Readers(db, args.readers).run_for(args.seconds / 2)
+            stop.set()
+            steady_inserter.join()
+            stop.clear()
 
         def mover() -> None:
-            rng = random.Random(7)
             while not stop.is_set():
-                moves.append(move_one(db, rng))
+                moves.append(
+                    db.cluster.migrate(shard, to=away if placed(db, shard) == home else home)
+                )
 
         helpers = [
             threading.Thread(target=mover),
@@ -239,6 +267,12 @@ def main() -> None:
         f"{percentile(fences, 99) * 1000:.0f} ms, max {max(fences, default=0) * 1000:.0f} ms;"
         f" insert latency p99 {percentile(insert_waits, 99) * 1000:.0f} ms, max "
         f"{max(insert_waits, default=0) * 1000:.0f} ms over {len(insert_waits)} inserts"
+    )
+    idle_fences = [m.fence_seconds for m in idle_moves]
+    print(
+        f"  idle ({len(idle_fences)} moves): fence pause p50 "
+        f"{percentile(idle_fences, 50) * 1000:.0f} ms, max "
+        f"{max(idle_fences, default=0) * 1000:.0f} ms"
     )
     print(
         "  within the fence, p50/p99 ms: "

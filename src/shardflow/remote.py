@@ -271,7 +271,10 @@ def _as_table(source: object) -> pa.Table:
     if isinstance(source, str | os.PathLike):
         return pq.read_table(os.fspath(source))
     if hasattr(source, "__arrow_c_stream__"):  # a RecordBatchReader, DuckDB, Polars, ...
-        return pa.RecordBatchReader.from_stream(source).read_all()
+        try:
+            return pa.RecordBatchReader.from_stream(source).read_all()
+        except (pa.ArrowException, TypeError, ValueError) as error:
+            raise ConfigError(f"cannot read an Arrow stream from the source: {error}") from None
     raise ConfigError(
         f"send a pyarrow.Table, an Arrow stream or a Parquet path, not {type(source).__name__}"
     )

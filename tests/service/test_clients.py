@@ -163,8 +163,10 @@ def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> 
     import numpy as np
 
     values = np.arange(3_000_000, dtype=np.int64)
+    rows = pa.table({"v": values, "w": values * 2})
+    stream = pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches(500_000))
     with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
-        db.create_table("big", pa.table({"v": values, "w": values * 2}), distributed_by="v")
+        db.create_table("big", stream, distributed_by="v")  # an Arrow stream, sent whole
     with adbc(served, "alice") as conn, conn.cursor() as cur:
         cur.execute("SELECT v, w FROM big")
         got = cur.fetch_arrow_table()

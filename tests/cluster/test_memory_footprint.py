@@ -2,19 +2,23 @@
 batches: the rows come over the fast lane (not through Ray's object store, whose pages stay
 mapped), the load's last rows are compressed when it ends, and the memory Arrow allocated on
 the way is handed back to the system (the worker processes allocate from jemalloc, which the
-embedded cluster's Ray node puts in their environment)."""
+embedded cluster's Ray node puts in their environment). Its process lets a waiting thread
+have the GIL sooner than Python's default, the driver's is left as it was."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import ray
 
 import shardflow
+from shardflow.runtime.actors import SWITCH_INTERVAL_S
 from shardflow.runtime.raynode import PROCESS_ENVIRONMENT
 
 pytestmark = pytest.mark.cluster
@@ -39,6 +43,7 @@ def resident(pid: int, kind: str) -> int:
 def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -> None:
     table = rows()
     ours = {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT}
+    driver_switch = sys.getswitchinterval()
     # no balancer: a unit it splits is compressed by the split
     with shardflow.connect(workers=1, data_dir=tmp_path / "data", auto_balance=False) as db:
         assert {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT} == ours  # as it was
@@ -47,6 +52,9 @@ def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -
         spawned = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         for key, value in PROCESS_ENVIRONMENT.items():
             assert f"{key}={os.environ.get(key, value)}".encode() in spawned
+        asked = db._handle.workers.get(node).handle.__ray_call__  # runs a function in the actor
+        switch = ray.get(asked.remote(lambda _: __import__("sys").getswitchinterval()))
+        assert switch == SWITCH_INTERVAL_S and sys.getswitchinterval() == driver_switch
         before = resident(pid, "RssAnon")
 
         for name in TABLES:

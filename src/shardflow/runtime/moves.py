@@ -183,8 +183,6 @@ class SourceSide:
                 if node.shards.get(key) is shard:
                     del node.shards[key]
             self.retired[move_id] = Retired(export.plan.kind, dict(export.shards))
-            for table in {key[0] for key in export.shards}:
-                node.refresh_view(table)
 
     def drop_retired(self, move_id: str, timeout_s: float = RETIRED_READERS_WAIT_S) -> bool:
         """Drop the retired shards and their files once no fragment reads them."""
@@ -327,8 +325,6 @@ class TargetSide:
             for key, shard in move.shards.items():
                 shard.writer = True  # from the switch on, this copy logs the inserts
                 node.shards[key] = shard
-            for table in {key[0] for key in move.shards}:
-                node.refresh_view(table)
 
     def abort(self, move_id: str) -> None:
         """The move rolled back: drop the new shards, served already or not."""
@@ -337,11 +333,9 @@ class TargetSide:
             move = self.imports.pop(move_id, None) or self.promoted.pop(move_id, None)
             if move is None:
                 return
-            served = [key for key, shard in move.shards.items() if node.shards.get(key) is shard]
-            for key in served:
-                del node.shards[key]
-            for table in {key[0] for key in served}:
-                node.refresh_view(table)
+            for key, shard in move.shards.items():
+                if node.shards.get(key) is shard:  # promoted, not switched: served no longer
+                    del node.shards[key]
         move.release_compaction()
         for shard in move.shards.values():
             shard.abandon_load()

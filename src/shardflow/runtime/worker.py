@@ -355,8 +355,8 @@ class WorkerNode:
     def refresh_view(self, table: str) -> None:
         """The view named ``table`` reads this node's copy of a replicated table (dropped
         with the table). A distributed table has none: each fragment names the shards it
-        was bound to (:meth:`views_for`), so a move's promote and retire change no view —
-        DDL that took 2-17 ms a table while writers waited at the fence."""
+        was bound to (:meth:`views_for`), so a move (of distributed units only) changes no
+        view — DDL that took 2-17 ms a table while writers waited at the fence."""
         if table in self.replicas:
             self.engine.set_view(table, [self._ref(self.replicas[table])])
             self._standing_views.add(table)

@@ -301,3 +301,35 @@ def test_a_pinned_snapshot_closes_quietly_after_its_engine() -> None:
     assert stream.next() is not None
     engine.close()
     stream.close()
+
+
+def test_a_pinned_snapshot_is_hashed_where_it_is_stored(make_engine: MakeEngine) -> None:
+    """A move's source hashes the snapshot it pins in DuckDB (its chunks then leave
+    unhashed): the sum is that of the rows the stream hands out, hashed as Arrow by the
+    target's side, whatever is appended after the pin."""
+    engine = make_engine()
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    rows.append(_rows(0, 250_000))
+    stream = rows.stream(100_000)
+    rows.append(_rows(250_000, 1_000))  # after the pin: not in the snapshot
+    pinned = stream.checksum()
+    assert pinned is not None and pinned[0] == 250_000
+    batches = []
+    while (batch := stream.next()) is not None:
+        batches.append(batch)
+    assert engine.checksum_rows(pa.concat_tables(batches)) == pinned
+    assert engine.checksum_rows(_rows(0, 250_000)) == pinned
+    assert rows.stream(10).checksum() == engine.checksum_rows(_rows(0, 251_000))
+
+
+def test_a_snapshot_is_hashed_whole_or_not_at_all(make_engine: MakeEngine) -> None:
+    engine = make_engine()
+    rows = engine.native_rows("t_1", _rows(0, 0).schema)
+    rows.append(_rows(0, 1_000))
+    stream = rows.stream(100)
+    assert stream.next() is not None
+    assert stream.checksum() is None  # reading began: the batches are hashed as they leave
+    stream.close()
+    closed = rows.stream(100)
+    closed.close()
+    assert closed.checksum() is None

@@ -30,6 +30,11 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def checksum_sql(select: str) -> str:
+    """A query of (n: rows, h: sum of DuckDB's row hashes) over what ``select`` returns."""
+    return f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
+
+
 _STARTS_WITH = re.compile(r"\s*(WITH\s+RECURSIVE\s|WITH\s|SELECT\s|SELECT\*)", re.IGNORECASE)
 
 
@@ -156,10 +161,7 @@ class DuckDBEngine:
         """(rows, sum of DuckDB row hashes) of a query: order-independent and additive, so
         the parts of a split add up to the whole; Arrow input and native tables of the same
         rows give the same sum."""
-        row = self.run(
-            f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s",
-            tables,
-        ).to_pylist()[0]
+        row = self.run(checksum_sql(select), tables).to_pylist()[0]
         return int(row["n"]), int(row["h"])
 
     def checksum_rows(self, rows: pa.Table) -> tuple[int, int]:
@@ -298,6 +300,15 @@ class RowStream:
         table = pa.Table.from_batches([batch])
         return table.cast(self._schema) if not table.schema.equals(self._schema) else table
 
+    def checksum(self) -> tuple[int, int] | None:
+        """(rows, sum of row hashes) of the whole snapshot, hashed where it is stored (a
+        third of hashing the batches as Arrow), or None once reading has begun."""
+        with self._lock:
+            if self._closed or self._reader is not None:
+                return None
+            ((rows, digest),) = self._cursor.execute(checksum_sql(self._select)).fetchall()
+        return int(rows), int(digest)
+
     def close(self) -> None:
         with self._lock:
             self._close_locked()
@@ -306,6 +317,8 @@ class RowStream:
         if not self._closed:
             self._closed = True
             try:
+                if self._reader is not None:  # handed out in part (the move rolled back)
+                    self._reader.close()
                 self._cursor.execute("COMMIT")
             except duckdb.ConnectionException:
                 pass  # the engine closed (its worker stopped): the snapshot went with it

@@ -1,8 +1,9 @@
 """A worker's two halves of a live move, kept apart.
 
 :class:`SourceSide` pins a snapshot of the moving shards, hands out its rows and the inserts
-made since (hashing everything it hands out as it leaves), fences writes and retires what
-moved. :class:`TargetSide` builds the new shards beside the served ones from what the sources
+made since (hashing everything it hands out: the snapshot where it is stored, when it is
+pinned; the inserts as they leave), fences writes and retires what moved.
+:class:`TargetSide` builds the new shards beside the served ones from what the sources
 hand out, keeps the checksum of what it stores, and serves them at the switch. The two
 meet only through :class:`~shardflow.runtime.protocol.SourceLink` (worker to worker) and the
 coordinator's calls; ``VERIFY`` compares their checksums (``control/migration.py``).
@@ -85,6 +86,9 @@ class Export:
     handed_out: dict[str, Checksum] = field(default_factory=dict)
     counted: dict[ShardKey, int] = field(default_factory=dict)
     """Per shard, the LSN up to which changes were handed out (and hashed)."""
+    prehashed: set[ShardKey] = field(default_factory=set)
+    """Shards whose whole snapshot was hashed where stored when pinned: their chunks leave
+    without being hashed again."""
 
 
 @dataclass(frozen=True)
@@ -119,14 +123,20 @@ class SourceSide:
             export.streams[key] = stream
             export.counted[key] = lsn
             pinned[key] = PinnedShard(lsn, applied)
+        for key, stream in export.streams.items():  # writers go on meanwhile
+            snapshot = stream.checksum()
+            if snapshot is not None:
+                self._count_out(export, key[0], Checksum(*snapshot))
+                export.prehashed.add(key)
         return ExportPinned(node.node_id, pinned)
 
     def chunk(self, move_id: str, key: ShardKey) -> pa.Table | None:
         """The next chunk of a shard's pinned snapshot (None once all were handed out),
-        added to the checksum of what was handed out as it leaves."""
+        added to the checksum of what was handed out as it leaves (unless the whole
+        snapshot was hashed when pinned)."""
         export = self.exports[move_id]
         chunk = export.streams[key].next()
-        if chunk is not None:
+        if chunk is not None and key not in export.prehashed:
             self._hand_out(export, key[0], chunk)
         return chunk
 
@@ -202,7 +212,9 @@ class SourceSide:
         return True
 
     def _hand_out(self, export: Export, table: str, rows: pa.Table) -> None:
-        sums = _checksum(self.node, rows)
+        self._count_out(export, table, _checksum(self.node, rows))
+
+    def _count_out(self, export: Export, table: str, sums: Checksum) -> None:
         with self.node.lock:
             export.handed_out[table] = export.handed_out[table] + sums
 

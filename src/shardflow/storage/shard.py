@@ -86,6 +86,11 @@ class BatchStream(Protocol):
         """The next batch, or None once every row was handed out."""
         ...
 
+    def checksum(self) -> tuple[int, int] | None:
+        """(rows, sum of row hashes) of the whole snapshot where the store hashes it in
+        place, before the first batch; None: hash the batches as they are handed out."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -157,6 +162,9 @@ class _OneBatch:
     def next(self) -> pa.Table | None:
         table, self._table = self._table, None
         return table
+
+    def checksum(self) -> None:
+        return None
 
     def close(self) -> None:
         self._table = None
@@ -441,6 +449,11 @@ class Shard:
     def changes_since(self, lsn: int) -> list[Change]:
         with self._lock:
             return [c for c in self._tap or [] if c.lsn > lsn]
+
+    @property
+    def exporting(self) -> bool:
+        """Whether a move's export keeps the appends made since its snapshot."""
+        return self._tap is not None
 
     def end_export(self) -> None:
         with self._lock:

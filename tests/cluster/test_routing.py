@@ -101,6 +101,11 @@ def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_pat
         db.create_table("kinds", pa.table({"g": range(13), "name": [f"k{i}" for i in range(13)]}),
                         replicated=True)  # fmt: skip
         assert lookups_via(db, "SELECT count(*) FROM kinds") == {"fast lane"}  # one worker
+        # a second stage reads what the client merged of the first: sent along on the lanes
+        above = "SELECT count(*) AS n FROM events WHERE id > (SELECT avg(id) FROM events)"
+        assert db.sql(above).to_pylist() == [{"n": 15_000}]
+        assert len(db.profile(above)[1].stages) == 2
+        assert lookups_via(db, above) == {"fast lane"}
         victim = str(owner_of(db, KEY)["node"])
         failures: list[BaseException] = []
         answers: list[object] = []

@@ -36,7 +36,12 @@ class Worker:
         self.calls: list[tuple[str, Mapping[str, list[int]], int, bool]] = []
 
     def run(
-        self, sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, FragmentStats]:
         self.calls.append((sql, bindings, epoch, profile))
         if epoch < 0:
@@ -44,7 +49,7 @@ class Worker:
         if sql == "crash":
             raise RuntimeError("a bug of the worker's own")
         try:
-            result = self.engine.run(sql, {"t": ROWS})
+            result = self.engine.run(sql, {"t": ROWS, **inputs})
         except duckdb.Error as error:
             raise QueryError(str(error)) from None
         return result, FragmentStats(0.001, result.num_rows, engine="duckdb")
@@ -75,6 +80,25 @@ def test_a_fragment_and_its_measurements_come_back(
     whole, _ = lanes.execute(server.address, "SELECT * FROM t, range(300)", {}, 5, False)
     assert whole.num_rows == 300_000  # megabytes: written in parts, read whole
     assert whole.slice(0, 1000).column("k").to_pylist() == list(range(1000))
+
+
+def test_a_fragments_inputs_go_along_with_it(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    """A later stage reads what the client merged of an earlier one: the rows travel with
+    the request, small or in parts of megabytes, and a refused fragment still reads them
+    all (the next call on the same connection is answered)."""
+    server, _, lanes = lane
+    keys = pa.table({"k": pa.array([3, 5, 7], pa.int64())})
+    many = pa.table({"n": pa.array(range(400_000), pa.int64())})  # more than a frame
+    assert many.nbytes > ARROW_FRAME_BYTES
+    sql = "SELECT t.k, t.s, (SELECT count(*) FROM many) AS n FROM t JOIN keys USING (k) ORDER BY k"
+    result, _ = lanes.execute(server.address, sql, {}, 1, False, {"keys": keys, "many": many})
+    assert result.to_pylist() == [{"k": k, "s": f"row {k}", "n": 400_000} for k in (3, 5, 7)]
+    with pytest.raises(QueryError):
+        lanes.execute(server.address, "SELECT nothing FROM keys", {}, 1, False, {"keys": keys})
+    [kept] = lanes._idle[server.address]
+    again, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 1, False)
+    assert again.to_pylist() == [{"n": 1000}]
+    assert lanes._idle[server.address] == [kept]  # the same connection, still in step
 
 
 def test_the_workers_errors_arrive_as_they_were_raised(
@@ -146,10 +170,14 @@ def test_closing_the_client_closes_connections_still_in_use() -> None:
     worker = Worker()
 
     def slow(
-        sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, FragmentStats]:
         release.wait(10)
-        return worker.run(sql, bindings, epoch, profile)
+        return worker.run(sql, bindings, epoch, profile, inputs)
 
     server = LaneServer(slow, "127.0.0.1", "node-0")
     lanes = Lanes()
@@ -184,7 +212,11 @@ def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
     lock = threading.Lock()
 
     def slow(
-        sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, FragmentStats]:
         nonlocal running, most
         with lock:
@@ -193,7 +225,7 @@ def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
         time.sleep(0.05)
         with lock:
             running -= 1
-        return worker.run(sql, bindings, epoch, profile)
+        return worker.run(sql, bindings, epoch, profile, inputs)
 
     server = LaneServer(slow, "127.0.0.1", "node-0", concurrency=2)
     lanes = Lanes()

@@ -427,9 +427,14 @@ class WorkerService:
         """Connections to other workers' lanes (a move's rows come from its sources so)."""
 
     def _run_fragment(
-        self, sql: str, bindings: Mapping[str, list[int]], epoch: int, profile: bool
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
     ) -> tuple[pa.Table, FragmentStats]:
-        return self.node.execute(sql, bindings, epoch, {}, profile)
+        return self.node.execute(sql, bindings, epoch, inputs, profile)
 
     def _link(self, node: str) -> RaySourceLink:
         return RaySourceLink(node, self.workers.handle(node), self.lanes)

@@ -80,6 +80,10 @@ QUERY_ATTEMPTS = 3
 FIRST_RETRY_DELAY_S = 0.05
 MAX_RETRY_DELAY_S = 1.0
 LANE_THREADS = 32
+LANE_INPUTS_BYTES = 8 << 20
+"""Inputs the client holds (what it merged of an earlier stage) up to this size go to each
+worker with the fragment over its fast lane; bigger ones are put in Ray's object store once
+and read from there by every worker."""
 
 
 class _Again(Exception):
@@ -782,9 +786,24 @@ class _RayRunner:
         table_ref, stats = worker.execute(sql, bindings, epoch, names, self.session.profiling, refs)
         return table_ref, stats, submitted
 
+    def _on_the_client(self, inputs: Mapping[str, Output]) -> dict[str, pa.Table] | None:
+        """The inputs as tables, where the client holds every one and they are small
+        enough to send along with the fragment (:data:`LANE_INPUTS_BYTES`); else None."""
+        tables: dict[str, pa.Table] = {}
+        size = 0
+        for name, value in inputs.items():
+            if any(isinstance(p, _RayOutput) and p._table is None for p in _parts(value)):
+                return None  # on the workers still: they read it from the object store
+            tables[name] = value.table()
+            size += tables[name].nbytes
+            if size > LANE_INPUTS_BYTES:
+                return None
+        return tables
+
     def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
-        names, refs = self._refs(inputs)
+        sent = self._on_the_client(inputs)
+        names, refs = self._refs(inputs) if sent is None else ([], [])
         results: list[FragmentResult] = []
         assert stage.group is not None
         pending: set[int] | None = None
@@ -806,8 +825,8 @@ class _RayRunner:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
             direct = (
-                self._direct(stage.sql, by_node, stage.tables, catalog.epoch)
-                if not refs and _answered_on_the_client(stage)
+                self._direct(stage.sql, by_node, stage.tables, catalog.epoch, sent)
+                if sent is not None and _answered_on_the_client(stage)
                 else None
             )
             if direct is not None:
@@ -827,6 +846,9 @@ class _RayRunner:
                 if pending:
                     raise _Again(f"{len(pending)} unit(s) of the stage still to run")
                 return
+            nonlocal names, refs
+            if sent is not None and not refs:  # a worker without a lane: through Ray then
+                names, refs = self._refs(inputs)
             calls = _submit_all(
                 {
                     node: partial(
@@ -864,12 +886,17 @@ class _RayRunner:
         return results
 
     def _direct(
-        self, sql: str, work: Mapping[str, list[int]], tables: Iterable[str], epoch: int
+        self,
+        sql: str,
+        work: Mapping[str, list[int]],
+        tables: Iterable[str],
+        epoch: int,
+        inputs: Mapping[str, pa.Table],
     ) -> dict[str, FragmentResult | Exception] | None:
-        """Each node's fragment (over its units of ``tables``) asked over its fast lane, all
-        at once: its result, or what it raised (the worker's own errors as through Ray,
-        :class:`LaneBroken` where the lane failed). None where a node has no lane: the
-        stage goes through Ray."""
+        """Each node's fragment (over its units of ``tables``, ``inputs`` sent along) asked
+        over its fast lane, all at once: its result, or what it raised (the worker's own
+        errors as through Ray, :class:`LaneBroken` where the lane failed). None where a node
+        has no lane: the stage goes through Ray."""
         session = self.session
         addresses = {node: session.lane(node) for node in work}
         if any(address is None for address in addresses.values()):
@@ -880,7 +907,9 @@ class _RayRunner:
             assert address is not None
             submitted = time.time()
             bindings = {table: work[node] for table in tables}
-            table, stats = session.lanes.execute(address, sql, bindings, epoch, session.profiling)
+            table, stats = session.lanes.execute(
+                address, sql, bindings, epoch, session.profiling, inputs
+            )
             output = Materialized(table)
             return FragmentResult(
                 output, node, stats.seconds, stats.rows_out, stats, submitted, via="fast lane"
@@ -893,19 +922,20 @@ class _RayRunner:
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
         session = self.session
-        names, refs = self._refs(inputs)
+        sent = self._on_the_client(inputs)
 
         def attempt() -> FragmentResult:
             nodes = session.catalog.serving
             node = nodes[next(session._round_robin) % len(nodes)]
-            direct = None if refs else self._direct(sql, {node: []}, (), 0)
-            if direct is not None:  # no inputs: over the node's lane
+            direct = None if sent is None else self._direct(sql, {node: []}, (), 0, sent)
+            if direct is not None:  # inputs the client holds: over the node's lane
                 outcome = direct[node]
                 if isinstance(outcome, FragmentResult):
                     return outcome
                 if not isinstance(outcome, LaneBroken):
                     raise outcome  # retried (moved, gone), or the query's own error
                 session.lane_broken(node, outcome)
+            names, refs = self._refs(inputs)
             table_ref, stats_reply, submitted = self._call(node, sql, {}, 0, names, refs)
             try:
                 stats = stats_reply.get()

@@ -44,9 +44,11 @@ class Settings:
         wal_checkpoint_bytes: log bytes a shard keeps before a checkpoint.
         plan_cache_size: distributed plans a session keeps per catalog version, by shape
             (queries differing only in compared constants share one) and by query text.
-        fast_lane: a query part that needs one worker and no inputs (a point lookup on
-            the distribution key) goes to that worker over a TCP connection the session
-            keeps open to it, not through a Ray actor call; off: every part through Ray.
+        fast_lane: a query part whose result comes back to the session and whose inputs,
+            if any, the session holds (a point lookup on the distribution key, partials the
+            session merges, a later stage reading a merged subquery) goes to each worker
+            over a TCP connection the session keeps open to it, not through a Ray actor
+            call; off: every part through Ray.
         object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
             0 lets Ray choose (30 % of memory).
         migration_bandwidth_mb_s: cap on the copy rate of one live move, in MB/s; 0 means

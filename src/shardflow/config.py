@@ -24,7 +24,9 @@ class Settings:
         buckets: virtual buckets a distribution key hashes into. Fixed for the life of a data
             directory; a shard owns a contiguous range of them, so this bounds how finely a
             table can ever be split.
-        shards_per_worker: shards a new distributed table gets per worker at creation.
+        shards_per_worker: shards a new distributed table gets per worker at creation
+            (more give finer moves from the start, and cost every query over the table a
+            UNION of the worker's shards; the balancer splits what grows too big or hot).
         engine_threads: DuckDB threads per worker; 0 means the node's cores divided among
             the workers of an embedded cluster, and all of the node's cores otherwise.
         worker_memory_mb: memory each worker's DuckDB may use for its shards and its
@@ -126,7 +128,7 @@ class Settings:
     """
 
     buckets: int = 256
-    shards_per_worker: int = 2
+    shards_per_worker: int = 1
     engine_threads: int = 0
     worker_memory_mb: int = 0
     local_dir: str = ""

@@ -156,7 +156,7 @@ def test_migrate_split_merge_under_load(tmp_path: Path) -> None:
 
 
 def test_bad_cluster_operations_say_why(tmp_path: Path) -> None:
-    with cluster(tmp_path, workers=2) as db:
+    with cluster(tmp_path, workers=2, shards_per_worker=2) as db:  # units not adjacent too
         db.create_table("events", rows(0, 100), distributed_by="id")
         db.create_table("other", rows(0, 100), distributed_by="id")
         db.create_table("tags", pa.table({"tag": ["a"]}), replicated=True)
@@ -196,7 +196,7 @@ def test_bad_cluster_operations_say_why(tmp_path: Path) -> None:
 def test_a_node_joining_an_idle_cluster_of_small_tables_receives_shards(tmp_path: Path) -> None:
     """Seen: after add_node() on an idle one-worker cluster rebalance(dry_run=True) said
     "balanced" while every shard was on node-0 and the new node held none."""
-    with cluster(tmp_path, workers=1) as db:
+    with cluster(tmp_path, workers=1, shards_per_worker=2) as db:  # two units of each
         db.create_table("events", rows(0, 20_000), distributed_by="id")
         db.create_table("other", rows(0, 5_000), distributed_by="id")
         new = db.cluster.add_node()

@@ -44,8 +44,11 @@ def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -
     table = rows()
     ours = {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT}
     driver_switch = sys.getswitchinterval()
-    # no balancer: a unit it splits is compressed by the split
-    with shardflow.connect(workers=1, data_dir=tmp_path / "data", auto_balance=False) as db:
+    # no balancer: a unit it splits is compressed by the split; two units of each table,
+    # each below the compactor's threshold
+    with shardflow.connect(
+        workers=1, data_dir=tmp_path / "data", auto_balance=False, shards_per_worker=2
+    ) as db:
         assert {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT} == ours  # as it was
         (node,) = db._handle.workers.known
         pid = db._handle.workers.get(node).pid().get()

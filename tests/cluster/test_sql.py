@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 import shardflow
 from shardflow import tpch
+from shardflow.config import Settings
 from shardflow.runtime.localcluster import descendants
 from tests.cluster.conftest import listening_sockets
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
@@ -152,12 +153,13 @@ def test_tables_nodes_and_shards_report_what_is_where(db: shardflow.Database) ->
     assert tables["lineitem"]["distributed_by"] == "l_orderkey"
     assert tables["lineitem"]["colocation_group"] == tables["orders"]["colocation_group"]
     assert tables["nation"]["kind"] == "replicated" and tables["nation"]["rows"] == 25
-    assert tables["orders"]["rows"] == 150_000 and tables["orders"]["shards"] == 8
+    per_worker = Settings().shards_per_worker  # the fixture's cluster has the defaults
+    assert tables["orders"]["rows"] == 150_000 and tables["orders"]["shards"] == 4 * per_worker
 
     nodes = db.cluster.nodes()
     assert sorted(n.node_id for n in nodes) == [f"node-{i}" for i in range(4)]
     assert all(n.alive and n.vendor == "cpu" and n.engine == "duckdb" for n in nodes)
-    assert all(n.shards == 4 for n in nodes)  # 2 units x (lineitem, orders) each
+    assert all(n.shards == 2 * per_worker for n in nodes)  # lineitem's and orders' units
 
     shards = db.cluster.shards().to_pylist()
     lineitem = [s for s in shards if s["table"] == "lineitem"]

@@ -20,7 +20,7 @@ from tests.support.local_cluster import LocalCluster
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "data")
+    local = LocalCluster(tmp_path / "data", shards_per_worker=2)  # several units a node
     local.create_table("events", events(0, ROWS), "id")
     yield local
     local.close()

@@ -270,13 +270,14 @@ def test_a_corrupted_copy_rolls_back_at_verify(
 def test_a_move_to_a_worker_that_is_gone_rolls_back(cluster: LocalCluster) -> None:
     unit = cluster.units("events")[0]
     target = other_node(cluster, unit.node)
+    held = sum(u.node == target for u in cluster.units("events"))
     cluster.workers.stop(target)
     record = cluster.migrate(unit.unit_id, target)
     assert record["phase"] == "rolled_back" and "WorkerGone" in str(record["outcome"])
     assert cluster.catalog.group_of("events").unit(unit.unit_id).node == unit.node
     # the controller fails the dead worker over: its units are rebuilt from their files
     failover = cluster.controller.fail_node(target)
-    assert failover is not None and failover.units == 2
+    assert failover is not None and failover.units == held > 0
     assert target not in cluster.catalog.nodes
     assert_serves(cluster, events(0, ROWS))
 

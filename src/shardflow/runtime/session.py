@@ -802,8 +802,8 @@ class _RayRunner:
 
     def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
-        sent = self._on_the_client(inputs)
-        names, refs = self._refs(inputs) if sent is None else ([], [])
+        # inputs go along over the lanes only where the results come back here too
+        sent = self._on_the_client(inputs) if _answered_on_the_client(stage) else None
         results: list[FragmentResult] = []
         assert stage.group is not None
         pending: set[int] | None = None
@@ -826,7 +826,7 @@ class _RayRunner:
                     by_node[unit.node].append(unit.unit_id)
             direct = (
                 self._direct(stage.sql, by_node, stage.tables, catalog.epoch, sent)
-                if sent is not None and _answered_on_the_client(stage)
+                if sent is not None
                 else None
             )
             if direct is not None:
@@ -846,9 +846,7 @@ class _RayRunner:
                 if pending:
                     raise _Again(f"{len(pending)} unit(s) of the stage still to run")
                 return
-            nonlocal names, refs
-            if sent is not None and not refs:  # a worker without a lane: through Ray then
-                names, refs = self._refs(inputs)
+            names, refs = self._refs(inputs)  # each client-held input put once a query
             calls = _submit_all(
                 {
                     node: partial(

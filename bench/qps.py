@@ -3,7 +3,8 @@ over one customer's orders, and small inserts, with 1, 4 and 16 client threads, 
 DuckDB in process running the same lookups with the same threads.
 
 The last line is ``point_qps_4=A point_p50_ms=B ratio_vs_duckdb=C insert_rows_s_16=D``
-(C: DuckDB's point-lookup QPS / shardflow's, 4 clients).
+(C: DuckDB's point-lookup QPS / shardflow's, 4 clients). orders is created with
+``key_index=True`` and DuckDB's orders gets the same index (``--no-key-index``: neither).
 
     python bench/qps.py --sf 0.1 --workers 4
 """
@@ -120,17 +121,26 @@ def main() -> None:
     parser.add_argument(
         "--no-fast-lane", action="store_true", help="every fragment through Ray (fast_lane off)"
     )
+    parser.add_argument(
+        "--no-key-index",
+        action="store_true",
+        help="orders without an index on o_orderkey (on both sides); with one by default",
+    )
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
     oracle = tpch.duckdb_oracle(data)
+    indexed = () if args.no_key_index else ("orders",)
+    if indexed:  # the same physical design on both sides: DuckDB's table has the index too
+        oracle.execute("CREATE INDEX orders_key ON orders (o_orderkey)")
     orders = oracle.sql("SELECT count(*) FROM orders").fetchall()[0][0]
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-qps-") as data_dir:
         with shardflow.connect(
             workers=args.workers, data_dir=data_dir, fast_lane=not args.no_fast_lane
         ) as db:
-            tpch.load(db, data)
+            tpch.load(db, data, key_index=indexed)
             print(db.explain(KINDS["point"](0, orders)).splitlines()[4].strip())
+            print(f"orders' key indexed: {bool(indexed)} (both sides)")
             for kind, make in KINDS.items():
                 for threads in (1, 4, 16):
                     qps, p50 = measure(threads, args.seconds, on_shardflow(db, make, orders))

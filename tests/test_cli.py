@@ -73,7 +73,9 @@ def test_from_a_parquet_file_to_a_query_with_the_command_alone(tmp_path: Path) -
     pq.write_table(pa.table({"id": [100, 101], "g": [0, 0]}), tmp_path / "more.parquet")
     data_dir = str(tmp_path / "data")
     common = ("--data-dir", data_dir, "--workers", "1")
-    loaded = run("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", *common)
+    loaded = run(
+        "load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", "--key-index", *common
+    )
     assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
     assert "loaded 100 rows into t" in loaded.stdout
     inserted = run("insert", "t", str(tmp_path / "more.parquet"), *common)

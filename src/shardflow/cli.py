@@ -158,6 +158,9 @@ def load(
         str | None, typer.Option(help="Keep equal bucket ranges with this table's.")
     ] = None,
     replicated: Annotated[bool, typer.Option(help="A copy on every worker.")] = False,
+    key_index: Annotated[
+        bool, typer.Option(help="Index the distribution column in every shard (point lookups).")
+    ] = False,
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = 4,
     address: Address = None,
@@ -170,6 +173,7 @@ def load(
             distributed_by=distributed_by,
             colocate_with=colocate_with,
             replicated=replicated,
+            key_index=key_index,
             progress=console.is_terminal,
         )
     console.print(f"loaded {rows} rows into {name}")

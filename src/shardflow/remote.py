@@ -200,6 +200,7 @@ class RemoteDatabase:
         distributed_by: str | None = None,
         replicated: bool = False,
         colocate_with: str | None = None,
+        key_index: bool = False,
         progress: bool = False,
     ) -> int:
         """Create a table from a ``pyarrow.Table``, an Arrow stream or a Parquet file on this
@@ -209,6 +210,8 @@ class RemoteDatabase:
             options["shardflow.distributed_by"] = distributed_by
         if colocate_with:
             options["shardflow.colocate_with"] = colocate_with
+        if key_index:
+            options["shardflow.key_index"] = "true"
         return self._ingest(name, _as_table(source), "create", options)
 
     def insert(

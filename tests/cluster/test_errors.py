@@ -128,6 +128,8 @@ def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
             shardflow.TableError,
         ),
         (dict(name="t1", source=_people(), colocate_with="orders"), shardflow.TableError),
+        (dict(name="t1", source=_people(), key_index=True), shardflow.TableError),
+        (dict(name="t1", source=_people(), replicated=True, key_index=True), shardflow.TableError),
         (
             dict(name="t1", source=_people(), distributed_by="id", colocate_with="nope"),
             shardflow.UnknownTableError,

@@ -1,5 +1,6 @@
 """Routed queries on a real cluster: a point lookup on the distribution key runs on the one
-worker owning the key, and keeps answering right while that very shard moves."""
+worker owning the key, and keeps answering right while that very shard moves (a table with a
+key index: the target of the move builds it too)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -
     with shardflow.connect(
         workers=3, data_dir=tmp_path, migration_bandwidth_mb_s=1.0, balance_interval_s=3600
     ) as db:
-        db.create_table("events", events(0, 60_000), distributed_by="id")
+        db.create_table("events", events(0, 60_000), distributed_by="id", key_index=True)
+        assert db.tables().column("key_index").to_pylist() == [True]
         owner = owner_of(db, KEY)
         lookup = f"SELECT id, g FROM events WHERE id = {KEY}"
         assert f"router: 1 shard ({owner['node']})" in db.explain(lookup)
@@ -65,6 +67,9 @@ def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -
         assert during >= 3, "the move ended before the lookups could overlap it"
         assert getattr(outcome[0], "phase", None) == "done"
         assert f"router: 1 shard ({target})" in db.explain(lookup)
+        moved = owner_of(db, KEY)  # the target built the index as it copied
+        assert moved["node"] == target and moved["indexed"] is True
+        assert all(db.cluster.shards().column("indexed").to_pylist())
 
         oracle = duckdb.connect()
         oracle.register(

@@ -166,7 +166,9 @@ def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> 
     rows = pa.table({"v": values, "w": values * 2})
     stream = pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches(500_000))
     with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
-        db.create_table("big", stream, distributed_by="v")  # an Arrow stream, sent whole
+        db.create_table("big", stream, distributed_by="v", key_index=True)  # sent whole
+        (big,) = [t for t in db.tables().to_pylist() if t["name"] == "big"]
+        assert big["key_index"] is True  # the option went along
     with adbc(served, "alice") as conn, conn.cursor() as cur:
         cur.execute("SELECT v, w FROM big")
         got = cur.fetch_arrow_table()

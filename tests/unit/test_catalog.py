@@ -51,9 +51,16 @@ def test_dropping_last_table_of_group_drops_the_group() -> None:
 def test_json_round_trip() -> None:
     catalog = _with_table(Catalog(nodes=("n0", "n1")))
     catalog = catalog.with_table(TableSpec("r", "uid3", SCHEMA, "replicated"))
+    group = catalog.table("t").group
+    catalog = catalog.with_table(TableSpec("k", "uid4", SCHEMA, "distributed", "k", group, 0, True))
     restored = Catalog.from_json(json.loads(json.dumps(catalog.to_json())))
     assert restored.to_json() == catalog.to_json()
     assert restored.table("t").schema.equals(SCHEMA)
+    assert restored.table("k").key_index and not restored.table("t").key_index
+    older = catalog.to_json()  # a catalog written before tables had key indexes
+    for spec in older["tables"]:
+        spec.pop("key_index")
+    assert not any(t.key_index for t in Catalog.from_json(older).tables.values())
 
 
 def test_store_keeps_recent_versions_and_survives_a_torn_write(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ views, and new rows are compressed in the background, not inside a commit."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -333,3 +334,49 @@ def test_a_snapshot_is_hashed_whole_or_not_at_all(make_engine: MakeEngine) -> No
     closed = rows.stream(100)
     closed.close()
     assert closed.checksum() is None
+
+
+def _scan_type(engine: DuckDBEngine, sql: str) -> str:
+    plan = engine.run(f"EXPLAIN ANALYZE {sql}").column(1)[0].as_py()
+    found = re.search(r"Type: (\w+ Scan)", plan)
+    assert found is not None, plan
+    return found.group(1)
+
+
+def test_a_key_index_fetches_what_a_scan_finds_and_outlives_a_reset(
+    make_engine: MakeEngine,
+) -> None:
+    """A shard with a key index looks one key up by the index and answers as the same rows
+    without one do (the key repeats, lookups miss, other filters scan); a reset (a shard
+    rebuilt from its files) keeps the index."""
+    engine = make_engine()
+    plain = engine.native_rows("t_plain", _rows(0, 0).schema)
+    keyed = engine.native_rows("t_keyed", _rows(0, 0).schema, index="id")
+    for rows in (plain, keyed):
+        for first in (0, 50_000, 49_990):  # ten keys twice
+            rows.append(_rows(first, 50_000 if first < 49_990 else 10))
+        rows.compact()
+    assert keyed.indexed() and not plain.indexed()
+    lookup = "SELECT * FROM {} WHERE id = 49995"
+    assert _scan_type(engine, lookup.format(keyed.ref)) == "Index Scan"
+    assert _scan_type(engine, lookup.format(plain.ref)) == "Sequential Scan"
+    for where in (
+        "id = 49995",
+        "id = 7",
+        "id = -1",
+        "id IN (1, 49999, 50000, 99999, 123456)",
+        "id BETWEEN 10 AND 20",
+        "tag = 'tag-3' AND id < 1000",
+    ):
+        answers = [
+            sorted(engine.run(f"SELECT * FROM {r.ref} WHERE {where}").to_pylist(), key=repr)
+            for r in (plain, keyed)
+        ]
+        assert answers[0] == answers[1], where
+        assert answers[0] or where == "id = -1", where
+    keyed.reset([_rows(0, 100)])
+    assert keyed.indexed()
+    assert _scan_type(engine, f"SELECT * FROM {keyed.ref} WHERE id = 42") == "Index Scan"
+    assert engine.run(f"SELECT tag FROM {keyed.ref} WHERE id = 42").to_pylist() == [
+        {"tag": "tag-2"}
+    ]

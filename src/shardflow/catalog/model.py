@@ -86,6 +86,8 @@ class TableSpec:
     key: str | None = None
     group: str | None = None
     rows: int = 0
+    key_index: bool = False
+    """Whether every shard keeps an index on ``key`` (``create_table(key_index=True)``)."""
 
     @property
     def distributed(self) -> bool:
@@ -109,6 +111,7 @@ class TableSpec:
             "key": self.key,
             "group": self.group,
             "rows": self.rows,
+            "key_index": self.key_index,
         }
 
     @classmethod
@@ -122,6 +125,7 @@ class TableSpec:
             data["key"],
             data["group"],
             data.get("rows", 0),
+            data.get("key_index", False),
         )
 
 

@@ -348,9 +348,15 @@ class CoordinatorService:
 
     @ray.method
     def begin_create(
-        self, name: str, schema: bytes, kind: str, key: str | None, colocate_with: str | None
+        self,
+        name: str,
+        schema: bytes,
+        kind: str,
+        key: str | None,
+        colocate_with: str | None,
+        key_index: bool = False,
     ) -> dict[str, Any]:
-        return self.state.begin_create(name, schema, kind, key, colocate_with)
+        return self.state.begin_create(name, schema, kind, key, colocate_with, key_index)
 
     @ray.method
     def commit_create(self, name: str, rows: int) -> dict[str, Any]:

@@ -272,6 +272,7 @@ class CoordinatorState:
         kind: str,
         key: str | None,
         colocate_with: str | None,
+        key_index: bool = False,
     ) -> dict[str, Any]:
         """Reserve ``name`` and plan its units; nothing is visible until :meth:`commit_create`."""
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
@@ -315,6 +316,7 @@ class CoordinatorState:
                 "distributed" if kind == "distributed" else "replicated",
                 (key or "") if kind == "distributed" else None,
                 group,
+                key_index=key_index,
             )
             catalog = catalog.with_table(spec)
             self.pending[name_key(name)] = PendingTable(spec, catalog)

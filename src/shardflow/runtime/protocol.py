@@ -51,6 +51,8 @@ class ShardInfo:
     rows: int
     bytes: int
     lsn: int
+    indexed: bool = False
+    """Whether the shard's rows keep an index on the table's key (``key_index``)."""
 
 
 @dataclass(frozen=True)

@@ -364,6 +364,7 @@ class Session:
         replicated: bool,
         colocate_with: str | None,
         progress: Callable[[int, int | None], None] | None = None,
+        key_index: bool = False,
     ) -> int:
         if not isinstance(name, str):
             raise TableError(f"a table name must be a string, not {type(name).__name__}")
@@ -371,6 +372,8 @@ class Session:
             raise TableError("a replicated table takes neither distributed_by nor colocate_with")
         if colocate_with is not None and distributed_by is None:
             raise TableError("colocate_with needs distributed_by (the column to co-locate on)")
+        if key_index and distributed_by is None:
+            raise TableError("key_index needs distributed_by (the column to index)")
         schema, total, batches = _open_source(source, self.settings.load_batch_rows)
         schema = storage_schema(schema)
         if distributed_by is not None:
@@ -388,7 +391,7 @@ class Session:
         schema_bytes = schema.serialize().to_pybytes()
         planned: dict[str, Any] = self._coordinator(
             lambda c: c.begin_create.remote(
-                name, schema_bytes, kind, distributed_by or "", colocate_with
+                name, schema_bytes, kind, distributed_by or "", colocate_with, bool(key_index)
             )
         )
         preview = Catalog.from_json(planned)

@@ -173,6 +173,10 @@ _CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
 
 
 @functools.lru_cache(maxsize=1024)
+def _indexed(shard: Shard) -> bool:
+    return isinstance(shard.data, NativeRows) and shard.data.indexed()
+
+
 def _kind(sql: str) -> str:
     """A fragment's kind of work: its SQL with the constants left out."""
     return _CONSTANTS.sub("?", sql)
@@ -408,7 +412,8 @@ class WorkerNode:
     def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)
         physical = f"t_{spec.uid[:12]}_{name}"
-        rows = self.engine.native_rows(physical, spec.schema)
+        index = spec.key if spec.key_index and spec.key else None
+        rows = self.engine.native_rows(physical, spec.schema, index)
         return Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)
 
     # -- loading a new table ------------------------------------------------------------
@@ -667,7 +672,7 @@ class WorkerNode:
         )
         with self.lock:
             shards = tuple(
-                ShardInfo(t, u, s.rows, s.nbytes, s.lsn)
+                ShardInfo(t, u, s.rows, s.nbytes, s.lsn, _indexed(s))
                 for (t, u), s in sorted(self.shards.items())
             )
             replicas = tuple(

@@ -590,6 +590,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 distributed_by=options.get("shardflow.distributed_by") or None,
                 replicated=options.get("shardflow.replicated", "").lower() == "true",
                 colocate_with=options.get("shardflow.colocate_with") or None,
+                key_index=options.get("shardflow.key_index", "").lower() == "true",
             )
         count, offset, part = 0, 0, 0
         rows_per_chunk = max(1, INGEST_CHUNK_BYTES * table.num_rows // max(1, table.nbytes))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -212,12 +213,20 @@ class _Creates(Protocol):
         distributed_by: str | None = ...,
         replicated: bool = ...,
         colocate_with: str | None = ...,
+        key_index: bool = ...,
         progress: bool = ...,
     ) -> int: ...
 
 
-def load(db: _Creates, data_dir: os.PathLike[str] | str, *, progress: bool = False) -> None:
-    """Create the 8 tables in a shardflow database with the recommended :data:`LAYOUT`."""
+def load(
+    db: _Creates,
+    data_dir: os.PathLike[str] | str,
+    *,
+    progress: bool = False,
+    key_index: Collection[str] = (),
+) -> None:
+    """Create the 8 tables in a shardflow database with the recommended :data:`LAYOUT`;
+    the distributed tables named in ``key_index`` index their key in every shard."""
     paths = table_paths(data_dir)
     for layout in LAYOUT:
         db.create_table(
@@ -226,6 +235,7 @@ def load(db: _Creates, data_dir: os.PathLike[str] | str, *, progress: bool = Fal
             distributed_by=layout.distributed_by,
             colocate_with=layout.colocate_with,
             replicated=layout.replicated,
+            key_index=layout.name in key_index,
             progress=progress,
         )
 

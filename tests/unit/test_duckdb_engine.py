@@ -380,3 +380,34 @@ def test_a_key_index_fetches_what_a_scan_finds_and_outlives_a_reset(
     assert engine.run(f"SELECT tag FROM {keyed.ref} WHERE id = 42").to_pylist() == [
         {"tag": "tag-2"}
     ]
+
+
+def test_a_statement_runs_straight_to_arrow_and_answers_as_the_relation_does() -> None:
+    """The engine runs a statement straight to Arrow (DuckDB's relation binds it twice):
+    the pinned DuckDB has that path, and what it returns (types, names, empty results,
+    registered inputs) and raises is what the relation returns and raises."""
+    assert duckdb_engine.DIRECT_SUBMIT  # a DuckDB without it would quietly be slower
+    con = duckdb.connect()
+    inputs = _rows(0, 1000)
+
+    def cursor() -> duckdb.DuckDBPyConnection:
+        fresh = con.cursor()
+        fresh.register("inputs", inputs)  # as a fragment's inputs are
+        return fresh
+
+    queries = [
+        "SELECT id, tag FROM inputs WHERE id % 7 = 3 ORDER BY id",
+        "SELECT * FROM inputs WHERE id < 0",
+        "SELECT 1.25::DECIMAL(15, 2) AS d, DATE '1995-03-15' AS day, [1, 2] AS l, "
+        "{'a': 1} AS s, NULL AS n, 'x' AS t, 1 AS a, 2 AS a",
+        "SELECT tag, count(*) AS n, sum(id) AS s FROM inputs GROUP BY tag ORDER BY tag",
+    ]
+    for sql in queries:
+        direct = duckdb_engine.as_arrow(cursor(), sql)
+        relation = cursor().sql(sql).to_arrow_table()
+        assert direct.schema == relation.schema and direct.equals(relation), sql
+    for wrong in ("SELECT * FROM no_such_table", "SELECT nope FROM inputs", "SELEC 1"):
+        with pytest.raises(duckdb.Error) as relation_error:
+            cursor().sql(wrong).to_arrow_table()
+        with pytest.raises(type(relation_error.value), match=re.escape(str(relation_error.value))):
+            duckdb_engine.as_arrow(cursor(), wrong)

@@ -62,6 +62,11 @@ def test_query_must_be_text(db: shardflow.Database) -> None:
         db.sql(42)  # type: ignore[arg-type]
 
 
+def _waits() -> pa.Table:
+    """A table whose key is a duration: a distribution key, but not one DuckDB indexes."""
+    return pa.table({"wait": pa.array([1, 2, 3], pa.duration("s")), "n": [1, 2, 3]})
+
+
 def _people() -> pa.Table:
     return pa.table(
         {
@@ -130,6 +135,10 @@ def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
         (dict(name="t1", source=_people(), colocate_with="orders"), shardflow.TableError),
         (dict(name="t1", source=_people(), key_index=True), shardflow.TableError),
         (dict(name="t1", source=_people(), replicated=True, key_index=True), shardflow.TableError),
+        (
+            dict(name="t1", source=_waits(), distributed_by="wait", key_index=True),
+            shardflow.TableError,
+        ),
         (
             dict(name="t1", source=_people(), distributed_by="id", colocate_with="nope"),
             shardflow.UnknownTableError,

@@ -387,6 +387,11 @@ class Session:
                 key_family(schema.field(distributed_by).type)
             except TypeError as error:
                 raise TableError(str(error)) from None
+            if key_index and pa.types.is_duration(schema.field(distributed_by).type):
+                raise TableError(
+                    f"key_index cannot index {distributed_by!r}: DuckDB keeps no index on a "
+                    "duration (INTERVAL) column"
+                )
         kind = "replicated" if replicated else "distributed"
         schema_bytes = schema.serialize().to_pybytes()
         planned: dict[str, Any] = self._coordinator(

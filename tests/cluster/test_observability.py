@@ -224,13 +224,15 @@ def test_workers_can_run_the_polars_engine(tpch_tiny: Path, tmp_path: Path) -> N
 
 
 def test_shards_report_their_load(tmp_path: Path) -> None:
-    """The load the balancer sees per shard: queried shards carry it, idle ones do not."""
+    """The load the balancer sees per shard: queried shards carry it, idle ones do not.
+    (That it is null before a window was observed is checked where no window can pass:
+    tests/cluster/test_routing.py, an hour's interval; at 0.5 s here one may pass while the
+    tables load.)"""
     with shardflow.connect(
         workers=2, data_dir=tmp_path / "data", auto_balance=False, balance_interval_s=0.5
     ) as db:
         db.create_table("busy", pa.table({"id": list(range(20_000))}), distributed_by="id")
         db.create_table("idle", pa.table({"id": list(range(20_000))}), distributed_by="id")
-        assert db.cluster.shards().column("load").null_count > 0  # no window observed yet
         deadline = time.monotonic() + 30
         loads: dict[str, list[float]] = {}
         while time.monotonic() < deadline:

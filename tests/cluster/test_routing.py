@@ -41,6 +41,8 @@ def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -
     ) as db:
         db.create_table("events", events(0, 60_000), distributed_by="id", key_index=True)
         assert db.tables().column("key_index").to_pylist() == [True]
+        shards = db.cluster.shards()  # no balancer window observed within the hour: no load
+        assert shards.num_rows == 3 and shards.column("load").null_count == 3
         owner = owner_of(db, KEY)
         lookup = f"SELECT id, g FROM events WHERE id = {KEY}"
         assert f"router: 1 shard ({owner['node']})" in db.explain(lookup)

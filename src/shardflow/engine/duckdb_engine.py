@@ -39,6 +39,8 @@ def checksum_sql(select: str) -> str:
     return f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
 
 
+KEY_INDEX = "key_index"
+"""The name of a shard's index on its table's key (``create_table(key_index=True)``)."""
 ARROW_BATCH_ROWS = 131_072
 """Rows per record batch of a result (DuckDB's own default)."""
 DIRECT_SUBMIT = callable(getattr(duckdb.DuckDBPyConnection, "_submit", None))
@@ -168,6 +170,14 @@ class DuckDBEngine:
     def native_rows(self, physical: str, schema: pa.Schema, index: str | None = None) -> NativeRows:
         return NativeRows(self, physical, schema, index)
 
+    def indexed_databases(self) -> set[str]:
+        """The shard databases whose table has its key index (see :class:`NativeRows`)."""
+        found = self.run(
+            "SELECT database_name AS d FROM duckdb_indexes() "
+            f"WHERE table_name = 'rows' AND index_name = {quote_string(KEY_INDEX)}"
+        )
+        return set(found.column("d").to_pylist())
+
     def set_view(self, name: str, refs: list[str]) -> None:
         """Make ``name`` read the union of the native tables ``refs`` (their
         :attr:`NativeRows.ref`; drop the view when there are none)."""
@@ -252,7 +262,7 @@ class NativeRows:
             f"CREATE OR REPLACE TABLE {self.ref} AS SELECT * FROM __sf_rows", {"__sf_rows": rows}
         )
         if self.index is not None:
-            self.engine.execute(f"CREATE INDEX key_index ON {self.ref} ({quote(self.index)})")
+            self.engine.execute(f"CREATE INDEX {KEY_INDEX} ON {self.ref} ({quote(self.index)})")
 
     def append(self, table: pa.Table) -> None:
         self.engine.execute(f"INSERT INTO {self.ref} SELECT * FROM __sf_rows", {"__sf_rows": table})
@@ -271,13 +281,7 @@ class NativeRows:
 
     def indexed(self) -> bool:
         """Whether the table has its index (as DuckDB says; none is asked for without one)."""
-        if self.index is None:
-            return False
-        found = self.engine.run(
-            "SELECT count(*) AS n FROM duckdb_indexes() "
-            f"WHERE database_name = {quote_string(self.physical)} AND table_name = 'rows'"
-        )
-        return bool(found.column("n")[0].as_py())
+        return self.index is not None and self.physical in self.engine.indexed_databases()
 
     def read(self) -> pa.Table:
         table = self.engine.run(f"SELECT * FROM {self.ref}")

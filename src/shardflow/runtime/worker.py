@@ -173,8 +173,11 @@ _CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
 
 
 @functools.lru_cache(maxsize=1024)
-def _indexed(shard: Shard) -> bool:
-    return isinstance(shard.data, NativeRows) and shard.data.indexed()
+def _index_database(shard: Shard) -> str | None:
+    """The database of a shard whose rows should keep a key index, else None."""
+    if isinstance(shard.data, NativeRows) and shard.data.index is not None:
+        return shard.data.physical
+    return None
 
 
 def _kind(sql: str) -> str:
@@ -671,16 +674,16 @@ class WorkerNode:
             limit_bytes=self.memory_limit_mb << 20,
         )
         with self.lock:
-            shards = tuple(
-                ShardInfo(t, u, s.rows, s.nbytes, s.lsn, _indexed(s))
+            held = [
+                (ShardInfo(t, u, s.rows, s.nbytes, s.lsn), _index_database(s))
                 for (t, u), s in sorted(self.shards.items())
-            )
+            ]
             replicas = tuple(
                 ReplicaInfo(t, s.rows, s.nbytes, s.lsn) for t, s in sorted(self.replicas.items())
             )
-            return WorkerInfo(
+            info = WorkerInfo(
                 profile=self.profile,
-                shards=shards,
+                shards=(),
                 replicas=replicas,
                 queries_running=self._running,
                 busy_seconds=self._busy_seconds,
@@ -691,3 +694,11 @@ class WorkerNode:
                 engine_fallbacks=dict(getattr(self.executor, "fallbacks", {})),
                 last_fallback=str(getattr(self.executor, "last_fallback", "")),
             )
+        # which key indexes exist, asked of DuckDB once and outside the node's lock (a
+        # fragment never waits on it); nothing is asked where no shard has one
+        indexed = self.engine.indexed_databases() if any(db for _, db in held) else set()
+        shards = tuple(
+            dataclasses.replace(shard, indexed=database in indexed) if database else shard
+            for shard, database in held
+        )
+        return dataclasses.replace(info, shards=shards)

@@ -172,7 +172,6 @@ the query's size, not the node's health: it is not among them."""
 _CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
 
 
-@functools.lru_cache(maxsize=1024)
 def _index_database(shard: Shard) -> str | None:
     """The database of a shard whose rows should keep a key index, else None."""
     if isinstance(shard.data, NativeRows) and shard.data.index is not None:
@@ -180,6 +179,7 @@ def _index_database(shard: Shard) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def _kind(sql: str) -> str:
     """A fragment's kind of work: its SQL with the constants left out."""
     return _CONSTANTS.sub("?", sql)

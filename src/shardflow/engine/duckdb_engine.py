@@ -30,10 +30,6 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def quote_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def checksum_sql(select: str) -> str:
     """A query of (n: rows, h: sum of DuckDB's row hashes) over what ``select`` returns."""
     return f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
@@ -174,7 +170,7 @@ class DuckDBEngine:
         """The shard databases whose table has its key index (see :class:`NativeRows`)."""
         found = self.run(
             "SELECT database_name AS d FROM duckdb_indexes() "
-            f"WHERE table_name = 'rows' AND index_name = {quote_string(KEY_INDEX)}"
+            f"WHERE table_name = 'rows' AND index_name = '{KEY_INDEX}'"
         )
         return set(found.column("d").to_pylist())
 

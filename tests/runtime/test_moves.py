@@ -18,7 +18,7 @@ import pytest
 from shardflow.control.admission import CopyPacer
 from shardflow.control.migration import Checksum, MigrationState
 from shardflow.errors import Moved
-from shardflow.runtime.moves import TargetSide
+from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.worker import WorkerNode
 from tests.support.local_cluster import LocalCluster
 
@@ -150,6 +150,34 @@ def test_a_copy_is_paced_by_how_much_the_targets_own_work_slows_down(
     assert cluster.migrate(unit.unit_id, other_node(cluster, unit.node))["phase"] == "done"
     assert asked and all(nbytes > 0 and slowdown == 3.0 for nbytes, slowdown in asked)
     assert_serves(cluster, pa.concat_tables([events(0, ROWS + 300)]))
+
+
+def test_a_source_does_not_learn_its_slowdown_during_a_move_as_usual(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handing out a move's rows slows the source's own work too (on its cores, under its
+    locks); learned as its usual latency, the slowdown would stop pacing the next copy it
+    takes in. Here the source's fragments run five times slower while it hands out chunks:
+    its usual latency stays what it was, and it reads as a slowdown."""
+    unit = cluster.units("events")[0]
+    source = cluster.workers.get(unit.node).node
+    source.record_foreground("probe", 0.010)
+    chunk = SourceSide.chunk
+    handed_out = []
+
+    def slowed(side: SourceSide, *args: Any) -> pa.Table | None:
+        if side.node is source:
+            handed_out.append(1)
+            source.record_foreground("probe", 0.050)
+        return chunk(side, *args)
+
+    monkeypatch.setattr(SourceSide, "chunk", slowed)
+    assert cluster.migrate(unit.unit_id, other_node(cluster, unit.node))["phase"] == "done"
+    assert handed_out
+    assert source.foreground.usual["probe"] == pytest.approx(0.010)
+    assert source.foreground_slowdown() == pytest.approx(5.0)
+    source.record_foreground("probe", 0.020)  # the move is over: learned again
+    assert source.foreground.usual["probe"] == pytest.approx(0.011)
 
 
 def test_the_balancer_knows_how_long_moves_take_now(cluster: LocalCluster) -> None:

@@ -69,11 +69,11 @@ class Foreground:
     """How much slower a node's own work (fragments, inserts) runs now than usual.
 
     Every finished piece of work is recorded under its kind (a fragment's SQL with its
-    constants left out, an insert into a table); its usual latency is learned only while no
-    move copies on the node (``background`` false), so a slowdown a copy causes is seen as
-    one for as long as it lasts. :meth:`slowdown` is the median, over the last
-    :data:`WINDOW_S`, of each piece's latency over its kind's usual one (1.0: as usual, or
-    nothing to compare)."""
+    constants left out, an insert into a table); its usual latency is learned only while the
+    node takes part in no move (``background`` false: it neither copies one nor hands one
+    out), so a slowdown a move causes is seen as one for as long as it lasts.
+    :meth:`slowdown` is the median, over the last :data:`WINDOW_S`, of each piece's latency
+    over its kind's usual one (1.0: as usual, or nothing to compare)."""
 
     usual: OrderedDict[str, float] = field(default_factory=OrderedDict)
     recent: deque[tuple[float, float]] = field(default_factory=deque)

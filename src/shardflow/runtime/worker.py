@@ -496,10 +496,13 @@ class WorkerNode:
 
     # -- the foreground, as moves see it --------------------------------------------------
     def record_foreground(self, kind: str, seconds: float) -> None:
-        """A fragment or an insert finished (what a move's copy must not slow down)."""
+        """A fragment or an insert finished (what a move's copy must not slow down). Its
+        usual latency is learned only while the node takes part in no move: a target's
+        copy and a source's handing out of its rows both slow the node's own work, and
+        learned then, that slowdown would read as usual and never pace a copy."""
         with self._foreground_lock:
-            copying = bool(self.target.imports)
-            self.foreground.record(kind, seconds, time.monotonic(), background=copying)
+            moving = bool(self.target.imports) or bool(self.source.exports)
+            self.foreground.record(kind, seconds, time.monotonic(), background=moving)
 
     def foreground_slowdown(self) -> float:
         """How much slower than usual this node's work runs now (1.0: as usual)."""

@@ -35,6 +35,8 @@ def checksum_sql(select: str) -> str:
     return f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
 
 
+SHARD_TABLE = "rows"
+"""The name of a shard's table inside the shard's own database (see :class:`NativeRows`)."""
 KEY_INDEX = "key_index"
 """The name of a shard's index on its table's key (``create_table(key_index=True)``)."""
 ARROW_BATCH_ROWS = 131_072
@@ -170,7 +172,7 @@ class DuckDBEngine:
         """The shard databases whose table has its key index (see :class:`NativeRows`)."""
         found = self.run(
             "SELECT database_name AS d FROM duckdb_indexes() "
-            f"WHERE table_name = 'rows' AND index_name = '{KEY_INDEX}'"
+            f"WHERE table_name = '{SHARD_TABLE}' AND index_name = '{KEY_INDEX}'"
         )
         return set(found.column("d").to_pylist())
 
@@ -241,7 +243,7 @@ class NativeRows:
         self.engine = engine
         self.physical = physical
         """The shard's database."""
-        self.ref = f"{quote(physical)}.main.rows"
+        self.ref = f"{quote(physical)}.main.{SHARD_TABLE}"
         """The table, as SQL names it."""
         self.schema = schema
         self.index = index

@@ -46,7 +46,11 @@ def sockets_before() -> set[str]:
 def db(
     tpch_small: Path, tmp_path_factory: pytest.TempPathFactory, sockets_before: set[str]
 ) -> Iterator[shardflow.Database]:
-    database = shardflow.connect(workers=4, data_dir=tmp_path_factory.mktemp("cluster"))
+    database = shardflow.connect(
+        workers=4,
+        data_dir=tmp_path_factory.mktemp("cluster"),
+        initial_shard_bytes=0,  # small as TPC-H SF 0.1 is, spread over every worker
+    )
     tpch.load(database, tpch_small)
     yield database
     database.close()

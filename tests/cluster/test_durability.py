@@ -36,7 +36,11 @@ def test_restart_recovers_every_acknowledged_row(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     ids: list[int] = []
     with shardflow.connect(
-        workers=3, data_dir=data_dir, wal_checkpoint_entries=4, shards_per_worker=2
+        workers=3,
+        initial_shard_bytes=0,
+        data_dir=data_dir,
+        wal_checkpoint_entries=4,
+        shards_per_worker=2,
     ) as db:
         db.create_table("events", batch(0, 1000), distributed_by="id")
         db.create_table("tags", pa.table({"tag": ["a", "b"], "weight": [1, 2]}), replicated=True)
@@ -73,7 +77,9 @@ def test_a_load_whose_worker_dies_fails_whole_and_can_be_done_again(tmp_path: Pa
     """A worker SIGKILLed while a load sends it rows (over its fast lane): the load fails
     (the rows it took are gone with it) and leaves no table; once the dead worker's shards
     are served again the same load succeeds."""
-    with shardflow.connect(workers=2, data_dir=tmp_path / "data", load_batch_rows=2_000) as db:
+    with shardflow.connect(
+        workers=2, initial_shard_bytes=0, data_dir=tmp_path / "data", load_batch_rows=2_000
+    ) as db:
         killed: list[int] = []
 
         def kill_once(loaded: int, total: int) -> None:
@@ -93,7 +99,9 @@ def test_a_load_whose_worker_dies_fails_whole_and_can_be_done_again(tmp_path: Pa
 def test_sigkill_of_a_worker_fails_no_query_and_loses_no_row(tmp_path: Path) -> None:
     """The coordinator notices the dead worker, gives its shards to the others, which rebuild
     them from storage; the queries that ran meanwhile were retried, none failed."""
-    with shardflow.connect(workers=3, data_dir=tmp_path / "data", shards_per_worker=2) as db:
+    with shardflow.connect(
+        workers=3, initial_shard_bytes=0, data_dir=tmp_path / "data", shards_per_worker=2
+    ) as db:
         db.create_table("events", batch(0, 20_000), distributed_by="id")
         ids = list(range(20_000))
         failures: list[BaseException] = []

@@ -89,7 +89,7 @@ class Load:
 
 @contextmanager
 def cluster(tmp_path: Path, workers: int = 3, **settings: object) -> Iterator[shardflow.Database]:
-    options = {"auto_balance": False, **settings}
+    options = {"auto_balance": False, "initial_shard_bytes": 0, **settings}  # spread small tables
     with shardflow.connect(workers=workers, data_dir=tmp_path / "data", **options) as db:
         yield db
 

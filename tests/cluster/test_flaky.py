@@ -71,7 +71,7 @@ def connect(tmp_path: Path, share: float) -> shardflow.Database:
     db = shardflow.connect(
         workers=3, data_dir=tmp_path / "data", test_flaky_node=f"{FLAKY}={share}",
         balance_interval_s=0.5, node_failure_window_s=10.0, node_failure_min_ops=50,
-        suspect_cooldown_s=4.0, shards_per_worker=3, retry_deadline_s=60.0,
+        suspect_cooldown_s=4.0, shards_per_worker=3, retry_deadline_s=60.0, initial_shard_bytes=0,
         health_misses=30,  # about failing operations, not liveness: a slow ping is no death
     )  # fmt: skip
     db.create_table("t", pa.table({"id": list(range(ROWS))}), distributed_by="id")

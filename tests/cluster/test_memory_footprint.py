@@ -47,7 +47,11 @@ def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -
     # no balancer: a unit it splits is compressed by the split; two units of each table,
     # each below the compactor's threshold
     with shardflow.connect(
-        workers=1, data_dir=tmp_path / "data", auto_balance=False, shards_per_worker=2
+        workers=1,
+        initial_shard_bytes=0,
+        data_dir=tmp_path / "data",
+        auto_balance=False,
+        shards_per_worker=2,
     ) as db:
         assert {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT} == ours  # as it was
         (node,) = db._handle.workers.known
@@ -85,7 +89,9 @@ def test_a_moves_rows_reach_its_target_without_the_object_store(tmp_path: Path) 
     """The target pulls the snapshot over its source's fast lane: none of the rows stays
     mapped in the target from Ray's object store once the move is done."""
     table = rows()
-    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as db:
+    with shardflow.connect(
+        workers=2, initial_shard_bytes=0, data_dir=tmp_path / "data", auto_balance=False
+    ) as db:
         db.create_table("t", table, distributed_by="id")
         target = db._handle.workers.get("node-1").pid().get()
         [shard, *_] = [s for s in db.cluster.shards().to_pylist() if s["node"] == "node-0"]

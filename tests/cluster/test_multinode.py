@@ -58,6 +58,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             str(data_dir),
             "--set",
             "migration_bandwidth_mb_s=2",
+            "--set",
+            "initial_shard_bytes=0",
         )  # fmt: skip  (moves take a while)
         assert "with 3 worker(s)" in out
         yield Running(local, data_dir)

@@ -90,7 +90,9 @@ def test_prometheus_scrapes_the_coordinator(
     prometheus: tuple[Path, str], prometheus_binary: str, tmp_path: Path
 ) -> None:
     config, api = prometheus
-    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as db:
+    with shardflow.connect(
+        workers=2, initial_shard_bytes=0, data_dir=tmp_path / "data", auto_balance=False
+    ) as db:
         db.create_table("t", pa.table({"id": list(range(1000))}), distributed_by="id")
         url = db.cluster.metrics_url()
         assert url.startswith("http://127.0.0.1:")
@@ -134,6 +136,7 @@ def test_profiles_calibration_and_simulated_slow_nodes(tmp_path: Path) -> None:
     """Capacities 1, 1 and 0.5: the slow node holds about a fifth of the shards."""
     with shardflow.connect(
         workers=3,
+        initial_shard_bytes=0,
         data_dir=tmp_path / "data",
         simulate={"node-2": 2.0},
         auto_balance=False,
@@ -165,6 +168,7 @@ def test_a_slow_node_is_judged_by_its_work_not_by_its_seconds(tmp_path: Path) ->
     against its small capacity a second time (which made a spread above 200 %)."""
     with shardflow.connect(
         workers=3,
+        initial_shard_bytes=0,
         data_dir=tmp_path / "data",
         simulate={"node-2": 2.0},
         auto_balance=False,
@@ -204,7 +208,11 @@ def test_workers_can_run_the_polars_engine(tpch_tiny: Path, tmp_path: Path) -> N
 
     oracle = tpch.duckdb_oracle(tpch_tiny)
     with shardflow.connect(
-        workers=2, data_dir=tmp_path / "data", engine="polars", auto_balance=False
+        workers=2,
+        initial_shard_bytes=0,
+        data_dir=tmp_path / "data",
+        engine="polars",
+        auto_balance=False,
     ) as db:
         tpch.load(db, tpch_tiny)
         assert {n.engine for n in db.cluster.nodes()} == {"polars"}
@@ -229,7 +237,11 @@ def test_shards_report_their_load(tmp_path: Path) -> None:
     tests/cluster/test_routing.py, an hour's interval; at 0.5 s here one may pass while the
     tables load.)"""
     with shardflow.connect(
-        workers=2, data_dir=tmp_path / "data", auto_balance=False, balance_interval_s=0.5
+        workers=2,
+        initial_shard_bytes=0,
+        data_dir=tmp_path / "data",
+        auto_balance=False,
+        balance_interval_s=0.5,
     ) as db:
         db.create_table("busy", pa.table({"id": list(range(20_000))}), distributed_by="id")
         db.create_table("idle", pa.table({"id": list(range(20_000))}), distributed_by="id")

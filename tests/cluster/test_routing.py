@@ -37,7 +37,11 @@ def owner_of(db: shardflow.Database, key: int) -> dict[str, object]:
 
 def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -> None:
     with shardflow.connect(
-        workers=3, data_dir=tmp_path, migration_bandwidth_mb_s=1.0, balance_interval_s=3600
+        workers=3,
+        initial_shard_bytes=0,
+        data_dir=tmp_path,
+        migration_bandwidth_mb_s=1.0,
+        balance_interval_s=3600,
     ) as db:
         db.create_table("events", events(0, 60_000), distributed_by="id", key_index=True)
         assert db.tables().column("key_index").to_pylist() == [True]
@@ -96,7 +100,9 @@ def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_pat
     """A lookup routed to one worker is asked over the session's own connection to it; when
     that worker is SIGKILLed, the lane breaks, Ray says the worker is gone, its shards fail
     over, and no lookup fails or answers wrong meanwhile."""
-    with shardflow.connect(workers=3, data_dir=tmp_path, balance_interval_s=3600) as db:
+    with shardflow.connect(
+        workers=3, initial_shard_bytes=0, data_dir=tmp_path, balance_interval_s=3600
+    ) as db:
         db.create_table("events", events(0, 30_000), distributed_by="id")
         lookup = f"SELECT id, g FROM events WHERE id = {KEY}"
         assert lookups_via(db, lookup) == {"fast lane"}
@@ -153,7 +159,9 @@ def test_routed_lookups_take_the_fast_lane_and_survive_its_worker_killed(tmp_pat
 
 
 def test_without_the_fast_lane_everything_goes_through_ray(tmp_path: Path) -> None:
-    with shardflow.connect(workers=2, data_dir=tmp_path, fast_lane=False) as db:
+    with shardflow.connect(
+        workers=2, initial_shard_bytes=0, data_dir=tmp_path, fast_lane=False
+    ) as db:
         db.create_table("events", events(0, 1_000), distributed_by="id")
         lookup = f"SELECT id, g FROM events WHERE id = {KEY % 1_000}"
         assert lookups_via(db, lookup) == {"ray"}

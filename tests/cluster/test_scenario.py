@@ -115,7 +115,9 @@ def test_zero_downtime_under_load(tpch_tiny: Path, tmp_path: Path) -> None:
         oracle.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}')")
     expected = {n: oracle.sql(tpch.query(n)).to_arrow_table() for n in QUERIES}
 
-    with shardflow.connect(workers=3, data_dir=tmp_path / "data", auto_balance=False) as db:
+    with shardflow.connect(
+        workers=3, initial_shard_bytes=0, data_dir=tmp_path / "data", auto_balance=False
+    ) as db:
         tpch.load(db, tpch_tiny)
         db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")
         work = Workload(db, expected)

@@ -4,13 +4,17 @@ DataFrame — read once, batch by batch, and holds the same rows as DuckDB's own
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import shardflow
+from shardflow.config import Settings
+from shardflow.runtime.session import _arrow_size, _open_source
 
 pytestmark = pytest.mark.cluster
 
@@ -65,3 +69,44 @@ def test_a_stream_that_fails_halfway_leaves_no_table(db: shardflow.Database) -> 
         with pytest.raises(shardflow.TableError, match=message):
             db.create_table("streamed", source, distributed_by="k")
     assert db.tables().column("name").to_pylist() == before
+
+
+def test_a_small_source_is_one_shard_and_a_stream_or_an_empty_one_is_spread(
+    small_oracle: duckdb.DuckDBPyConnection, tmp_path: Path
+) -> None:
+    """A new table gets no more shards than its size fills at ``initial_shard_bytes`` each,
+    where the size is known before the load: a table's, or a Parquet file's (estimated from
+    its first batch); a stream's is not, and an empty table is made to be filled."""
+    orders = small_oracle.sql("SELECT * FROM orders").to_arrow_table()
+    assert 0 < orders.nbytes < Settings().initial_shard_bytes
+    pq.write_table(orders, tmp_path / "orders.parquet", row_group_size=20_000)
+    stream = pa.RecordBatchReader.from_batches(orders.schema, orders.to_batches())
+    sources: dict[str, tuple[object, int]] = {
+        "from_table": (orders, 1),
+        "from_parquet": (tmp_path / "orders.parquet", 1),
+        "from_stream": (stream, 2),
+        "empty": (orders.slice(0, 0), 2),
+    }
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as db:
+        for name, (source, _) in sources.items():
+            db.create_table(name, source, distributed_by="o_orderkey")
+        db.create_table("beside", orders, distributed_by="o_orderkey", colocate_with="empty")
+        shards = {row["name"]: row["shards"] for row in db.tables().to_pylist()}
+        assert shards == {"beside": 2} | {name: units for name, (_, units) in sources.items()}
+        expected = _sorted(small_oracle.sql(QUERY.format("orders")).to_arrow_table())
+        for name in ("from_table", "from_parquet", "from_stream", "beside"):
+            assert _sorted(db.sql(QUERY.format(name))) == expected, name
+
+
+def test_a_parquet_sources_size_is_estimated_from_its_first_batch(tmp_path: Path) -> None:
+    table = pa.table(
+        {
+            "k": pa.array(range(50_000), pa.int64()),
+            "s": [f"row {i} " * (i % 7) for i in range(50_000)],
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=8_000)
+    _, total, batches = _open_source(tmp_path / "t.parquet", 10_000)
+    size, batches = _arrow_size(tmp_path / "t.parquet", total, batches)
+    assert size is not None and abs(size - table.nbytes) < 0.25 * table.nbytes
+    assert sum(b.num_rows for b in batches) == 50_000  # the batch read ahead is not lost

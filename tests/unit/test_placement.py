@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from shardflow.control.placement import place_units
+from shardflow.control.placement import initial_unit_count, place_units
 
 
 def test_equal_nodes_get_equal_units() -> None:
@@ -37,3 +37,24 @@ def test_capacities_are_relative_and_ignore_noise() -> None:
     shared = relative_capacities({"a": 1.0, "b": 1.0, "late": 0.6, "gpu": 4.0}, models)
     assert shared == {"a": 1.0, "b": 1.0, "late": 1.0, "gpu": 4.0}
     assert relative_capacities({}) == {}
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("size", "units"),
+    [
+        (None, 8),  # a stream: size unknown, the full count
+        (0, 8),  # an empty table is made to be filled: the full count
+        (1, 1),
+        (100 * MIB, 1),  # below the minimum: one unit
+        (256 * MIB, 1),
+        (256 * MIB + 1, 2),  # a unit per started minimum
+        (700 * MIB, 3),
+        (10 << 30, 8),  # big: the full count, never more
+    ],
+)
+def test_a_new_table_gets_no_more_units_than_its_size_fills(size: int | None, units: int) -> None:
+    assert initial_unit_count(2, 4, size, 256 * MIB) == units
+    assert initial_unit_count(2, 4, size, 0) == 8  # 0: sizing off

@@ -54,6 +54,24 @@ def node_capacities(
     return relative_capacities(raw, models)
 
 
+def initial_unit_count(
+    per_worker: int, workers: int, size_bytes: int | None, unit_bytes: int
+) -> int:
+    """Units a new distributed table is cut into: ``per_worker`` for each worker, but no
+    more than one per ``unit_bytes`` of a source whose size is known (and at least one;
+    ``unit_bytes`` 0: the full count whatever the size).
+
+    Every unit of a table costs each query over it a fragment's fixed cost (planning it in
+    DuckDB, sending it, merging its answer): for a small table that outweighs the scan the
+    units share, and the balancer would merge such units when cold anyway (it splits a unit
+    that grows big or hot). A source of unknown size (a stream) or an empty one, a table
+    made to be filled by inserts, gets the full count."""
+    full = per_worker * workers
+    if not size_bytes or size_bytes < 0 or unit_bytes <= 0:
+        return full
+    return max(1, min(full, -(-size_bytes // unit_bytes)))
+
+
 def place_units(
     count: int,
     capacities: Mapping[str, float],

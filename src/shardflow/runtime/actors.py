@@ -355,8 +355,11 @@ class CoordinatorService:
         key: str | None,
         colocate_with: str | None,
         key_index: bool = False,
+        size_bytes: int | None = None,
     ) -> dict[str, Any]:
-        return self.state.begin_create(name, schema, kind, key, colocate_with, key_index)
+        return self.state.begin_create(
+            name, schema, kind, key, colocate_with, key_index, size_bytes
+        )
 
     @ray.method
     def commit_create(self, name: str, rows: int) -> dict[str, Any]:

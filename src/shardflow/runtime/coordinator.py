@@ -29,7 +29,7 @@ from shardflow.catalog import (
 from shardflow.catalog.buckets import key_family
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
-from shardflow.control.placement import node_capacities, place_units
+from shardflow.control.placement import initial_unit_count, node_capacities, place_units
 from shardflow.errors import (
     MoveRefusedError,
     TableError,
@@ -273,8 +273,11 @@ class CoordinatorState:
         key: str | None,
         colocate_with: str | None,
         key_index: bool = False,
+        size_bytes: int | None = None,
     ) -> dict[str, Any]:
-        """Reserve ``name`` and plan its units; nothing is visible until :meth:`commit_create`."""
+        """Reserve ``name`` and plan its units (as many as :func:`initial_unit_count` says for
+        a source of ``size_bytes``, None: unknown); nothing is visible until
+        :meth:`commit_create`."""
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         with self._lock:
             if not TABLE_NAME.match(name):
@@ -300,8 +303,14 @@ class CoordinatorState:
                     if not nodes:
                         raise TableError("the cluster has no workers to place shards on")
                     current = Counter(u.node for g in catalog.groups.values() for u in g.units)
+                    count = initial_unit_count(
+                        self.settings.shards_per_worker,
+                        len(nodes),
+                        size_bytes,
+                        self.settings.initial_shard_bytes,
+                    )
                     owners = place_units(
-                        self.settings.shards_per_worker * len(nodes),
+                        count,
                         self.placement_capacities(nodes),
                         current,
                     )

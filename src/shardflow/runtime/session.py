@@ -375,6 +375,7 @@ class Session:
         if key_index and distributed_by is None:
             raise TableError("key_index needs distributed_by (the column to index)")
         schema, total, batches = _open_source(source, self.settings.load_batch_rows)
+        size, batches = _arrow_size(source, total, batches)
         schema = storage_schema(schema)
         if distributed_by is not None:
             distributed_by = find_name(schema.names, distributed_by) or distributed_by
@@ -396,7 +397,13 @@ class Session:
         schema_bytes = schema.serialize().to_pybytes()
         planned: dict[str, Any] = self._coordinator(
             lambda c: c.begin_create.remote(
-                name, schema_bytes, kind, distributed_by or "", colocate_with, bool(key_index)
+                name,
+                schema_bytes,
+                kind,
+                distributed_by or "",
+                colocate_with,
+                bool(key_index),
+                size,
             )
         )
         preview = Catalog.from_json(planned)
@@ -1037,6 +1044,23 @@ def _open_source(
         "a table source is a Parquet file or directory (path or URI), a pyarrow.Table or an "
         f"Arrow stream (a RecordBatchReader, a DuckDB relation, ...), not {type(source).__name__}"
     )
+
+
+def _arrow_size(
+    source: object, total: int | None, batches: Iterator[pa.RecordBatch]
+) -> tuple[int | None, Iterator[pa.RecordBatch]]:
+    """The source's size in Arrow bytes where it can be told before the load (None for a
+    stream), and its batches again: a Parquet source's is its row count times the bytes a
+    row of its first batch takes, the one batch read ahead for it."""
+    if isinstance(source, pa.RecordBatch | pa.Table):
+        return source.nbytes, batches
+    if total is None:
+        return None, batches
+    first = next(batches, None)
+    if first is None:
+        return 0, batches
+    size = total * first.nbytes // max(first.num_rows, 1)
+    return size, itertools.chain([first], batches)
 
 
 def _one_schema(path: str, dataset: ds.FileSystemDataset) -> pa.Schema:

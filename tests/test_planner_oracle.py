@@ -4,15 +4,18 @@ data in one process (fast; the cluster tests run the same plans on Ray workers).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
 from shardflow import tpch
 from shardflow.engine import DuckDBEngine
 from shardflow.runtime.executor import execute
-from shardflow.sql import plan
+from shardflow.sql import explain, plan
+from shardflow.sql.plan import WHOLE
 from tests.support.inmemory import InMemoryCluster
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
 from tests.support.querygen import select_queries
@@ -33,6 +36,40 @@ def test_tpch_query_matches_duckdb(
     expected = tiny_oracle.sql(sql).to_arrow_table()
     assert_same_result(
         run(sql, inmemory),  # type: ignore[arg-type]
+        expected,
+        ordered=query_is_ordered(sql),
+        sort_keys=sort_key_indexes(sql, expected.column_names),
+        check_names=False,
+        context=f"Q{number}",
+    )
+
+
+@pytest.fixture(scope="module")
+def one_node(tpch_tiny: Path) -> InMemoryCluster:
+    """TPC-H with every shard on one node: each query runs there whole, as written."""
+    cluster = InMemoryCluster(nodes=1, units_per_node=2)
+    for layout in tpch.LAYOUT:
+        table = pq.read_table(tpch_tiny / f"{layout.name}.parquet")
+        cluster.create_table(
+            layout.name, table, layout.distributed_by, layout.colocate_with, layout.replicated
+        )
+    return cluster
+
+
+@pytest.mark.parametrize("number", tpch.QUERY_NUMBERS)
+def test_tpch_query_on_one_node_runs_whole_and_matches_duckdb(
+    number: int, one_node: InMemoryCluster, tiny_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    sql = tpch.query(number)
+    planned = plan(sql, one_node.catalog)
+    if number in (2, 11, 16):  # they read only replicated tables
+        assert [s.strategy for s in planned.stages] == ["replicated"]
+    else:
+        assert [(s.strategy, s.sql) for s in planned.stages] == [(WHOLE, sql)]
+        assert "every shard it reads is on node-0" in explain(planned)
+    expected = tiny_oracle.sql(sql).to_arrow_table()
+    assert_same_result(
+        one_node.sql(sql),
         expected,
         ordered=query_is_ordered(sql),
         sort_keys=sort_key_indexes(sql, expected.column_names),

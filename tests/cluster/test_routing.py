@@ -166,3 +166,30 @@ def test_without_the_fast_lane_everything_goes_through_ray(tmp_path: Path) -> No
         lookup = f"SELECT id, g FROM events WHERE id = {KEY % 1_000}"
         assert lookups_via(db, lookup) == {"ray"}
         assert db.sql(lookup).to_pylist() == [{"id": KEY % 1_000, "g": KEY % 1_000 % 13}]
+
+
+def test_a_table_on_one_worker_answers_whole_there_and_is_planned_again_once_it_spreads(
+    tmp_path: Path,
+) -> None:
+    """A table small enough to be one shard runs each query as written on its worker, in
+    one fragment. A session that planned so before the shard was split and half of it
+    moved (it had not heard yet) must not concatenate two workers' whole answers: it plans
+    the query again over the shards as they are."""
+    rows = events(0, 20_000)
+    query = "SELECT g, count(*) AS n, sum(id) AS s FROM events GROUP BY g ORDER BY g"
+    expected = duckdb.sql(query.replace("events", "rows")).to_arrow_table().to_pylist()
+    with shardflow.connect(workers=2, data_dir=tmp_path / "data", auto_balance=False) as db:
+        db.create_table("events", rows, distributed_by="id")
+        assert "whole query on the worker of its shards" in db.explain(query)
+        assert db.sql(query).to_pylist() == expected
+        session = db._session_or_raise()
+        planned_on = session.catalog
+        (shard,) = [s for s in db.cluster.shards().to_pylist() if s["table"] == "events"]
+        db.cluster.split(str(shard["shard"]))
+        half = next(s for s in db.cluster.shards().to_pylist() if s["table"] == "events")
+        other = next(n for n in ("node-0", "node-1") if n != half["node"])
+        db.cluster.migrate(str(half["shard"]), to=other)
+        session.catalog = planned_on  # as a session that has not heard of the moves yet
+        assert db.sql(query).to_pylist() == expected
+        assert "whole query" not in db.explain(query)
+        assert db.last_report is not None and len(db.last_report.stages[0].fragments) == 2

@@ -18,6 +18,7 @@ import pyarrow as pa
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import QueryError, StageRefused, UnsupportedError
 from shardflow.sql import PARTIALS, DistributedPlan, Stage
+from shardflow.sql.plan import WHOLE
 
 
 class Output(Protocol):
@@ -79,6 +80,12 @@ class FragmentResult:
     submitted_at: float = 0.0
     via: str = ""
     """How the fragment was asked: "ray", "fast lane" ("" in process)."""
+
+
+class PlanOutdated(Exception):
+    """A :data:`~shardflow.sql.plan.WHOLE` stage ran in more than one fragment: its shards
+    were no longer on one worker (moved or failed over while the query ran), so its answer
+    would be wrong. The caller plans the query again with the catalog as it is now."""
 
 
 class Runner(Protocol):
@@ -161,6 +168,8 @@ def execute(
         output: Output
         if stage.placement == "shards":
             fragments = runner.scatter(stage, inputs)
+            if stage.strategy == WHOLE and len(fragments) != 1:
+                raise PlanOutdated(f"{len(fragments)} fragments ran a query planned whole")
             stage_report.fragments = fragments
             output = Concatenated([f.output for f in fragments])
             if stage.merge_sql is not None:

@@ -48,6 +48,7 @@ from shardflow.runtime.executor import (
     FragmentStats,
     Materialized,
     Output,
+    PlanOutdated,
 )
 from shardflow.runtime.fastlane import LaneAddress, LaneBroken, Lanes, from_wire, to_wire
 from shardflow.runtime.protocol import (
@@ -62,6 +63,7 @@ from shardflow.runtime.queries import Binder, PlanCache, PlannedQuery, answer
 from shardflow.runtime.ray_workers import RayReply, ResultLost
 from shardflow.runtime.worker import REPLICA, local_folder
 from shardflow.sql import Stage, explain
+from shardflow.sql.plan import WHOLE
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route, split_by_unit
 
@@ -224,7 +226,7 @@ class Session:
         planning_started = time.perf_counter()
         planned = self.plan(sql)
         planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
-        lost = 0
+        lost = outdated = 0
         while True:
             try:
                 catalog = self.catalog
@@ -240,6 +242,13 @@ class Session:
                 if lost == QUERY_ATTEMPTS:
                     raise ClusterError("intermediate results were lost repeatedly") from None
                 self.refresh()
+            except PlanOutdated:
+                # planned whole on one worker, its shards were on several by the time it ran
+                outdated += 1
+                if outdated == QUERY_ATTEMPTS:
+                    raise ClusterError("the query's shards kept moving while it ran") from None
+                self.refresh()
+                planned = self.plan(sql)
         report.plan_seconds = planning
         report.reruns = lost
         return result, report
@@ -968,10 +977,12 @@ def _outcome(call: Callable[[], T]) -> T | Exception:
 
 
 def _answered_on_the_client(stage: Stage) -> bool:
-    """Whether the stage's result goes to the client (a routed stage's few rows, or
-    partials the client merges) rather than to workers of a later stage, which read it
-    from Ray's object store."""
-    return stage.buckets is not None or (stage.merge_sql is not None and stage.merge_on == "client")
+    """Whether the stage's result goes to the client (a routed stage's few rows, partials
+    the client merges, or the answer of a query run whole on one worker) rather than to
+    workers of a later stage, which read it from Ray's object store."""
+    if stage.buckets is not None or stage.strategy == WHOLE:
+        return True
+    return stage.merge_sql is not None and stage.merge_on == "client"
 
 
 def _fragment_result(

@@ -6,7 +6,7 @@ import sqlglot
 
 from shardflow.catalog import Catalog
 from shardflow.sql.parse import DIALECT
-from shardflow.sql.plan import DistributedPlan, Stage
+from shardflow.sql.plan import WHOLE, DistributedPlan, Stage
 
 _WHERE = {
     "shards": "on every worker, over its shards",
@@ -35,7 +35,8 @@ def _router(stage: Stage, catalog: Catalog | None) -> str:
 
 def _stage_lines(index: int, stage: Stage, catalog: Catalog | None = None) -> list[str]:
     target = f"-> {stage.output}" if stage.output else "-> result"
-    head = f"[{index}] {stage.strategy} {_WHERE[stage.placement]} {target}"
+    where = _WHERE[stage.placement] if stage.strategy != WHOLE else "on the worker of its shards"
+    head = f"[{index}] {stage.strategy} {where} {target}"
     lines = [head]
     if stage.reason:
         lines.append(f"    why: {stage.reason}")
@@ -50,7 +51,7 @@ def _stage_lines(index: int, stage: Stage, catalog: Catalog | None = None) -> li
     if stage.merge_sql is not None:
         lines.append(f"    merge on the {stage.merge_on}:")
         lines.extend(_indent(stage.merge_sql))
-    elif stage.placement == "shards":
+    elif stage.placement == "shards" and stage.strategy != WHOLE:
         lines.append("    merge: concatenate")
     return lines
 

@@ -41,7 +41,7 @@ from shardflow.sql.parse import (
     tables_read,
     tokenize,
 )
-from shardflow.sql.plan import TEMP_PREFIX, DistributedPlan, Placement, Stage
+from shardflow.sql.plan import TEMP_PREFIX, WHOLE, DistributedPlan, Placement, Stage
 from shardflow.sql.pruning import buckets_of, key_terms
 from shardflow.sql.rules import FINISHING_RULES, Finish
 from shardflow.sql.verbatim import resolved_whole_reason, whole_query_reason
@@ -98,6 +98,10 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
             if read:
                 _check_names(tree, catalog)
             return _as_written(sql, read)
+        one_node = _one_node(read, catalog)
+        if one_node is not None:
+            _check_names(tree, catalog)
+            return _whole_on(sql, read, one_node)
         whole = whole_query_reason(tree)
         if whole is not None:
             return gather_plan(sql, catalog, whole)
@@ -148,6 +152,35 @@ def _as_written(sql: str, read: list[TableSpec]) -> DistributedPlan:
     placement: Placement = "worker" if read else "client"
     reason = "reads only replicated tables" if read else "reads no table"
     return DistributedPlan(sql, (Stage("", sql, placement, "replicated", reason=reason),))
+
+
+def _one_node(read: list[TableSpec], catalog: Catalog) -> str | None:
+    """The node holding every shard of the distributed tables in ``read``, where they are
+    all of one co-location group whose units all sit on one node (a table small enough to
+    be one shard, :func:`shardflow.control.placement.initial_unit_count`); else None."""
+    groups = {spec.group for spec in read if spec.distributed}
+    if len(groups) != 1:
+        return None
+    group = catalog.groups.get(groups.pop() or "")
+    nodes = {unit.node for unit in group.units} if group is not None else set()
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def _whole_on(sql: str, read: list[TableSpec], node: str) -> DistributedPlan:
+    """A query whose distributed tables all sit on ``node`` runs there as written, in one
+    fragment over the node's shards (and its copies of the replicated tables): nothing is
+    split, merged or handed from stage to stage."""
+    distributed = [spec for spec in read if spec.distributed]
+    stage = Stage(
+        "",
+        sql,
+        "shards",
+        WHOLE,
+        reason=f"every shard it reads is on {node}",
+        group=distributed[0].group,
+        tables=tuple(spec.name for spec in distributed),
+    )
+    return DistributedPlan(sql, (stage,))
 
 
 def gather_plan(sql: str, catalog: Catalog, reason: str) -> DistributedPlan:

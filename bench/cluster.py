@@ -38,7 +38,8 @@ def main() -> None:
         started = time.perf_counter()
         local.up(args.nodes)
         try:
-            db = shardflow.connect(address=local.address, data_dir=data_dir)
+            # the drill's tables are small: spread them anyway, so every node has shards to lose
+            db = shardflow.connect(address=local.address, data_dir=data_dir, initial_shard_bytes=0)
             up_s = time.perf_counter() - started
             print(f"cluster: head + {args.nodes} data nodes up in {up_s:.1f}s")
             try:

@@ -437,7 +437,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)
-    with connect(address=args.address, data_dir=args.data_dir) as db:
+    # the drill's tables are small: spread them anyway, so every node has shards to lose
+    with connect(address=args.address, data_dir=args.data_dir, initial_shard_bytes=0) as db:
         report = run_drill(
             db,
             local,

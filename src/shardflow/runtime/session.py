@@ -384,7 +384,6 @@ class Session:
         if key_index and distributed_by is None:
             raise TableError("key_index needs distributed_by (the column to index)")
         schema, total, batches = _open_source(source, self.settings.load_batch_rows)
-        size, batches = _arrow_size(source, total, batches)
         schema = storage_schema(schema)
         if distributed_by is not None:
             distributed_by = find_name(schema.names, distributed_by) or distributed_by
@@ -403,6 +402,7 @@ class Session:
                     "duration (INTERVAL) column"
                 )
         kind = "replicated" if replicated else "distributed"
+        size, batches = _arrow_size(source, total, batches) if not replicated else (None, batches)
         schema_bytes = schema.serialize().to_pybytes()
         planned: dict[str, Any] = self._coordinator(
             lambda c: c.begin_create.remote(

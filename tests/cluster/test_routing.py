@@ -192,4 +192,26 @@ def test_a_table_on_one_worker_answers_whole_there_and_is_planned_again_once_it_
         session.catalog = planned_on  # as a session that has not heard of the moves yet
         assert db.sql(query).to_pylist() == expected
         assert "whole query" not in db.explain(query)
-        assert db.last_report is not None and len(db.last_report.stages[0].fragments) == 2
+        report = db.last_report
+        assert report is not None and report.replans == 1
+        assert len(report.stages[0].fragments) == 2
+
+
+def test_a_query_planned_whole_stays_right_when_its_worker_is_killed(tmp_path: Path) -> None:
+    """The worker holding both halves of a split one-shard table is SIGKILLed; the next
+    query, planned whole on it, finds its shards failed over to the two other workers."""
+    rows = events(0, 20_000)
+    query = "SELECT g, count(*) AS n, sum(id) AS s FROM events GROUP BY g ORDER BY g"
+    expected = duckdb.sql(query.replace("events", "rows")).to_arrow_table().to_pylist()
+    with shardflow.connect(workers=3, data_dir=tmp_path / "data", auto_balance=False) as db:
+        db.create_table("events", rows, distributed_by="id")
+        (shard,) = [s for s in db.cluster.shards().to_pylist() if s["table"] == "events"]
+        db.cluster.split(str(shard["shard"]))  # both halves stay on the shard's worker
+        assert "whole query on the worker of its shards" in db.explain(query)
+        assert db.sql(query).to_pylist() == expected
+        sigkill_worker(db, str(shard["node"]))
+        assert db.sql(query).to_pylist() == expected
+        wait_for_failover(db)
+        owners = {s["node"] for s in db.cluster.shards().to_pylist() if s["table"] == "events"}
+        assert owners == {"node-0", "node-1", "node-2"} - {shard["node"]}
+        assert db.last_report is not None and db.last_report.replans == 1

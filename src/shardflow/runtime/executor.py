@@ -130,6 +130,9 @@ class ExecutionReport:
     rows: int = 0
     reruns: int = 0
     """Times the plan ran again because an intermediate result was lost with its node."""
+    replans: int = 0
+    """Times the query was planned again because the shards of a query planned whole on one
+    worker were on several by the time it ran (:class:`PlanOutdated`)."""
 
     @property
     def worker_share(self) -> float:

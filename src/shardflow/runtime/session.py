@@ -251,6 +251,7 @@ class Session:
                 planned = self.plan(sql)
         report.plan_seconds = planning
         report.reruns = lost
+        report.replans = outdated
         return result, report
 
     def explain(self, sql: str) -> str:

@@ -98,10 +98,10 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
             if read:
                 _check_names(tree, catalog)
             return _as_written(sql, read)
-        one_node = _one_node(read, catalog)
-        if one_node is not None:
+        whole_plan = _whole_on_one_node(sql, read, catalog)
+        if whole_plan is not None:
             _check_names(tree, catalog)
-            return _whole_on(sql, read, one_node)
+            return whole_plan
         whole = whole_query_reason(tree)
         if whole is not None:
             return gather_plan(sql, catalog, whole)
@@ -154,30 +154,26 @@ def _as_written(sql: str, read: list[TableSpec]) -> DistributedPlan:
     return DistributedPlan(sql, (Stage("", sql, placement, "replicated", reason=reason),))
 
 
-def _one_node(read: list[TableSpec], catalog: Catalog) -> str | None:
-    """The node holding every shard of the distributed tables in ``read``, where they are
-    all of one co-location group whose units all sit on one node (a table small enough to
-    be one shard, :func:`shardflow.control.placement.initial_unit_count`); else None."""
-    groups = {spec.group for spec in read if spec.distributed}
-    if len(groups) != 1:
-        return None
-    group = catalog.groups.get(groups.pop() or "")
-    nodes = {unit.node for unit in group.units} if group is not None else set()
-    return nodes.pop() if len(nodes) == 1 else None
-
-
-def _whole_on(sql: str, read: list[TableSpec], node: str) -> DistributedPlan:
-    """A query whose distributed tables all sit on ``node`` runs there as written, in one
-    fragment over the node's shards (and its copies of the replicated tables): nothing is
-    split, merged or handed from stage to stage."""
+def _whole_on_one_node(sql: str, read: list[TableSpec], catalog: Catalog) -> DistributedPlan | None:
+    """The plan of a query whose distributed tables are all of one co-location group with
+    every unit on one node (a table small enough to be one shard,
+    :func:`shardflow.control.placement.initial_unit_count`): it runs there as written, in
+    one fragment over the node's shards and replicated tables, nothing split, merged or
+    handed from stage to stage. None for any other query."""
     distributed = [spec for spec in read if spec.distributed]
+    group = catalog.groups.get(distributed[0].group or "") if distributed else None
+    if group is None or any(spec.group != group.group_id for spec in distributed):
+        return None
+    nodes = {unit.node for unit in group.units}
+    if len(nodes) != 1:
+        return None
     stage = Stage(
         "",
         sql,
         "shards",
         WHOLE,
-        reason=f"every shard it reads is on {node}",
-        group=distributed[0].group,
+        reason=f"every shard it reads is on {nodes.pop()}",
+        group=group.group_id,
         tables=tuple(spec.name for spec in distributed),
     )
     return DistributedPlan(sql, (stage,))

@@ -69,7 +69,7 @@ def initial_unit_count(
     full = per_worker * workers
     if not size_bytes or size_bytes < 0 or unit_bytes <= 0:
         return full
-    return max(1, min(full, -(-size_bytes // unit_bytes)))
+    return int(max(1, min(full, -(-size_bytes // unit_bytes))))
 
 
 def place_units(

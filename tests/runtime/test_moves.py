@@ -15,9 +15,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from shardflow.catalog import name_key
 from shardflow.control.admission import CopyPacer
 from shardflow.control.migration import Checksum, MigrationState
-from shardflow.errors import Moved
+from shardflow.errors import ClusterError, Moved, MoveRefusedError
 from shardflow.runtime.moves import SourceSide, TargetSide
 from shardflow.runtime.worker import WorkerNode
 from tests.support.local_cluster import LocalCluster
@@ -189,6 +190,27 @@ def test_the_balancer_knows_how_long_moves_take_now(cluster: LocalCluster) -> No
     assert state.finished_at is not None
     took = (state.finished_at - state.started_at) / state.copied_bytes
     assert cluster.controller.move_s_per_byte() == pytest.approx(took)
+
+
+def test_a_table_loaded_into_units_split_under_it_is_not_created(cluster: LocalCluster) -> None:
+    """Splits and merges are refused while a table is loaded into their group; should one
+    get past that (here: the load hidden from the refusal on purpose), the create is
+    refused at its commit, its files removed, rather than lose the split unit's rows."""
+    state = cluster.state
+    schema = orders(0, 1).schema.serialize().to_pybytes()
+    state.begin_create("beside", schema, "distributed", "oid", "events")
+    unit = cluster.units("events")[0].unit_id
+    with pytest.raises(MoveRefusedError, match="beside"):
+        cluster.split(unit)
+    hidden = state.pending.pop(name_key("beside"))
+    assert cluster.split(unit)["phase"] == "done"
+    state.pending[name_key("beside")] = hidden
+    with pytest.raises(ClusterError, match="split or merged meanwhile"):
+        state.commit_create("beside", 0)
+    state.abort_create("beside")
+    assert cluster.catalog.find_table("beside") is None and not state.pending
+    cluster.create_table("beside", orders(0, ROWS), "oid", colocate_with="events")
+    assert cluster.sql("SELECT count(*) AS n FROM beside").to_pylist() == [{"n": ROWS}]
 
 
 def test_inserts_made_during_a_move_arrive_and_are_counted(cluster: LocalCluster) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
 from shardflow.control.placement import initial_unit_count, node_capacities, place_units
 from shardflow.errors import (
+    ClusterError,
     MoveRefusedError,
     TableError,
     TableExistsError,
@@ -41,6 +43,10 @@ from shardflow.telemetry.devices import NodeProfile
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+CREATE_WAITS_FOR_MOVES_S = 600.0
+"""How long creating a table co-located with others waits for splits and merges of their
+shards to end."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class CoordinatorState:
         """Unit ids handed to tables being created: taken, though not yet in the catalog
         (a create that fails leaves no catalog change behind)."""
         self._lock = threading.RLock()
+        self._moves_ended = threading.Condition(self._lock)
         self._remove_orphaned_files()
 
     def _remove_orphaned_files(self) -> None:
@@ -166,6 +173,15 @@ class CoordinatorState:
         busy = {u.unit_id for move in self.moving.values() for u in move.sources}
         if busy & {u.unit_id for u in sources}:
             raise MoveRefusedError(f"unit(s) {sorted(busy)} are already being moved")
+        # a split or merge copies the group's tables as they are when it begins: a table
+        # being loaded into the group has shards it would leave behind (a plain move keeps
+        # the unit's id and files, and the new owner serves every table from them)
+        creating = sorted(p.spec.name for p in self.pending.values() if p.spec.group == group)
+        if creating and kind != "move":
+            raise MoveRefusedError(
+                f"table(s) {creating} are being created co-located with unit(s) "
+                f"{sorted(u.unit_id for u in sources)}; {kind} them once the load is done"
+            )
         if kind == "move":  # a moved unit keeps its id, and its durable files with it
             ids = [sources[0].unit_id]
         else:
@@ -235,6 +251,7 @@ class CoordinatorState:
     def finish_move(self, plan: MovePlan) -> None:
         with self._lock:
             self.moving.pop(plan.move_id, None)
+            self._moves_ended.notify_all()
 
     def report_profile(self, profile: NodeProfile) -> None:
         with self._lock:
@@ -280,6 +297,8 @@ class CoordinatorState:
         :meth:`commit_create`."""
         schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         with self._lock:
+            if colocate_with is not None:
+                self._wait_for_moves_of(colocate_with, name)
             if not TABLE_NAME.match(name):
                 raise TableError(
                     f"invalid table name {name!r}: use letters, digits and underscores, "
@@ -331,6 +350,27 @@ class CoordinatorState:
             self.pending[name_key(name)] = PendingTable(spec, catalog)
             return catalog.to_json()
 
+    def _wait_for_moves_of(self, table: str, creating: str) -> None:
+        """Wait (the lock released meanwhile) until no split or merge of ``table``'s
+        co-location group is in flight: it copies the group's tables as they were when it
+        began, so a table loaded into the group meanwhile would be left behind (its rows
+        lost). Splits and merges of the group are refused from then until the table is
+        committed or aborted (:meth:`_reserve`)."""
+        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
+        while True:
+            spec = self.catalog.find_table(table)
+            if spec is None or spec.group is None:
+                return  # the checks that follow refuse it
+            if not any(p.group == spec.group and p.kind != "move" for p in self.moving.values()):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(
+                    f"creating {creating!r} waited {CREATE_WAITS_FOR_MOVES_S:g} s for the "
+                    f"splits and merges of {table!r}'s shards to end; try again"
+                )
+            self._moves_ended.wait(left)
+
     def _past_taken_ids(self) -> Catalog:
         """The catalog, counting the unit ids of creates in progress as used."""
         if self._unit_ids_taken <= self.catalog.next_unit_id:
@@ -357,9 +397,17 @@ class CoordinatorState:
 
     def commit_create(self, name: str, rows: int) -> dict[str, Any]:
         with self._lock:
-            pending = self.pending.pop(name_key(name))
+            pending = self.pending[name_key(name)]
             catalog = self.catalog
             spec = pending.spec
+            if spec.group is not None and spec.group in catalog.groups:
+                loaded = _spans(pending.catalog.groups[spec.group].units)
+                if _spans(catalog.groups[spec.group].units) != loaded:  # the load aborts
+                    raise ClusterError(
+                        f"the shards {name!r} was loaded into were split or merged meanwhile; "
+                        "nothing was created: create it again"
+                    )
+            del self.pending[name_key(name)]
             if spec.group is not None and spec.group not in catalog.groups:
                 catalog = catalog.with_group(
                     pending.catalog.groups[spec.group], pending.catalog.next_unit_id
@@ -381,3 +429,9 @@ class CoordinatorState:
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))
+
+
+def _spans(units: tuple[Unit, ...] | list[Unit]) -> set[tuple[int, int, int]]:
+    """A group's units by id and bucket range (a plain move changes neither: the unit's
+    files go with it, and its new owner serves a table loaded into them)."""
+    return {(u.unit_id, u.lo, u.hi) for u in units}

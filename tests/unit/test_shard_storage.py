@@ -18,6 +18,7 @@ from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.storage import shard_store as shard_store_module
+from shardflow.storage.shard import STAGE_ROWS
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -52,6 +53,31 @@ def test_load_then_inserts_survive_a_crash(tmp_path: Path) -> None:
     recovered = reopened(tmp_path)
     assert ids(recovered) == [*range(10), 100, 101, 102, 200, 201]
     assert recovered.lsn == 2
+
+
+def test_staged_rows_reach_the_row_store_a_row_group_at_a_time(tmp_path: Path) -> None:
+    """A split stages the halves of each chunk; DuckDB copies an INSERT of less than a row
+    group once more at its commit, so small parts are handed over together."""
+    engine = DuckDBEngine(threads=1)
+    try:
+        native = engine.native_rows("staged", SCHEMA)
+        store = ShardStore(DataDir.resolve(str(tmp_path)), "table-uid", "0")
+        shard = Shard(store, SCHEMA, rows=native)
+        handed: list[int] = []
+        append = native.append
+        native.append = lambda table: (handed.append(table.num_rows), append(table))[-1]  # type: ignore[method-assign]
+        part = STAGE_ROWS // 3 + 1
+        for start in range(0, 7 * part, part):
+            shard.stage(rows(start, part))
+        assert handed == [3 * part, 3 * part]  # the seventh waits for more, or the commit
+        assert shard.commit_load() == 7 * part
+        assert handed == [3 * part, 3 * part, part]
+        assert ids(shard) == list(range(7 * part))
+        shard.stage(rows(0, 10))
+        shard.abandon_load()  # the rows still waiting go with the load
+        assert handed == [3 * part, 3 * part, part] and ids(shard) == list(range(7 * part))
+    finally:
+        engine.close()
 
 
 def test_a_retried_batch_is_applied_once_even_after_recovery(tmp_path: Path) -> None:

@@ -36,6 +36,10 @@ CHECKPOINT_BATCH_ROWS = 256_000
 """Rows a background checkpoint reads from a pinned snapshot at a time."""
 COMPACT_TAIL_BATCHES = 32
 """Small inserted batches are merged once this many pile up (scans of tiny batches are slow)."""
+STAGE_ROWS = 122_880
+"""Rows a load or a move's copy hands its row store at a time, at least: DuckDB's row group.
+An INSERT of fewer rows is copied once more at its commit (a unit of TPC-H lineitem staged
+in the halves of 128K-row chunks, as a split does: 0.63 s against 0.37 s in whole chunks)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ class Shard:
         self.data: RowStore = rows if rows is not None else ArrowRows(schema)
         self._base_writer: BaseWriter | None = None
         self._staged_rows = 0
+        self._staging: list[pa.Table] = []
+        """Staged rows not handed to the row store yet (fewer than STAGE_ROWS)."""
         self._applied: OrderedDict[str, list[int] | None] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
@@ -229,14 +235,22 @@ class Shard:
         with self._lock:
             if self.writer and self._base_writer is None:
                 self._base_writer = self.store.base_writer(self.lsn, self.schema)
-            self.data.append(table)
+            self._staging.append(table)
+            if sum(t.num_rows for t in self._staging) >= STAGE_ROWS:
+                self._hand_staged()
             if self._base_writer is not None:
                 self._base_writer.write(table)
             self._staged_rows += table.num_rows
 
+    def _hand_staged(self) -> None:
+        if self._staging:
+            self.data.append(pa.concat_tables(self._staging))
+            self._staging = []
+
     def commit_load(self) -> int:
         """Make the staged rows the durable base; returns their count."""
         with self._lock:
+            self._hand_staged()
             if self.writer:
                 writer = self._base_writer or self.store.base_writer(self.lsn, self.schema)
                 writer.finish(self._applied)
@@ -246,6 +260,7 @@ class Shard:
 
     def abandon_load(self) -> None:
         with self._lock:
+            self._staging = []
             if self._base_writer is not None:
                 self._base_writer.abandon()
                 self._base_writer = None

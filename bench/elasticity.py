@@ -11,6 +11,12 @@ move after the other; steady is measured in both of those placements, half the t
 So the ratios weigh what moving costs, not what the placement a move leaves costs (a unit
 moved to a node that holds more already slows every query that follows, moving or not).
 
+Where a move's time goes is printed before the last line: the CPU the workers spent per GB
+moved on the idle cluster (and so the share of the machine the moves took while
+migrating), and a move's parts timed alone on the same rows through the workers' own
+engine code (the INSERT, the read-out, the hash and the compression), with the copy rate
+those parts would allow if nothing else took any time.
+
     python bench/elasticity.py --sf 1 --workers 4
 """
 
@@ -27,6 +33,7 @@ import socket
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +44,8 @@ import shardflow
 from shardflow import tpch
 from shardflow.catalog.buckets import bucket_of
 from shardflow.catalog.types import storage_schema
+from shardflow.engine import DuckDBEngine
+from shardflow.runtime.moves import CHUNK_ROWS
 
 MIX = (1, 3, 6, 12, 14, 19)
 
@@ -102,6 +111,77 @@ def ipc_copy_rate(table: pa.Table) -> float:
     elapsed = time.perf_counter() - started
     child.join()
     return received / elapsed
+
+
+@dataclass(frozen=True)
+class CopyParts:
+    """What a move's parts take alone, on one DuckDB thread as a worker here runs them,
+    with the rows of one unit: each part's seconds, and the CPU seconds of compressing."""
+
+    nbytes: int
+    insert_s: float
+    """The target's INSERTs of the rows, a chunk at a time."""
+    compress_s: float
+    """CPU seconds of the checkpoint that compresses them (the copy's first catch-up)."""
+    hash_s: float
+    """Hashing the stored rows once (the source's pinned snapshot; the target's read-back
+    takes as long)."""
+    read_s: float
+    """Reading them out of the compressed table into Arrow chunks (the source's part)."""
+
+    def ceiling(self) -> float:
+        """Bytes per second of a copy phase made of these parts with nothing else: both
+        hashes one after the other, reads and INSERTs overlapped perfectly on two cores."""
+        return self.nbytes / (2 * self.hash_s + max(self.read_s, self.insert_s))
+
+
+def copy_parts(rows: pa.Table) -> CopyParts:
+    """Time a move's parts one by one through the workers' own engine code: the rows held
+    compressed as a source holds them, hashed where stored and read out in a move's chunks,
+    INSERTed chunk by chunk into a new table as a target stages them, then compressed."""
+    engine = DuckDBEngine(threads=1)
+    try:
+        source = engine.native_rows("source", rows.schema)
+        source.reset([rows])
+        source.compact()
+        stream = source.stream(CHUNK_ROWS)
+        started = time.perf_counter()
+        stream.checksum()
+        hash_s = time.perf_counter() - started
+        chunks: list[pa.Table] = []
+        started = time.perf_counter()
+        while (chunk := stream.next()) is not None:
+            chunks.append(chunk)
+        read_s = time.perf_counter() - started
+        target = engine.native_rows("target", rows.schema)
+        engine.compactor.hold([target.physical])  # as a move's target does while it copies
+        started = time.perf_counter()
+        for chunk in chunks:
+            target.append(chunk)
+        insert_s = time.perf_counter() - started
+        cpu = time.process_time()
+        target.compact()
+        compress_s = time.process_time() - cpu
+    finally:
+        engine.close()
+    return CopyParts(rows.nbytes, insert_s, compress_s, hash_s, read_s)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds these processes have spent (Linux; NaN elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return math.nan
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def worker_pids(db: shardflow.Database) -> list[int]:
+    return [db._handle.workers.get(n.node_id).pid().get() for n in db.cluster.nodes()]
 
 
 def move_one(db: shardflow.Database, rng: random.Random) -> shardflow.MigrationRecord:
@@ -176,12 +256,18 @@ def main() -> None:
         db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")
         for number in MIX:
             db.sql(tpch.query(number))  # plans cached, everything warm
+        pids = worker_pids(db)
+        cpu_before = cpu_seconds(pids)
         idle_moves = move_some(db, args.idle_moves)
+        idle_cpu_per_gb = (cpu_seconds(pids) - cpu_before) / (
+            sum(m.bytes for m in idle_moves) / 1e9
+        )
         # the plain copy is timed right after the idle moves, on the same idle cluster
         # (timed at the end, it once measured a fifth of its rate here in two runs)
         lo_hi = next(s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem")
         same_data = unit_rows(data, int(lo_hi["bucket_lo"]), int(lo_hi["bucket_hi"]), 256)
         ipc_rate = ipc_copy_rate(same_data)
+        parts = copy_parts(same_data)
         del same_data
 
         moves: list[shardflow.MigrationRecord] = []
@@ -284,6 +370,22 @@ def main() -> None:
             for phase in ("fence", "verify", "switch")
             for spent in [[m.phase_seconds.get(phase, 0.0) for m in moves]]
         )
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    moved_gb = sum(m.bytes for m in moves) / 1e9
+    print(
+        f"where a move's time goes: idle moves took {idle_cpu_per_gb:.1f} CPU-seconds of the "
+        f"workers per GB moved; while migrating, {moved_gb:.2f} GB moved in {args.seconds:g} s "
+        f"took about {idle_cpu_per_gb * moved_gb / args.seconds / (cores or 1):.0%} of this "
+        f"machine's {cores} cores from the readers"
+    )
+    rate = parts.nbytes / 1e6
+    print(
+        f"  its parts alone on one DuckDB thread, {rate:.0f} MB: INSERT "
+        f"{rate / parts.insert_s:.0f} MB/s, read out {rate / parts.read_s:.0f} MB/s, hash "
+        f"{rate / parts.hash_s:.0f} MB/s (twice a move), compress {parts.compress_s:.2f} CPU-s;"
+        f" a copy of nothing but them could reach {parts.ceiling() / 1e6:.0f} MB/s "
+        f"({parts.ceiling() / ipc_rate:.2f} of plain IPC)"
     )
     print(f"drain of a node holding {len(drained)} unit(s): {drain_seconds:.2f} s")
     print(

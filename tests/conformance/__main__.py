@@ -2,9 +2,9 @@
 
 Reads the corpus from ``$SHARDFLOW_PEER_SQL`` or ``../shared/peer-sql/duckdb/test/sql``
 beside the repository, runs every file (or ``--sample``, or the ``--files`` patterns) on one
-real 3-worker cluster, prints the skip rules, the unsupported messages, every wrong case,
-and last ``conformance: N/M equal, U unsupported, W wrong, S skipped``. Exits 1 if W > 0,
-2 if the corpus is missing.
+real 3-worker cluster (its balancer as ``--balancer`` says), prints the skip rules, the
+unsupported messages, every wrong case, and last ``conformance: N/M equal, U unsupported, W
+wrong, S skipped``. Exits 1 if W > 0, 2 if the corpus is missing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conformance.backends import make_backend
+from tests.conformance.backends import BALANCERS, make_backend
 from tests.conformance.runner import (
     CORPUS_ENV,
     WRONG,
@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="seconds before a shardflow query counts as wrong and the cluster restarts",
     )
+    parser.add_argument(
+        "--balancer",
+        choices=sorted(BALANCERS),
+        default="default",
+        help="the cluster's balancer: default, or one that keeps splitting (or merging and "
+        "moving) units every 0.3 s while the files run",
+    )
     parser.add_argument("--sample", action="store_true", help="only the fast sample of files")
     parser.add_argument(
         "--files",
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(fnmatch.fnmatch(f.relative_to(root).as_posix(), p) for p in args.files)
         ]
     started = time.perf_counter()
-    backend = make_backend(args.backend, args.workers, args.query_timeout)
+    backend = make_backend(args.backend, args.workers, args.query_timeout, args.balancer)
     try:
         if args.no_progress:
             seen = 0

@@ -399,3 +399,13 @@ def test_a_collated_table_is_skipped_by_rule(tmp_path: Path) -> None:
     report = run_files([tmp_path / "f.test"], tmp_path, FakeShardflow({}))
     rule = "collated column (Arrow columns carry no collation)"
     assert set(report.skip_rules()) == {rule} and {c.status for c in report.cases} == {SKIPPED}
+
+
+def test_every_balancer_the_gate_offers_is_valid_settings_and_others_are_refused() -> None:
+    from shardflow.config import Settings
+    from tests.conformance.backends import BALANCERS, ClusterBackend
+
+    for settings in BALANCERS.values():
+        Settings(initial_shard_bytes=0, **settings)  # type: ignore[arg-type]  # or ConfigError
+    with pytest.raises(ValueError, match="unknown balancer 'busy'"):
+        ClusterBackend(balancer="busy")

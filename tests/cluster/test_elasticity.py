@@ -360,7 +360,7 @@ def test_a_table_loaded_into_a_splitting_group_keeps_every_row(tmp_path: Path) -
         beside = orders_for(0, 40_000).rename_columns(["lid", "amount"])
         assert db.create_table("lines_e", beside, distributed_by="lid", colocate_with="events")
         splitting.join(120)
-        assert [m.outcome for m in split] == ["done"]  # the create waited for it
+        assert [m.outcome for m in split] == ["done"]  # the create waited, then loaded the halves
 
         for table in ("events", "orders_e", "lines_e"):
             assert db.sql(f"SELECT count(*) AS n FROM {table}").column("n").to_pylist() == [

@@ -73,6 +73,11 @@ ISSUE_QUERIES = [
     "SELECT SUM(DISTINCT 11) FROM orders",
     "SELECT DISTINCT -o_custkey AS o_orderkey, -5 FROM orders WHERE o_orderkey < 200",
     "SELECT 83, count(*) FROM lineitem GROUP BY 1",
+    # outputs DuckDB names by their text ('k', CAST(k AS INTEGER)), not after a column
+    "SELECT k, sum(v0) AS x0, count(DISTINCT v0) AS x2, 83, 'k' FROM (SELECT l_quantity AS v0, "
+    "l_orderkey AS k FROM lineitem) AS d GROUP BY k ORDER BY k, 2, 3, 4, 5 LIMIT 20",
+    "SELECT 'o_custkey', CAST(o_orderkey AS INTEGER), o_orderkey FROM orders "
+    "ORDER BY o_custkey, o_orderkey LIMIT 20",
     # run as written over gathered tables: an aggregate of the outer query inside a
     # subquery; DISTINCT ordered by what it does not select
     "SELECT EXISTS(SELECT 1 FROM nation WHERE n_nationkey > min(o.o_custkey)) AS e FROM orders o",

@@ -23,6 +23,22 @@ from shardflow.errors import QueryError
 from shardflow.sql import analysis as a
 
 
+def name_outputs_as_duckdb(tree: exp.Expr) -> None:
+    """Name every output that is neither a column nor aliased as DuckDB names it, by its SQL
+    text (``'k'`` for the string literal ``'k'``), where SQLGlot would borrow a name from
+    inside it (``k``; ``x`` for ``CAST(x AS INT)``): the borrowed name collided
+    with a real output's, and ``ORDER BY k`` was bound to the literal. (The answer takes
+    DuckDB's own names at the end; these only keep the names the query uses apart.)"""
+    for select in list(tree.find_all(exp.Select)):
+        for projection in list(select.expressions):
+            inner = a.unparen(projection)
+            if isinstance(inner, exp.Alias | exp.Column | exp.Star | exp.Dot):
+                continue
+            if projection.output_name:  # the name SQLGlot's qualify would give it
+                text = projection.sql(dialect="duckdb")
+                projection.replace(exp.alias_(projection.copy(), a.identifier(text)))
+
+
 def unique_output_names(tree: exp.Expr, *, root: bool = True) -> bool:
     """Rename the repeated output names of every SELECT in ``tree`` as DuckDB names the
     columns of a derived table: the first keeps its name, a repeat of ``x`` becomes the

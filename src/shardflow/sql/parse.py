@@ -155,6 +155,7 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
     ctes = tables_read(tree, catalog)[1]
     refuse_row_ids(tree, catalog)
     schema = catalog_schema(catalog)
+    outputs.name_outputs_as_duckdb(tree)
     # DuckDB names a derived table's repeated outputs x, x_1: the query may say x_1
     outputs.unique_output_names(tree, root=False)
     outputs.hide_positions(tree)

@@ -26,9 +26,9 @@ from shardflow.sql import analysis as a
 def name_outputs_as_duckdb(tree: exp.Expr) -> None:
     """Name every output that is neither a column nor aliased as DuckDB names it, by its SQL
     text (``'k'`` for the string literal ``'k'``), where SQLGlot would borrow a name from
-    inside it (``k``; ``x`` for ``CAST(x AS INT)``): the borrowed name collided
-    with a real output's, and ``ORDER BY k`` was bound to the literal. (The answer takes
-    DuckDB's own names at the end; these only keep the names the query uses apart.)"""
+    inside it (``k``; ``x`` for ``CAST(x AS INT)``): the borrowed name collided with a real
+    output's, and ``ORDER BY k`` was bound to the literal. (The answer takes DuckDB's own
+    names at the end; these only keep the names the query uses apart.)"""
     for select in list(tree.find_all(exp.Select)):
         for projection in list(select.expressions):
             inner = a.unparen(projection)

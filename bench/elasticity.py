@@ -185,9 +185,13 @@ def worker_pids(db: shardflow.Database) -> list[int]:
     return [db._handle.workers.get(n.node_id).pid().get() for n in db.cluster.nodes()]
 
 
+def lineitem_shards(db: shardflow.Database) -> list[dict[str, object]]:
+    return [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+
+
 def move_one(db: shardflow.Database, rng: random.Random) -> shardflow.MigrationRecord:
     """Migrate a random lineitem unit to another node."""
-    shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+    shards = lineitem_shards(db)
     shard = rng.choice(shards)
     nodes = [n.node_id for n in db.cluster.nodes() if n.node_id != shard["node"]]
     return db.cluster.migrate(str(shard["shard"]), to=rng.choice(nodes))
@@ -200,7 +204,7 @@ def placed(db: shardflow.Database, shard: str) -> str:
 def pick_shuttle(db: shardflow.Database) -> tuple[str, str, str]:
     """The largest lineitem unit, its node and the node that holds the fewest units: the
     migrating phase moves it back and forth between the two."""
-    shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem"]
+    shards = lineitem_shards(db)
     largest = max(shards, key=lambda s: (s["rows"], str(s["shard"])))
     held = {n.node_id: 0 for n in db.cluster.nodes()}
     for s in shards:
@@ -327,9 +331,8 @@ def main() -> None:
 
         # the node holding most of lineitem dies; the count must come back whole
         rows_on: Counter[str] = Counter()
-        for shard_info in db.cluster.shards().to_pylist():
-            if shard_info["table"] == "lineitem":
-                rows_on[str(shard_info["node"])] += int(shard_info["rows"])
+        for held in lineitem_shards(db):
+            rows_on[str(held["node"])] += int(str(held["rows"]))
         victim = rows_on.most_common(1)[0][0]
         count = "SELECT count(*) AS n FROM lineitem"
         before = db.sql(count).to_pylist()
@@ -387,11 +390,11 @@ def main() -> None:
         f"took about {idle_cpu_per_gb * moved_gb / args.seconds / (cores or 1):.0%} of this "
         f"machine's {cores} cores from the readers"
     )
-    rate = parts.nbytes / 1e6
+    mb = parts.nbytes / 1e6
     print(
-        f"  its parts alone on one DuckDB thread, {rate:.0f} MB: INSERT "
-        f"{rate / parts.insert_s:.0f} MB/s, read out {rate / parts.read_s:.0f} MB/s, hash "
-        f"{rate / parts.hash_s:.0f} MB/s (twice a move), compress {parts.compress_s:.2f} CPU-s;"
+        f"  its parts alone on one DuckDB thread, {mb:.0f} MB: INSERT "
+        f"{mb / parts.insert_s:.0f} MB/s, read out {mb / parts.read_s:.0f} MB/s, hash "
+        f"{mb / parts.hash_s:.0f} MB/s (twice a move), compress {parts.compress_s:.2f} CPU-s;"
         f" a copy of nothing but them could reach {parts.ceiling() / 1e6:.0f} MB/s "
         f"({parts.ceiling() / ipc_rate:.2f} of plain IPC)"
     )

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import shardflow
-from shardflow.drill import run_drill
-from shardflow.runtime.localcluster import LocalRayCluster
+from shardflow.tools.drill import run_drill
+from shardflow.tools.localcluster import LocalRayCluster
 
 
 def main() -> None:

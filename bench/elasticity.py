@@ -46,7 +46,7 @@ from shardflow import tpch
 from shardflow.catalog.buckets import bucket_of
 from shardflow.catalog.types import storage_schema
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.moves import CHUNK_ROWS
+from shardflow.runtime.worker.moves import CHUNK_ROWS
 
 MIX = (1, 3, 6, 12, 14, 19)
 
@@ -182,7 +182,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def worker_pids(db: shardflow.Database) -> list[int]:
-    return [db._handle.workers.get(n.node_id).pid().get() for n in db.cluster.nodes()]
+    return [db._backend.handle.workers.get(n.node_id).pid().get() for n in db.cluster.nodes()]
 
 
 def lineitem_shards(db: shardflow.Database) -> list[dict[str, object]]:
@@ -336,7 +336,7 @@ def main() -> None:
         victim = rows_on.most_common(1)[0][0]
         count = "SELECT count(*) AS n FROM lineitem"
         before = db.sql(count).to_pylist()
-        pid = db._handle.workers.get(victim).pid().get()
+        pid = db._backend.handle.workers.get(victim).pid().get()
         killed = time.perf_counter()
         os.kill(pid, signal.SIGKILL)
         after = db.sql(count).to_pylist()  # returns once every shard is served again

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 import shardflow
 from shardflow import tpch
-from shardflow.demo import same_rows
+from shardflow.tools.demo import same_rows
 
 MIX = (1, 6, 14, 19)
 FLAKY = "node-1"

@@ -17,11 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray
-
 import shardflow
 from shardflow import tpch
-from shardflow.runtime.localcluster import descendants
+from shardflow.tools.localcluster import descendants
 
 TABLES = ("lineitem", "orders")
 DUCKDB_HOLDS = """
@@ -84,9 +82,9 @@ def main() -> None:
                 )
             gc.collect()
             time.sleep(2)  # let the workers release what the load held
-            handle = db._handle
+            handle = db._backend.handle
             workers = {node: handle.workers.get(node).pid().get() for node in handle.workers.known}
-            coordinator = ray.get(handle.coordinator.pid.remote())
+            coordinator = handle.coordinator.pid().get()
             ours = {f"{node} (pid {pid})": rss_bytes(pid) for node, pid in workers.items()}
             for node, pid in workers.items():
                 print(node, breakdown(pid))

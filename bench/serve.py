@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 import shardflow
-from shardflow import flightsql as fsql
 from shardflow import tpch
+from shardflow.flightsql import wire as fsql
 from shardflow.service.auth import AuthStore
 
 USER, PASSWORD = "bench", "bench-password"

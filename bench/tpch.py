@@ -21,8 +21,8 @@ import pyarrow as pa
 
 import shardflow
 from shardflow import tpch
-from shardflow.demo import same_rows
 from shardflow.telemetry.calibration import best_of
+from shardflow.tools.demo import same_rows
 
 
 def profiling_overhead(db: shardflow.Database, numbers: list[int], repeat: int) -> float:

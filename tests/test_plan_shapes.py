@@ -13,7 +13,7 @@ import pytest
 from shardflow import tpch
 from shardflow.catalog import Catalog
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.queries import Binder, PlanCache, plan_query
+from shardflow.runtime.query.planning import Binder, PlanCache, plan_query
 from shardflow.sql.shapes import make_template, shape_of
 from tests.support.inmemory import InMemoryCluster
 from tests.support.oracle import assert_same_result

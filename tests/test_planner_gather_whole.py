@@ -18,8 +18,8 @@ from shardflow.errors import (
     UnreadableSql,
     UnsupportedError,
 )
-from shardflow.runtime.executor import execute
-from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
+from shardflow.runtime.query.executor import execute
+from shardflow.runtime.query.planning import Binder, PlannedQuery, answer, plan_query
 from shardflow.sql import explain, gather_plan, plan
 from shardflow.sql.parse import parse
 from shardflow.sql.planner import check_stage_groups

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.executor import execute
+from shardflow.runtime.query.executor import execute
 from shardflow.sql import explain, plan
 from tests.support.inmemory import InMemoryCluster
 from tests.support.oracle import assert_same_result, query_is_ordered

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 
 from shardflow import tpch
 from shardflow.engine import DuckDBEngine
-from shardflow.runtime.executor import execute
+from shardflow.runtime.query.executor import execute
 from shardflow.sql import explain, plan
 from shardflow.sql.plan import WHOLE
 from tests.support.inmemory import InMemoryCluster

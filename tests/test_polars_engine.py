@@ -16,7 +16,7 @@ from shardflow import tpch
 from shardflow.catalog.types import storage_schema
 from shardflow.engine import DuckDBEngine
 from shardflow.engine.polars_engine import PolarsEngine
-from shardflow.runtime.executor import execute
+from shardflow.runtime.query.executor import execute
 from shardflow.sql import plan
 from tests.support.inmemory import InMemoryCluster
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes

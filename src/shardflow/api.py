@@ -16,13 +16,13 @@ import pyarrow as pa
 from shardflow.catalog import DataDir
 from shardflow.config import Settings
 from shardflow.errors import ClosedError, ConfigError, DrainTimeoutError, MigrationError
+from shardflow.flightsql.client import RemoteDatabase
 from shardflow.records import MigrationRecord, NodeInfo
-from shardflow.remote import RemoteDatabase
-from shardflow.runtime.cluster import ClusterHandle, launch, shutdown
-from shardflow.runtime.executor import ExecutionReport
-from shardflow.runtime.profiling import build_profile
+from shardflow.runtime.client.backend import RayBackend, launch_on_ray
+from shardflow.runtime.client.session import Session
 from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
-from shardflow.runtime.session import Session
+from shardflow.runtime.query.executor import ExecutionReport
+from shardflow.runtime.query.profiling import build_profile
 from shardflow.sql.parameters import bind
 from shardflow.telemetry.profile import QueryProfile
 
@@ -43,8 +43,7 @@ def _while_open(
     ``close()`` tears the cluster down under it also ends as a ``ClosedError`` (the cause
     chained), not as the Ray or DuckDB error the teardown caused."""
 
-    @functools.wraps(method)
-    def call(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+    def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
         db: Database = self if isinstance(self, Database) else self._db
         if db._closing.is_set():
             raise ClosedError(CLOSED)
@@ -63,6 +62,7 @@ def _while_open(
                 db._calls -= 1
                 db._in_flight.notify_all()
 
+    functools.update_wrapper(call, method)
     return call
 
 
@@ -129,6 +129,7 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         engine_memory_bytes=info.memory.engine_bytes,
         spilled_bytes=info.memory.spilled_bytes,
         memory_limit_bytes=info.memory.limit_bytes,
+        pid=info.pid,
     )
 
 
@@ -221,6 +222,13 @@ class Cluster:
         return dict(self._db._session_or_raise().rebalance(dry_run))
 
     @_while_open
+    def record_access(self, denied_action: str | None) -> None:
+        """Count a call refused at the door of a service built on this database
+        (``shardflow serve``) in the coordinator's metrics: for the role's lack of
+        ``denied_action``, or (None) for a wrong password or token. Not waited for."""
+        self._db._session_or_raise().record_access(denied_action)
+
+    @_while_open
     def metrics_url(self) -> str:
         """Where the coordinator serves Prometheus metrics (always on 127.0.0.1). The same
         address without ``/metrics`` is the read-only console page."""
@@ -302,8 +310,8 @@ class Cluster:
 class Database:
     """A connection to a shardflow cluster. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, handle: ClusterHandle, session: Session) -> None:
-        self._handle = handle
+    def __init__(self, backend: RayBackend, session: Session) -> None:
+        self._backend = backend
         self._session: Session | None = session
         self._closing = threading.Event()
         self._in_flight = threading.Condition()
@@ -318,6 +326,18 @@ class Database:
         if session is None:
             raise ClosedError(CLOSED)
         return session
+
+    @property
+    def settings(self) -> Settings:
+        """The settings this database's cluster runs with."""
+        return self._backend.settings
+
+    @_while_open
+    def keep_running(self) -> None:
+        """Leave the cluster running when this database closes: a service started on a Ray
+        cluster (``connect(address=...)``) by a command that ends, as ``shardflow serve``
+        does. ``ConfigError`` for an embedded cluster, which stops with its process."""
+        self._backend.leave_running()
 
     # -- queries ------------------------------------------------------------------------
     @_while_open
@@ -413,6 +433,18 @@ class Database:
         self._session_or_raise().drop_table(name)
 
     @_while_open
+    def table_names(self) -> list[str]:
+        """The tables' names, as this database's routing snapshot knows them: no worker is
+        asked (a table made a moment ago by another client shows once the snapshot is
+        refreshed, by any call that meets it)."""
+        return sorted(self._session_or_raise().catalog.tables)
+
+    @_while_open
+    def schema(self, name: str) -> pa.Schema:
+        """A table's columns and their types (``UnknownTableError`` where there is none)."""
+        return self._session_or_raise().table_spec(name).schema
+
+    @_while_open
     def tables(self) -> pa.Table:
         """One row per table: how it is distributed, its shards and its rows now."""
         session = self._session_or_raise()
@@ -454,7 +486,7 @@ class Database:
         # between its batches, a query between its retries), waited for a while at most
         with self._in_flight:
             self._in_flight.wait_for(lambda: self._calls == 0, CLOSE_WAIT_S)
-        shutdown(self._handle)
+        self._backend.close()
 
     def __enter__(self) -> Database:
         return self
@@ -485,7 +517,7 @@ def connect(
 
     With a Flight address (``"grpc://127.0.0.1:8815"``, ``"grpc+tls://host:port"``) this
     connects to ``shardflow serve`` over Arrow Flight SQL as ``user``/``password`` or with
-    a service ``token`` and returns a :class:`~shardflow.remote.RemoteDatabase`: the same
+    a service ``token`` and returns a :class:`~shardflow.flightsql.client.RemoteDatabase`: the same
     methods, each checked against the caller's role on the server
     (``tls_root_certs``: the PEM certificates to trust for TLS).
 
@@ -535,10 +567,10 @@ def connect(
         or not all(isinstance(v, int | float) and v >= 1 for v in simulate.values())
     ):
         raise ConfigError("simulate maps node ids to slowdown factors >= 1, e.g. {'node-2': 2}")
-    handle = launch(address, workers, path, settings, simulate)
+    backend = launch_on_ray(address, workers, path, settings, simulate)
     try:
-        session = Session(handle)
+        session = Session(backend)
     except BaseException:
-        shutdown(handle)
+        backend.close()
         raise
-    return Database(handle, session)
+    return Database(backend, session)

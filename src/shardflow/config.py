@@ -310,3 +310,13 @@ class Settings:
                 f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
             )
         return dataclasses.replace(self, **changes)
+
+
+LOOPBACK = "127.0.0.1"
+"""Where everything of shardflow listens unless told otherwise: this machine only."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether an address (``host:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

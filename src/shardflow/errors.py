@@ -6,6 +6,8 @@ types (:class:`Retryable`, :class:`Moved`), never string matching.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class Error(Exception):
     """Base class of every error shardflow raises on purpose."""
@@ -91,9 +93,9 @@ class DrainTimeoutError(MoveRefusedError):
     """A drain did not finish by its deadline; the node keeps serving what it still holds.
     ``moved`` lists the moves that did finish."""
 
-    def __init__(self, message: str, moved: list[object] | None = None) -> None:
+    def __init__(self, message: str, moved: Sequence[object] | None = None) -> None:
         super().__init__(message)
-        self.moved = moved or []
+        self.moved = list(moved or [])
 
 
 class ClusterError(Error):
@@ -133,6 +135,11 @@ class NodeFault(Retryable):
     """Internal: the node failed this operation (a device, memory or I/O error, or the
     test hook ``test_flaky_node``); the caller tries again. It counts toward the node's
     failure rate, which makes a failing node suspect (``node_failure_rate``)."""
+
+
+class ResultLost(ClusterError):
+    """Internal: a result left on a node (in Ray's object store) was lost with it; the query
+    that needs it runs again."""
 
 
 class Moved(Retryable):

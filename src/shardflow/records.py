@@ -60,6 +60,8 @@ class NodeInfo:
     """What the worker's DuckDB has spilled to its local disk (``local_dir``)."""
     memory_limit_bytes: int = 0
     """What the worker's DuckDB may hold in memory (``worker_memory_mb``)."""
+    pid: int = 0
+    """The worker's process id on its host (0: not known)."""
 
 
 @dataclass(frozen=True)

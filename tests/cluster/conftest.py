@@ -65,7 +65,7 @@ def small_oracle(tpch_small: Path) -> Iterator[object]:
 
 def sigkill_worker(db: shardflow.Database, node: str) -> None:
     """Kill ``node``'s worker process with SIGKILL, as a crash would."""
-    os.kill(db._handle.workers.get(node).pid().get(), signal.SIGKILL)
+    os.kill(db._backend.handle.workers.get(node).pid().get(), signal.SIGKILL)
 
 
 def wait_for_failover(db: shardflow.Database, seconds: float = 30.0) -> None:

@@ -121,7 +121,7 @@ def test_sigkill_of_a_worker_fails_no_query_and_loses_no_row(tmp_path: Path) -> 
             time.sleep(0.5)
             sigkill_worker(db, "node-1")
             # as after a drain: the session must look the worker up, and finds none
-            db._handle.workers.forget("node-1")
+            db._backend.handle.workers.forget("node-1")
             answered_before_kill = len(answers)
             db.insert("events", batch(40_000, 100))  # before the failover: retried, lands once
             ids += range(40_000, 40_100)

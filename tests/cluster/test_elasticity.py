@@ -14,7 +14,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-import ray
 
 import shardflow
 
@@ -228,7 +227,7 @@ def test_target_death_rolls_back_and_loses_nothing(tmp_path: Path) -> None:
             mover = threading.Thread(target=move)
             mover.start()
             wait_for(lambda: any(m.phase == "copy" for m in db.cluster.migrations()))
-            os.kill(db._handle.workers.get(target).pid().get(), signal.SIGKILL)
+            os.kill(db._backend.handle.workers.get(target).pid().get(), signal.SIGKILL)
             mover.join(timeout=120)
         assert isinstance(outcome[0], shardflow.MigrationError)
         record = outcome[0].record
@@ -254,8 +253,7 @@ def test_coordinator_killed_mid_move_rolls_it_back(tmp_path: Path) -> None:
             mover = threading.Thread(target=move)
             mover.start()
             wait_for(lambda: any(m.phase == "copy" for m in db.cluster.migrations()))
-            coordinator = db._handle.coordinator
-            os.kill(ray.get(coordinator.pid.remote()), signal.SIGKILL)
+            os.kill(db._backend.handle.coordinator.pid().get(), signal.SIGKILL)
             mover.join(timeout=120)
             wait_for(lambda: any(m.phase == "rolled_back" for m in db.cluster.migrations()))
             time.sleep(0.5)

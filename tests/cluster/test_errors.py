@@ -105,7 +105,7 @@ def readable(error: BaseException) -> None:
 
 def test_bad_table_definitions(db: shardflow.Database, tmp_path: Path) -> None:
     before = db.tables().column("name").to_pylist()
-    catalog = Path(db._handle.data_dir) / "catalog"
+    catalog = Path(db._backend.handle.data_dir) / "catalog"
     versions = sorted(catalog.iterdir())
     (tmp_path / "empty").mkdir()
     (tmp_path / "mixed").mkdir()

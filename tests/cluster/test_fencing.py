@@ -27,7 +27,7 @@ def test_a_worker_that_stops_answering_is_failed_over_and_stopped(tmp_path: Path
         health_interval_s=0.5, health_misses=3,
     ) as db:  # fmt: skip
         db.create_table("t", pa.table({"id": list(range(ROWS))}), distributed_by="id")
-        pid = int(db._handle.workers.get("node-1").pid().get())
+        pid = int(db._backend.handle.workers.get("node-1").pid().get())
         os.kill(pid, signal.SIGSTOP)
         try:
             deadline = time.monotonic() + 60

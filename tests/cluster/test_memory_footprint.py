@@ -18,8 +18,8 @@ import pytest
 import ray
 
 import shardflow
-from shardflow.runtime.actors import SWITCH_INTERVAL_S
-from shardflow.runtime.raynode import PROCESS_ENVIRONMENT
+from shardflow.runtime.ray.names import SWITCH_INTERVAL_S
+from shardflow.runtime.ray.node import PROCESS_ENVIRONMENT
 
 pytestmark = pytest.mark.cluster
 
@@ -54,12 +54,13 @@ def test_a_loaded_worker_holds_its_rows_compressed_and_no_more(tmp_path: Path) -
         shards_per_worker=2,
     ) as db:
         assert {key: os.environ.get(key) for key in PROCESS_ENVIRONMENT} == ours  # as it was
-        (node,) = db._handle.workers.known
-        pid = db._handle.workers.get(node).pid().get()
+        workers = db._backend.handle.workers
+        (node,) = workers.known
+        pid = workers.get(node).pid().get()
         spawned = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         for key, value in PROCESS_ENVIRONMENT.items():
             assert f"{key}={os.environ.get(key, value)}".encode() in spawned
-        asked = db._handle.workers.get(node).handle.__ray_call__  # runs a function in the actor
+        asked = workers.get(node).handle.__ray_call__  # runs a function in the actor
         switch = ray.get(asked.remote(lambda _: __import__("sys").getswitchinterval()))
         assert switch == SWITCH_INTERVAL_S and sys.getswitchinterval() == driver_switch
         before = resident(pid, "RssAnon")
@@ -93,7 +94,7 @@ def test_a_moves_rows_reach_its_target_without_the_object_store(tmp_path: Path) 
         workers=2, initial_shard_bytes=0, data_dir=tmp_path / "data", auto_balance=False
     ) as db:
         db.create_table("t", table, distributed_by="id")
-        target = db._handle.workers.get("node-1").pid().get()
+        target = db._backend.handle.workers.get("node-1").pid().get()
         [shard, *_] = [s for s in db.cluster.shards().to_pylist() if s["node"] == "node-0"]
         db.cluster.migrate(shard["shard"], "node-1")
         assert resident(target, "RssShmem") < shard["bytes"] // 10, shard

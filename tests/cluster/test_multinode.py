@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from shardflow.runtime.actors import JOIN_INTERVAL_S
-from shardflow.runtime.localcluster import LocalRayCluster, descendants
+from shardflow.runtime.ray.membership import JOIN_INTERVAL_S
+from shardflow.tools.localcluster import LocalRayCluster, descendants
 
 pytestmark = pytest.mark.cluster
 SHARDFLOW = [sys.executable, "-m", "shardflow.cli"]
@@ -120,7 +120,7 @@ def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:
     row is lost or doubled, every answer matches DuckDB's, and the returning node joins as
     a new node."""
     drill = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.drill", "--address", cluster.address,
+        [sys.executable, "-m", "shardflow.tools.drill", "--address", cluster.address,
          "--data-dir", str(cluster.data_dir), "--rows", "10000", "--grow", "2",
          "--moves", "20", "--drain", "ray-1", "--kill", "results", "--kill", "coordinator-mid-move",
          "--rejoin", "lost"],

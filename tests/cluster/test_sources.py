@@ -14,7 +14,7 @@ import pytest
 
 import shardflow
 from shardflow.config import Settings
-from shardflow.runtime.session import _arrow_size, _open_source
+from shardflow.runtime.client.sources import arrow_size, open_source
 
 pytestmark = pytest.mark.cluster
 
@@ -106,7 +106,7 @@ def test_a_parquet_sources_size_is_estimated_from_its_first_batch(tmp_path: Path
         }
     )
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=8_000)
-    _, total, batches = _open_source(tmp_path / "t.parquet", 10_000)
-    size, batches = _arrow_size(tmp_path / "t.parquet", total, batches)
+    _, total, batches = open_source(tmp_path / "t.parquet", 10_000)
+    size, batches = arrow_size(tmp_path / "t.parquet", total, batches)
     assert size is not None and abs(size - table.nbytes) < 0.25 * table.nbytes
     assert sum(b.num_rows for b in batches) == 50_000  # the batch read ahead is not lost

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 import shardflow
 from shardflow import tpch
 from shardflow.config import Settings
-from shardflow.runtime.localcluster import descendants
+from shardflow.tools.localcluster import descendants
 from tests.cluster.conftest import listening_sockets
 from tests.support.oracle import assert_same_result, query_is_ordered, sort_key_indexes
 from tests.support.querygen import select_queries
@@ -117,7 +117,7 @@ def test_a_stage_the_workers_refuse_is_answered_as_written(
 ) -> None:
     import dataclasses
 
-    from shardflow.runtime import queries
+    from shardflow.runtime.query import planning as queries
 
     sql = "SELECT o_orderstatus, count(*) AS n FROM orders GROUP BY 1 ORDER BY 1 /* refused */"
 

@@ -27,8 +27,8 @@ from shardflow.k8s.handlers import (
     reconcile_cluster,
 )
 from shardflow.k8s.render import ClusterSpec
-from shardflow.runtime.localcluster import LocalRayCluster
 from shardflow.service.auth import TOKEN_PREFIX
+from shardflow.tools.localcluster import LocalRayCluster
 from tests.k8s.manifests import validate_ray_cluster, validate_status
 from tests.service.conftest import Served, start_service
 

@@ -20,7 +20,7 @@ from shardflow.config import Settings
 from shardflow.control.migration import Phase
 from shardflow.errors import ConfigError
 from shardflow.k8s.render import PROCESS_ENVIRONMENT, cluster_spec, render
-from shardflow.runtime import raynode
+from shardflow.runtime.ray import node as raynode
 from tests.k8s.manifests import (
     DEPLOY,
     OURS,

@@ -1,5 +1,6 @@
-"""The worker protocol itself: both implementations speak all of it, its messages survive
-serialisation as Ray does it, and nothing calls a remote method by a name in a string."""
+"""The protocol itself: both implementations of each interface (workers, their lookup, the
+coordinator) speak all of it, its messages survive serialisation as Ray does it, and nothing
+calls a remote method by a name in a string."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pyarrow as pa
 
 from shardflow.control.migration import Checksum, SourceChecksums
 from shardflow.runtime import protocol
-from shardflow.runtime.actors import WorkerService
-from shardflow.runtime.inprocess import LocalWorker, LocalWorkers
+from shardflow.runtime.inprocess import LocalCoordinator, LocalWorker, LocalWorkers
 from shardflow.runtime.protocol import ChangeSet, FenceResult
-from shardflow.runtime.ray_workers import RaySourceLink, RayWorker, RayWorkers
+from shardflow.runtime.ray.actors import CoordinatorService, WorkerService
+from shardflow.runtime.ray.handles import RayCoordinator, RaySourceLink, RayWorker, RayWorkers
 from shardflow.storage.shard import Change
 
 RUNTIME = Path(__file__).parents[2] / "src" / "shardflow" / "runtime"
@@ -38,6 +39,7 @@ def test_both_implementations_speak_the_whole_protocol() -> None:
     for interface, implementations in (
         (protocol.Worker, (RayWorker, LocalWorker)),
         (protocol.Workers, (RayWorkers, LocalWorkers)),
+        (protocol.Coordinator, (RayCoordinator, LocalCoordinator)),
     ):
         wanted = methods(interface)
         assert wanted, interface
@@ -49,19 +51,24 @@ def test_both_implementations_speak_the_whole_protocol() -> None:
 
 
 def test_every_actor_method_the_protocol_uses_is_a_typed_ray_method() -> None:
-    """A RayWorker method calls the actor method of the same name (or the source half's
+    """A Ray handle's method calls the actor method of the same name (or the source half's
     export_*); each is declared with @ray.method, so mypy checks every call's arguments
     and answer against the actor's own signature."""
-    actor = vars(WorkerService)
-    source = inspect.getsource(RayWorker) + inspect.getsource(RaySourceLink)
-    called = set(re.findall(r"self\.handle\.(\w+)\.remote\(", source))
-    assert called >= {"fence", "copy_snapshot", "apply_final", "export_changes"}
-    for name in called:
-        assert name in actor and callable(actor[name]), name
+    for actor, handles, some in (
+        (WorkerService, (RayWorker, RaySourceLink), {"fence", "apply_final", "export_changes"}),
+        (CoordinatorService, (RayCoordinator,), {"catalog", "begin_create", "drain_host"}),
+    ):
+        source = "".join(inspect.getsource(handle) for handle in handles)
+        called = set(re.findall(r"self\.handle\.(\w+)\.remote\(", source))
+        assert called >= some
+        for name in called:
+            assert name in vars(actor) and callable(vars(actor)[name]), name
 
 
 def test_no_remote_call_names_its_method_in_a_string() -> None:
-    for path in [*RUNTIME.glob("*.py"), RUNTIME.parent / "api.py"]:
+    paths = [*RUNTIME.rglob("*.py"), RUNTIME.parent / "api.py"]
+    assert len(paths) > 20, "the runtime's modules are where this test looks"
+    for path in paths:
         text = path.read_text()
         assert not re.search(r"getattr\([^)]*\)\s*\.\s*(remote|options)", text), path
         assert not re.search(r"coordinator_(read|call)\(", text), path

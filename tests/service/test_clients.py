@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 import pytest
 
 import shardflow
-from shardflow import flightsql as fsql
+from shardflow.flightsql import wire as fsql
 from tests.service.conftest import PASSWORDS, Served, sample_table
 
 pytestmark = pytest.mark.cluster

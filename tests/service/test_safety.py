@@ -18,8 +18,8 @@ import pyarrow.flight as flight
 import pytest
 
 import shardflow
-from shardflow import flightsql as fsql
 from shardflow.errors import AuthenticationError, PermissionDeniedError
+from shardflow.flightsql import wire as fsql
 from tests.service.conftest import (
     PASSWORDS,
     Served,
@@ -32,7 +32,7 @@ from tests.service.conftest import (
 pytestmark = pytest.mark.cluster
 
 
-def as_user(served: Served, user: str) -> shardflow.remote.RemoteDatabase:
+def as_user(served: Served, user: str) -> shardflow.flightsql.client.RemoteDatabase:
     return shardflow.connect(served.uri, user=user, password=PASSWORDS[user])
 
 

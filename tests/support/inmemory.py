@@ -20,17 +20,10 @@ from shardflow.catalog import Catalog, TableSpec
 from shardflow.catalog.model import Unit
 from shardflow.catalog.types import storage_schema
 from shardflow.control.placement import place_units
-from shardflow.engine import DuckDBEngine
-from shardflow.runtime.executor import (
-    FragmentResult,
-    FragmentStats,
-    Materialized,
-    Output,
-    concat,
-    distinct_names,
-    query_error,
-)
-from shardflow.runtime.queries import Binder, PlannedQuery, answer, plan_query
+from shardflow.engine import DuckDBEngine, distinct_names, query_error
+from shardflow.runtime.protocol import FragmentStats
+from shardflow.runtime.query.executor import FragmentResult, Materialized, Output, concat
+from shardflow.runtime.query.planning import Binder, PlannedQuery, answer, plan_query
 from shardflow.sql import Stage
 from shardflow.storage.partition import split_by_unit
 

@@ -15,7 +15,6 @@ import os
 import sys
 
 import pyarrow as pa
-import ray
 
 import shardflow
 
@@ -36,7 +35,7 @@ def main() -> None:
     except shardflow.Error as error:
         say(event="refused", error=type(error).__name__, message=str(error))
         return
-    coordinator = ray.get(db._handle.coordinator.pid.remote())
+    coordinator = db._backend.handle.coordinator.pid().get()
     say(event="ready", pid=os.getpid(), coordinator_pid=coordinator)
     for line in sys.stdin:
         command, *args = line.split()

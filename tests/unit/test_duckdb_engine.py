@@ -44,8 +44,8 @@ def test_close_while_queries_run_goes_through() -> None:
 
 
 def test_duckdbs_refusal_of_a_stage_is_told_from_an_error_in_the_data() -> None:
+    from shardflow.engine import query_error
     from shardflow.errors import QueryError, StageRefused
-    from shardflow.runtime.executor import query_error
 
     con = duckdb.connect()
     refusals = ["SELECT nosuch FROM range(3)", "SELEC 1", "SELECT * FROM nosuch"]

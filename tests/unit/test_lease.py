@@ -130,7 +130,7 @@ def test_a_worker_refuses_a_data_directory_the_coordinator_did_not_lease(tmp_pat
     """Each worker reads the lease the coordinator wrote: a node whose path to the data
     directory is its own disk (no lease there, or another cluster's) is refused clearly."""
     from shardflow.errors import ConfigError
-    from shardflow.runtime.worker import check_shared
+    from shardflow.runtime.worker.local import check_shared
 
     shared = DataDir.resolve(str(tmp_path / "shared"))
     token = acquire(shared, "cluster-a", 10.0)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 import duckdb
 import pyarrow as pa
 
+from shardflow.errors import QueryError, StageRefused, UnsupportedError
+
 log = logging.getLogger(__name__)
 
 CLOSE_ATTEMPTS = 50
@@ -505,3 +507,38 @@ class Compactor:
             return
         self.runs += 1
         log.debug("compacted %s in %.2f s", database, time.monotonic() - started)
+
+
+def query_error(error: duckdb.Error) -> QueryError:
+    """DuckDB's error as shardflow's: a refusal of the SQL itself (parser, binder, catalog)
+    is a :class:`StageRefused`, any other (a value that does not convert, an overflow) a
+    :class:`QueryError`; DuckDB's message is kept."""
+    message = str(error).strip()
+    if "required statistics" in message:  # e.g. BITSTRING_AGG(col) without its min and max
+        return UnsupportedError(
+            "the query needs column statistics (a minimum and a maximum) that DuckDB keeps "
+            f"for its own tables and shardflow's tables do not carry: {message}"
+        )
+    refused = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+    kind = StageRefused if isinstance(error, refused) else QueryError
+    return kind(message)
+
+
+def distinct_names(result: pa.Table) -> pa.Table:
+    """``result`` with repeated column names told apart (``x``, ``x_1``), as Arrow tables
+    with repeated names cannot be shipped. Only a query run as written can repeat a name
+    (the planner names every other stage's outputs uniquely), and its answer is named by
+    position after DuckDB's schema on the client."""
+    names = result.column_names
+    if len(set(names)) == len(names):
+        return result
+    seen: set[str] = set()
+    unique = []
+    for name in names:
+        candidate, n = name, 0
+        while candidate in seen:
+            n += 1
+            candidate = f"{name}_{n}"
+        seen.add(candidate)
+        unique.append(candidate)
+    return result.rename_columns(unique)

@@ -30,9 +30,9 @@ GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 DEVICE_CLASSES = ("nvidia", "amd", "cpu")
 DATA_NODE_RESOURCE = "shardflow"
 """The Ray resource of nodes that serve shards (the head, control only, lacks it); the same
-name as :data:`shardflow.runtime.raynode.DATA_NODE_RESOURCE`."""
+name as :data:`shardflow.runtime.ray.names.DATA_NODE_RESOURCE`."""
 PROCESS_ENVIRONMENT = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
-"""Set on the Ray containers: :data:`shardflow.runtime.raynode.PROCESS_ENVIRONMENT` (Arrow's
+"""Set on the Ray containers: :data:`shardflow.runtime.ray.node.PROCESS_ENVIRONMENT` (Arrow's
 allocator, which hands freed memory back to the system)."""
 FLIGHT_PORT = 8815
 OPERATOR_TOKEN_DIR = "/etc/shardflow/operator"

@@ -32,13 +32,13 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from shardflow.errors import ClusterError, Error
-from shardflow.runtime.executor import FragmentStats
+from shardflow.runtime.protocol import FragmentStats, LaneAddress, Workers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,14 +55,8 @@ MAX_PART_BYTES = 4 << 30
 """The largest part of a load a worker reads (one unit's rows of one load batch), or input
 of a fragment."""
 CONNECT_TIMEOUT_S = 2.0
-
-
-@dataclass(frozen=True)
-class LaneAddress:
-    host: str
-    port: int
-    token: str
-    """Hex of the worker's token."""
+LANE_THREADS = 32
+"""Calls a client makes over its lanes at once (the workers of a stage, a load's parts)."""
 
 
 class LaneBroken(ClusterError):
@@ -329,6 +323,48 @@ class Lanes:
             self._idle.clear()
         for connection in idle:
             connection.close()
+
+
+class LaneBook:
+    """A client's lanes: each worker's address, asked once (and again of a new worker of the
+    node), the connections to them, and a pool that asks several workers at once. A lane
+    that failed is not used again for that worker; its worker is asked through its
+    protocol implementation instead, whose answer says what happened."""
+
+    def __init__(self, workers: Workers, enabled: bool) -> None:
+        self.workers = workers
+        self.enabled = enabled
+        """Whether lanes are used at all (``fast_lane``)."""
+        self.lanes = Lanes()
+        self.pool = ThreadPoolExecutor(LANE_THREADS, thread_name_prefix="shardflow-lane")
+        self._known: dict[str, tuple[object, LaneAddress | None]] = {}
+
+    def address(self, node: str) -> LaneAddress | None:
+        """Where ``node``'s worker answers over its lane; None without one."""
+        if not self.enabled:
+            return None
+        worker = self.workers.get(node)
+        known = self._known.get(node)
+        if known is None or known[0] is not worker.instance:
+            try:
+                address = worker.fast_lane().get()
+            except Error as error:  # gone (a new worker gets asked), or one without a lane
+                log.info("%s has no fast lane: %s", node, error)
+                address = None
+            known = self._known[node] = (worker.instance, address)
+        return known[1]
+
+    def broken(self, node: str, error: Exception) -> None:
+        """``node``'s lane failed: its worker is asked the other way from now on (a worker
+        that died is then seen as gone; a new worker of the node gets a lane again)."""
+        log.info("the fast lane to %s failed (%s); asking it the other way", node, error)
+        known = self._known.get(node)
+        if known is not None:
+            self._known[node] = (known[0], None)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.lanes.close()
 
 
 def to_wire(table: pa.Table) -> pa.Buffer:

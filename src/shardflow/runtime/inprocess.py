@@ -1,44 +1,48 @@
-"""The worker protocol in this process: real :class:`WorkerNode` objects (real DuckDB, real
-files in the data directory) called directly, so that the migrator and the controller are
-tested without Ray. A call runs when it is made; its answer, or its error, waits in the
-reply, which raises the same shardflow errors the Ray implementation does. A stopped worker
-answers ``WorkerGone``, as a dead actor does.
+"""The protocol in this process: a real ``CoordinatorNode`` and real :class:`WorkerNode`
+objects (real DuckDB, real files in the data directory) called directly, so that the session,
+the migrator and the controller are tested without Ray. A call runs when it is made; its
+answer, or its error, waits in the reply, which raises the same shardflow errors the Ray
+implementation does. A stopped worker answers ``WorkerGone``, as a dead actor does.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
 
 from shardflow.config import Settings
 from shardflow.errors import ClusterError, Error, WorkerGone
-from shardflow.runtime.executor import FragmentResult, Materialized, Output
+from shardflow.runtime.coordinator.node import CoordinatorNode
+from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
     CatalogJson,
     ChangeSet,
     CopyResult,
+    DrainReport,
     ExportPinned,
     FenceResult,
     FinalApplied,
+    FragmentStats,
+    LaneAddress,
     LoadReport,
+    NewTable,
+    NodeLoad,
     Reply,
     ShardKey,
     SharedRows,
     WorkerInfo,
 )
-from shardflow.runtime.worker import WorkerNode
+from shardflow.runtime.query.fragments import WorkerCalls
+from shardflow.runtime.worker.node import WorkerNode
 
 if TYPE_CHECKING:
-    from shardflow.catalog import Catalog, TableSpec
+    from shardflow.catalog import OwnerToken, TableSpec
     from shardflow.control.migration import MovePlan
-    from shardflow.sql import Stage
     from shardflow.telemetry.devices import NodeProfile
 
 T = TypeVar("T")
@@ -58,7 +62,18 @@ class Answered(Generic[T]):
 
 
 def _rows(rows: pa.Table | SharedRows) -> pa.Table:
-    return rows.ref if isinstance(rows, SharedRows) else rows
+    return cast("pa.Table", rows.ref) if isinstance(rows, SharedRows) else rows
+
+
+def _call(who: str, call: Callable[[], T]) -> Answered[T]:
+    """Run ``call`` now; its answer or error waits in the reply (an unexpected error as
+    Ray reports one raised in an actor)."""
+    try:
+        return Answered(call())
+    except Error as error:
+        return Answered(error=error)
+    except Exception as error:
+        return Answered(error=ClusterError(f"{who} failed: {error!r}"))
 
 
 class LocalWorker:
@@ -73,19 +88,21 @@ class LocalWorker:
     def node_id(self) -> str:
         return self.node.node_id
 
+    @property
+    def instance(self) -> object:
+        return self.node
+
     def _call(self, call: Callable[[], T]) -> Answered[T]:
         if not self.alive:
             return Answered(error=WorkerGone(f"worker {self.node_id} is gone"))
-        try:
-            return Answered(call())
-        except Error as error:
-            return Answered(error=error)
-        except Exception as error:  # what Ray reports of an unexpected error in an actor
-            return Answered(error=ClusterError(f"worker {self.node_id} failed: {error!r}"))
+        return _call(f"worker {self.node_id}", call)
 
     # life and reports
     def ping(self) -> Reply[bool]:
         return self._call(lambda: True)
+
+    def fast_lane(self) -> Reply[LaneAddress | None]:
+        return self._call(lambda: None)  # called directly: no lane
 
     def pid(self) -> Reply[int]:
         return self._call(os.getpid)
@@ -134,6 +151,17 @@ class LocalWorker:
 
     def append_replica(self, table: str, rows: pa.Table | SharedRows, batch_id: str) -> Reply[int]:
         return self._call(lambda: self.node.append_replica(table, _rows(rows), batch_id))
+
+    # queries
+    def execute(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> Reply[tuple[pa.Table, FragmentStats]]:
+        return self._call(lambda: self.node.execute(sql, bindings, epoch, inputs, profile))
 
     # a move, as its source
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]:
@@ -209,11 +237,17 @@ class LocalWorkers:
         self._workers: dict[str, LocalWorker] = {}
 
     def start(
-        self, node: str, catalog: CatalogJson, settings: Settings | None = None
+        self,
+        node: str,
+        catalog: CatalogJson,
+        settings: Settings | None = None,
+        slowdown: float = 1.0,
     ) -> LocalWorker:
         """A worker for ``node`` that serves what ``catalog`` assigns it (rebuilt from the
         data directory); ``settings`` replace the cluster's for this worker."""
-        worker_node = WorkerNode(node, self.data_dir, settings or self.settings, catalog)
+        worker_node = WorkerNode(
+            node, self.data_dir, settings or self.settings, catalog, slowdown=slowdown
+        )
         worker = self._workers[node] = LocalWorker(worker_node, self)
         return worker
 
@@ -251,39 +285,146 @@ class LocalWorkers:
             self._report_profile(profile)
 
 
-class LocalRunner:
-    """Runs a plan's fragments on in-process workers (an ``executor.Runner``): each worker
-    over the shards the catalog routes to it, at the catalog's epoch."""
+class LocalCoordinator:
+    """The coordinator in this process, called through the protocol."""
 
-    def __init__(self, workers: LocalWorkers, catalog: Catalog) -> None:
-        self.workers = workers
-        self.catalog = catalog
+    def __init__(self, node: CoordinatorNode) -> None:
+        self.node = node
 
-    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
-        assert stage.group is not None
-        by_node: dict[str, list[int]] = defaultdict(list)
-        for unit in self.catalog.groups[stage.group].units:
-            by_node[unit.node].append(unit.unit_id)
-        tables = {name: value.table() for name, value in inputs.items()}
-        return [
-            self._run(node, stage.sql, {t: units for t in stage.tables}, tables)
-            for node, units in sorted(by_node.items())
-        ]
+    def _call(self, call: Callable[[], T]) -> Answered[T]:
+        return _call("the coordinator", call)
 
-    def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
-        tables = {name: value.table() for name, value in inputs.items()}
-        return self._run(self.catalog.nodes[0], sql, {}, tables)
+    # the catalog and its owner
+    def ping(self) -> Reply[bool]:
+        return self._call(lambda: True)
 
-    def _run(
-        self,
-        node: str,
-        sql: str,
-        bindings: Mapping[str, list[int]],
-        tables: Mapping[str, pa.Table],
-    ) -> FragmentResult:
-        submitted = time.time()
-        worker = self.workers.get(node).node
-        result, stats = worker.execute(sql, bindings, self.catalog.epoch, tables, True)
-        return FragmentResult(
-            Materialized(result), node, stats.seconds, stats.rows_out, stats, submitted
-        )
+    def catalog(self) -> Reply[CatalogJson]:
+        return self._call(self.node.catalog)
+
+    def owner_token(self) -> Reply[OwnerToken]:
+        return self._call(self.node.owner_token)
+
+    def register_nodes(self, nodes: list[str]) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.register_nodes(nodes))
+
+    def report_profile(self, profile: NodeProfile) -> Reply[None]:
+        return self._call(lambda: self.node.report_profile(profile))
+
+    def release(self) -> Reply[None]:
+        return self._call(self.node.release)
+
+    # tables
+    def begin_create(self, table: NewTable) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.begin_create(table))
+
+    def commit_create(self, name: str, rows: int) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.commit_create(name, rows))
+
+    def abort_create(self, name: str) -> Reply[None]:
+        return self._call(lambda: self.node.abort_create(name))
+
+    def drop_table(self, name: str) -> Reply[tuple[CatalogJson, str]]:
+        return self._call(lambda: self.node.drop_table(name))
+
+    def delete_files(self, uid: str) -> Reply[None]:
+        return self._call(lambda: self.node.delete_files(uid))
+
+    # cluster operations
+    def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.migrate(unit_id, to))
+
+    def split(self, unit_id: int) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.split(unit_id))
+
+    def merge(self, first: int, second: int) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.merge(first, second))
+
+    def rebalance(self, dry_run: bool) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.rebalance(dry_run))
+
+    def reserve_node(self) -> Reply[str]:
+        return self._call(self.node.reserve_node)
+
+    def node_joined(self, node: str) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.node_joined(node))
+
+    def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]:
+        return self._call(lambda: self.node.drain(node, deadline_s))
+
+    def host(self) -> Reply[str]:
+        return self._call(lambda: "")  # no Ray node: this process
+
+    def drain_host(self, host: str, deadline_s: float) -> Reply[list[DrainReport]]:
+        return self._call(lambda: self.node.drain_host(host, deadline_s))
+
+    # reports
+    def migrations(self) -> Reply[list[dict[str, Any]]]:
+        return self._call(self.node.migrations)
+
+    def failovers(self) -> Reply[list[dict[str, Any]]]:
+        return self._call(self.node.failovers)
+
+    def metrics_url(self) -> Reply[str]:
+        return self._call(self.node.metrics_url)
+
+    def node_loads(self) -> Reply[dict[str, NodeLoad]]:
+        return self._call(self.node.node_loads)
+
+    def shard_loads(self) -> Reply[dict[ShardKey, float]]:
+        return self._call(self.node.shard_loads)
+
+    def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> Reply[None]:
+        return self._call(lambda: self.node.record_outcomes(queries, inserts))
+
+    def record_access(self, denied_action: str | None) -> Reply[None]:
+        return self._call(lambda: self.node.record_access(denied_action))
+
+
+class LocalBackend:
+    """A whole cluster in this process, as a session uses it: the coordinator (catalog,
+    controller, migrator, console) over in-process workers of one data directory."""
+
+    def __init__(self, data_dir: str, settings: Settings, nodes: int) -> None:
+        self.data_dir = data_dir
+        self.settings = settings
+        state = CoordinatorState(data_dir, settings)
+        self.local_workers = LocalWorkers(data_dir, settings, self._report_profile)
+        self.node = CoordinatorNode(state, self.local_workers, settings)
+        self.local_coordinator = LocalCoordinator(self.node)
+        catalog = state.register_nodes([f"node-{i}" for i in range(nodes)])
+        for node in state.catalog.nodes:
+            self.local_workers.start(node, catalog)
+
+    def _report_profile(self, profile: NodeProfile) -> None:
+        self.node.report_profile(profile)
+
+    def restart_coordinator(self) -> CoordinatorNode:
+        """A new coordinator over the same data directory and workers, as Ray restarts a
+        coordinator actor that died: it takes the lease again as the same owner and reads
+        the catalog; the moves the old one left are finished or rolled back by its
+        controller's ``resume``. The old one's loops and console stop."""
+        old = self.node
+        old.close()
+        state = CoordinatorState(self.data_dir, self.settings, owner=old.state.owner.owner)
+        self.node = CoordinatorNode(state, self.local_workers, self.settings)
+        self.local_coordinator.node = self.node
+        return self.node
+
+    @property
+    def coordinator(self) -> LocalCoordinator:
+        return self.local_coordinator
+
+    @property
+    def workers(self) -> LocalWorkers:
+        return self.local_workers
+
+    def fragment_calls(self) -> WorkerCalls:
+        return WorkerCalls(self.local_workers)
+
+    def start_worker(self, node: str, slowdown: float) -> LocalWorker:
+        return self.local_workers.start(node, self.node.catalog(), slowdown=slowdown)
+
+    def close(self) -> None:
+        """Stop the coordinator's loops and console, and every worker."""
+        self.node.close()
+        self.local_workers.close()

@@ -1,11 +1,13 @@
-"""The one typed protocol between the coordinator side (session, coordinator, migrator,
-controller) and the workers: what each call takes and answers, as frozen dataclasses, and the
-interfaces that carry them.
+"""Every wire type and interface between the roles: what the session and the coordinator
+ask the workers (:class:`Worker`), what the session and the workers ask the coordinator
+(:class:`Coordinator`), what a move's target asks its sources (:class:`SourceLink`), each
+call's arguments and answers as frozen dataclasses.
 
-Two implementations: Ray actors (``runtime/ray_workers.py``) and real workers in this process
-(``runtime/inprocess.py``: real DuckDB, real files), which the unit tests of the migrator and
-the controller drive without Ray. Every answer is a :class:`Reply`, so the coordinator side
-can have many calls in flight; ``get`` raises shardflow errors only, whatever carried it.
+Two implementations of each: on Ray (``runtime/ray/handles.py``, calling the actors of
+``runtime/ray/actors.py``) and in this process (``runtime/inprocess.py``: real coordinator
+and workers, real DuckDB, real files), which unit tests drive without Ray. Every answer is a
+:class:`Reply`, so a caller can have many calls in flight; ``get`` raises shardflow errors
+only, whatever carried it.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from shardflow.catalog import TableSpec
+    from shardflow.catalog import OwnerToken, TableSpec
     from shardflow.control.migration import Checksum, MovePlan, SourceChecksums
     from shardflow.storage.shard import Change
     from shardflow.storage.shard_store import Applied
     from shardflow.telemetry.devices import DeviceState, MemoryState, NodeProfile
+
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -31,6 +34,10 @@ ShardKey = tuple[str, int]
 
 CatalogJson = Mapping[str, Any]
 """A catalog as ``Catalog.to_json`` writes it: how catalogs travel to workers."""
+
+REPLICA = "replica"
+"""The part of a load that goes to a replicated table's one shard on a worker (a
+distributed table's parts are keyed by unit id)."""
 
 
 class Reply(Protocol[T_co]):
@@ -41,6 +48,35 @@ class Reply(Protocol[T_co]):
         or left), ``WorkerTimeout`` (no answer within ``timeout`` seconds), the worker's own
         error (``Moved``, ``QueryError``, ...), or ``ClusterError`` for anything else."""
         ...
+
+
+# -- queries -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FragmentStats:
+    """What a worker measured of a fragment it ran. Beyond the time and the rows, the fields
+    are filled only where the query is profiled (``profile_queries``, ``db.profile``)."""
+
+    seconds: float
+    """Execution time on the worker (queue wait and transfer excluded)."""
+    rows_out: int
+    started_at: float | None = None
+    """Wall clock (``time.time``) when the worker started the fragment."""
+    finished_at: float | None = None
+    rows_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    engine: str = ""
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class LaneAddress:
+    """Where a worker answers over its fast lane (``runtime/fastlane.py``)."""
+
+    host: str
+    port: int
+    token: str
+    """Hex of the worker's token."""
 
 
 # -- reports -------------------------------------------------------------------------------
@@ -90,6 +126,8 @@ class WorkerInfo:
     last_fallback: str
     host: Host = Host()
     """The Ray node the worker runs on (empty for an in-process worker)."""
+    pid: int = 0
+    """The worker's process id on its host."""
 
 
 @dataclass(frozen=True)
@@ -181,15 +219,46 @@ class FinalApplied:
     the new shards already (saving the switch a round trip while writers wait)."""
 
 
+# -- tables ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewTable:
+    """A table to create, as the session asks the coordinator to plan it."""
+
+    name: str
+    schema: bytes
+    """Its Arrow schema, serialised (Arrow IPC)."""
+    kind: str
+    """``distributed`` or ``replicated``."""
+    key: str | None = None
+    """A distributed table's column hashed into buckets ("": rows spread evenly)."""
+    colocate_with: str | None = None
+    """A table whose co-location group it joins (equal bucket ranges on one node)."""
+    key_index: bool = False
+    """Keep an index on ``key`` in every shard (point lookups)."""
+    size_bytes: int | None = None
+    """The source's Arrow size, where known before the load (how many units it gets);
+    None for a stream."""
+
+
 # -- the interfaces ------------------------------------------------------------------------
 class Worker(Protocol):
-    """One worker, as the coordinator side calls it."""
+    """One worker, as the session and the coordinator call it."""
 
     @property
     def node_id(self) -> str: ...
 
+    @property
+    def instance(self) -> object:
+        """What tells this worker from a later one of the same node (a worker started
+        again is asked afresh, e.g. for its fast lane)."""
+        ...
+
     # life and reports
     def ping(self) -> Reply[bool]: ...
+    def fast_lane(self) -> Reply[LaneAddress | None]:
+        """Where this worker answers fragments directly; None: it has no fast lane."""
+        ...
+
     def pid(self) -> Reply[int]: ...
     def info(self) -> Reply[WorkerInfo]: ...
     def load_report(self) -> Reply[LoadReport]: ...
@@ -220,6 +289,20 @@ class Worker(Protocol):
     def append_replica(
         self, table: str, rows: pa.Table | SharedRows, batch_id: str
     ) -> Reply[int]: ...
+
+    # queries
+    def execute(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> Reply[tuple[pa.Table, FragmentStats]]:
+        """Run a fragment over the shards ``bindings`` names (per table, its units) at the
+        routing ``epoch`` (``Moved`` where this worker no longer serves one), with ``inputs``
+        readable by name; answers its rows and what was measured (more with ``profile``)."""
+        ...
 
     # a move, as its source
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]: ...
@@ -270,7 +353,35 @@ class Workers(Protocol):
         take its insert after the new owners rebuilt those shards."""
         ...
 
+    def stop(self, node: str) -> None:
+        """Stop ``node``'s worker (drained, or the cluster shuts down) and forget it."""
+        ...
+
     def share(self, rows: pa.Table) -> SharedRows: ...
+    def link(self, node: str) -> SourceLink:
+        """How a move's target on this side reaches the source worker of ``node``."""
+        ...
+
+
+def admit_workers(
+    workers: Sequence[Worker], timeout: float | None, catalog: CatalogJson | None = None
+) -> None:
+    """Make started workers ready to serve, the one way every starter does (a new cluster's
+    workers, a node added by hand, a Ray node that joined): wait until they answer (each has
+    loaded what the catalog assigned it when it started), give ``catalog`` to those that
+    started with an older one, and have those without a kept calibration calibrate, one at
+    a time (measuring at once, they would slow each other down). Raises ``WorkerGone`` or
+    ``WorkerTimeout`` where one did not come up within ``timeout`` seconds a call."""
+    asked = [(worker, worker.info()) for worker in workers]  # all at once
+    answered = [(worker, reply.get(timeout)) for worker, reply in asked]
+    if catalog is not None:
+        version = int(catalog["version"])
+        behind = [w.sync(catalog) for w, info in answered if info.catalog_version < version]
+        for reply in behind:
+            reply.get(timeout)
+    for worker, info in answered:
+        if not info.profile.calibration:
+            worker.calibrate().get(timeout)
 
 
 class SourceLink(Protocol):
@@ -307,3 +418,78 @@ class DrainReport:
     """The moves made, as ``db.cluster.migrations()`` reports them."""
     remaining: int
     reason: str
+
+
+class Coordinator(Protocol):
+    """The coordinator, as the session, the workers and the bootstrap call it: the catalog's
+    owner (tables, units, routing), cluster operations, and the reports behind
+    ``db.cluster``. A call that changes the catalog answers the new catalog (or what it
+    did); ``get`` raises the coordinator's own error (``TableExistsError``,
+    ``MoveRefusedError``, ...) or ``Retryable`` where it restarted or did not answer."""
+
+    # the catalog and its owner
+    def ping(self) -> Reply[bool]: ...
+    def catalog(self) -> Reply[CatalogJson]: ...
+    def owner_token(self) -> Reply[OwnerToken]:
+        """The token every durable write of this cluster carries."""
+        ...
+
+    def register_nodes(self, nodes: list[str]) -> Reply[CatalogJson]:
+        """Declare the live nodes; units on nodes that are gone get new owners."""
+        ...
+
+    def report_profile(self, profile: NodeProfile) -> Reply[None]: ...
+    def release(self) -> Reply[None]:
+        """Stop the control loops and give the data directory up (a clean shutdown)."""
+        ...
+
+    # tables
+    def begin_create(self, table: NewTable) -> Reply[CatalogJson]:
+        """Reserve the table's name and plan its units; answers the catalog as it will be
+        once the load is committed (nothing is visible before)."""
+        ...
+
+    def commit_create(self, name: str, rows: int) -> Reply[CatalogJson]: ...
+    def abort_create(self, name: str) -> Reply[None]: ...
+    def drop_table(self, name: str) -> Reply[tuple[CatalogJson, str]]:
+        """Drop ``name`` from the catalog; answers the new catalog and the table's uid (its
+        files are deleted once the workers no longer serve it: :meth:`delete_files`)."""
+        ...
+
+    def delete_files(self, uid: str) -> Reply[None]: ...
+
+    # cluster operations
+    def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]: ...
+    def split(self, unit_id: int) -> Reply[dict[str, Any]]: ...
+    def merge(self, first: int, second: int) -> Reply[dict[str, Any]]: ...
+    def rebalance(self, dry_run: bool) -> Reply[dict[str, Any]]: ...
+    def reserve_node(self) -> Reply[str]:
+        """A new node id (never reused); the node joins with :meth:`node_joined`."""
+        ...
+
+    def node_joined(self, node: str) -> Reply[CatalogJson]: ...
+    def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]: ...
+    def host(self) -> Reply[str]:
+        """The Ray node the coordinator runs on ("" where it runs on none)."""
+        ...
+
+    def drain_host(self, host: str, deadline_s: float) -> Reply[list[DrainReport]]:
+        """Drain every worker on the Ray node ``host`` and stop them; none starts there
+        again."""
+        ...
+
+    # reports
+    def migrations(self) -> Reply[list[dict[str, Any]]]: ...
+    def failovers(self) -> Reply[list[dict[str, Any]]]: ...
+    def metrics_url(self) -> Reply[str]: ...
+    def node_loads(self) -> Reply[dict[str, NodeLoad]]: ...
+    def shard_loads(self) -> Reply[dict[ShardKey, float]]: ...
+    def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> Reply[None]:
+        """Queries' (seconds, succeeded) and inserts' row counts, sent in batches by each
+        session, for the metrics."""
+        ...
+
+    def record_access(self, denied_action: str | None) -> Reply[None]:
+        """A service call refused for its role (``denied_action``) or (None) for a wrong
+        password or token, for the metrics."""
+        ...

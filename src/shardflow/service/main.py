@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shardflow.config import is_loopback
 from shardflow.errors import ConfigError
-from shardflow.runtime.cluster import is_loopback
 from shardflow.service.server import FlightSqlService, ServiceOptions
 
 

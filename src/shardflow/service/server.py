@@ -33,7 +33,6 @@ import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
 
-from shardflow import flightsql as fsql
 from shardflow.errors import (
     ConfigError,
     Error,
@@ -46,6 +45,7 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
+from shardflow.flightsql import wire as fsql
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
 
@@ -272,7 +272,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
 
     def _count(self, denied_action: str | None) -> None:
         try:
-            self.db._session_or_raise().record_access(denied_action)
+            self.db.cluster.record_access(denied_action)
         except Exception:  # metrics never fail a call
             log.debug("could not count a refused call", exc_info=True)
 
@@ -501,12 +501,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         )
 
     def _columns(self, name: str) -> list[str]:
-        return list(self.db._session_or_raise().table_spec(name).schema.names)
+        return list(self.db.schema(name).names)
 
     def _table_names(self) -> list[str]:
         """The tables the routing snapshot knows (no call to any worker: metadata calls and
         ingests ask this often; a table made a moment ago elsewhere shows once it refreshes)."""
-        return sorted(self.db._session_or_raise().catalog.tables)
+        return self.db.table_names()
 
     # -- prepared statements ------------------------------------------------------------
     def _sql_action(self, principal: Principal, kind: str, body: bytes) -> list[flight.Result]:
@@ -677,10 +677,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         }
         if not command.include_schema:
             return pa.table(columns, schema=fsql.TABLES_SCHEMA)
-        session = self.db._session_or_raise()
-        columns["table_schema"] = [
-            session.table_spec(n).schema.serialize().to_pybytes() for n in names
-        ]
+        columns["table_schema"] = [self.db.schema(n).serialize().to_pybytes() for n in names]
         return pa.table(columns, schema=fsql.TABLES_WITH_SCHEMA)
 
     # -- control and data actions ---------------------------------------------------------
@@ -719,7 +716,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         if kind == "metrics_url":
             return _json(cluster.metrics_url())
         if kind == "settings":  # what the service runs with (they are set at its start)
-            return _json(dataclasses.asdict(self.db._handle.settings))
+            return _json(dataclasses.asdict(self.db.settings))
         raise pa.ArrowInvalid(f"unknown action {kind!r}")
 
 

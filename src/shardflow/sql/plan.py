@@ -19,7 +19,7 @@ WHOLE = "whole query"
 """The strategy of a stage that runs a query as written on the one worker holding every
 shard it reads: exact only while that worker runs it in one fragment, so the executor
 refuses its answer if the shards were on more than one worker by then
-(:class:`shardflow.runtime.executor.PlanOutdated`)."""
+(:class:`shardflow.runtime.query.executor.PlanOutdated`)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,19 @@
+"""The ``shardflow`` command: the demo, SQL against a data directory, the cluster and its
+nodes, the network service and its accounts. One module per command group; errors are one
+readable line and exit code 2."""
+
+from __future__ import annotations
+
+from shardflow.cli import cluster, data, service
+from shardflow.cli.common import app, console
+from shardflow.errors import Error
+
+__all__ = ["app", "cluster", "data", "main", "service"]
+
+
+def main() -> None:
+    try:
+        app()
+    except Error as error:
+        console.print(f"[red]error:[/red] {type(error).__name__}: {error}")
+        raise SystemExit(2) from None

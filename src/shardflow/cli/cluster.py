@@ -1,0 +1,296 @@
+"""``shardflow cluster``: the cluster of a data directory (its nodes, shards and moves) and
+a real multi-node Ray cluster on this machine (``cluster up``: each node its own processes,
+all on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import typer
+from rich.table import Table
+
+from shardflow.cli.common import (
+    Address,
+    DataDir,
+    Format,
+    FormatOption,
+    ServiceDir,
+    Sets,
+    Workers,
+    app,
+    attach,
+    connect_to,
+    console,
+    local_cluster,
+    print_table,
+    start_service,
+    write,
+)
+from shardflow.errors import Error
+
+cluster_app = typer.Typer(
+    help="The cluster of a data directory — its nodes, shards and moves (attached to the "
+    "one serving it, else an embedded one) — and a real multi-node Ray cluster on this "
+    "machine (cluster up: each node its own processes, all on 127.0.0.1).",
+    no_args_is_help=True,
+)
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("nodes")
+def cluster_nodes(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """Every node: device, engine, capacity, utilisation, health, shards, rows, bytes."""
+    with connect_to(data_dir, workers, address) as db:
+        nodes = db.cluster.nodes()
+    rows = [
+        {
+            "node": n.node_id,
+            "alive": n.alive,
+            "health": n.health,
+            "device": f"{n.vendor} {n.model}".strip(),
+            "engine": n.engine,
+            "capacity": round(n.capacity, 3),
+            "utilization": None if n.utilization is None else round(n.utilization, 3),
+            "failure_rate": round(n.failure_rate, 4),
+            "shards": n.shards,
+            "rows": n.rows,
+            "bytes": n.bytes,
+            "ray_node": n.ray_node_name,
+        }
+        for n in nodes
+    ]
+    write(pa.Table.from_pylist(rows), form)
+
+
+@cluster_app.command("shards")
+def cluster_shards(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """Every shard: its table, unit, bucket range, node, rows and bytes."""
+    with connect_to(data_dir, workers, address) as db:
+        write(db.cluster.shards(), form)
+
+
+def _moves_table(records: list[Any]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {
+                "move": r.move_id,
+                "kind": r.kind,
+                "shards": ", ".join(r.shards),
+                "from": ", ".join(r.from_nodes),
+                "to": ", ".join(r.to_nodes),
+                "phase": r.phase,
+                "outcome": r.outcome,
+                "seconds": round(r.seconds, 3),
+                "bytes": r.bytes,
+                "fence_ms": round(r.fence_seconds * 1000, 1),
+                "reason": r.reason,
+            }
+            for r in records
+        ]
+    )
+
+
+@cluster_app.command("migrations")
+def cluster_migrations(
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+    form: FormatOption = Format.table,
+) -> None:
+    """The history of live moves: phase, outcome, time, bytes, the write fence, why."""
+    with connect_to(data_dir, workers, address) as db:
+        write(_moves_table(db.cluster.migrations()), form)
+
+
+@cluster_app.command("migrate")
+def cluster_migrate(
+    shard: Annotated[str, typer.Argument(help="A shard (lineitem#3), as cluster shards lists.")],
+    to: Annotated[str, typer.Argument(help="The node it moves to (node-2).")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Move a shard (with every shard co-located with it) to another node, live."""
+    with connect_to(data_dir, workers, address) as db:
+        with console.status(f"moving {shard} to {to}"):
+            record = db.cluster.migrate(shard, to)
+    print_table(_moves_table([record]))
+
+
+@cluster_app.command("drain")
+def cluster_drain(
+    node: Annotated[str, typer.Argument(help="A shardflow node (node-1).")],
+    deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """Move every shard off a node live, then stop its worker."""
+    with connect_to(data_dir, workers, address) as db:
+        with console.status(f"draining {node}"):
+            moved = db.cluster.drain(node, deadline)
+    console.print(f"drained {node}: {len(moved)} move(s)")
+    if moved:
+        print_table(_moves_table(moved))
+
+
+@cluster_app.command("rebalance")
+def cluster_rebalance(
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Carry the plan out (default: only show it).")
+    ] = False,
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = 4,
+    address: Address = None,
+) -> None:
+    """What the balancer would do now (splits, merges and moves, with their reasons), or
+    do it with --apply."""
+    with connect_to(data_dir, workers, address) as db:
+        plan = db.cluster.rebalance(dry_run=not apply)
+    console.print(f"{plan['reason']} (balanced by {plan['measure']})", markup=False)
+    if plan["actions"]:
+        rows = [
+            {
+                "action": a["action"],
+                "units": ", ".join(str(u) for u in a.get("units", [a.get("unit")])),
+                "to": a.get("to", ""),
+                "reason": a["reason"],
+            }
+            for a in plan["actions"]
+        ]
+        print_table(pa.Table.from_pylist(rows))
+    if apply:
+        console.print(f"{len(plan.get('moves', []))} move(s) done")
+
+
+@cluster_app.command("up")
+def cluster_up(
+    nodes: Annotated[int, typer.Option(min=1, max=16, help="Data nodes to start.")] = 3,
+    data_dir: ServiceDir = Path(".shardflow"),
+    object_store_mb: Annotated[int, typer.Option(min=64, help="Object store per node.")] = 256,
+    assignments: Sets = None,
+) -> None:
+    """Start a head node and NODES data nodes, then shardflow on them (one worker each)."""
+    local = local_cluster(data_dir)
+    with console.status(f"starting {nodes + 1} Ray nodes on 127.0.0.1"):
+        local.up(nodes, object_store_mb)
+    console.print(f"Ray cluster up at {local.address}: head + {nodes} data nodes")
+    try:
+        with console.status("starting shardflow on it"):
+            start_service(local.address, data_dir, None, assignments)
+    except BaseException:
+        local.down()
+        raise
+
+
+@cluster_app.command("address")
+def cluster_address(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Print the local cluster's Ray address (for connect(address=...))."""
+    print(local_cluster(data_dir).address)
+
+
+@cluster_app.command("status")
+def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Ray nodes, shardflow nodes and their shards, and health."""
+    local = local_cluster(data_dir)
+    view = Table("Ray node", "pid", "process", "Ray node id")
+    for node in local.nodes():
+        name = node.name + (" (head)" if node.head else "")
+        view.add_row(name, str(node.pid), "running" if node.alive else "gone", node.node_id[:12])
+    console.print(view)
+    with attach(local.address, data_dir) as db:
+        nodes = db.cluster.nodes()
+        view = Table("node", "Ray node", "host", "alive", "shards", "rows", "engine")
+        for info in nodes:
+            view.add_row(
+                info.node_id,
+                info.ray_node_name or info.ray_node_id[:12],
+                info.host,
+                "yes" if info.alive else "NO",
+                str(info.shards),
+                str(info.rows),
+                info.engine,
+            )
+        console.print(view)
+        healthy = all(n.alive for n in nodes)
+        console.print(f"health: {'ok' if healthy else 'degraded'} ({len(nodes)} nodes)")
+
+
+@cluster_app.command("add-node")
+def cluster_add_node(
+    data_dir: ServiceDir = Path(".shardflow"),
+    wait: Annotated[float, typer.Option(help="Seconds to wait for a worker on it.")] = 60.0,
+) -> None:
+    """Start one more data node; shardflow starts a worker on it (auto_join)."""
+    local = local_cluster(data_dir)
+    node = local.add_node()
+    console.print(f"Ray node {node.name} started ({node.node_id[:12]})")
+    with attach(local.address, data_dir) as db:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            joined = [n.node_id for n in db.cluster.nodes() if n.ray_node_id == node.node_id]
+            if joined:
+                console.print(f"shardflow node {', '.join(joined)} runs on {node.name}")
+                return
+            time.sleep(0.5)
+    raise typer.Exit(1)
+
+
+@cluster_app.command("remove-node")
+def cluster_remove_node(
+    node: Annotated[str, typer.Argument(help="A Ray node (ray-2) or a shardflow node (node-1).")],
+    data_dir: ServiceDir = Path(".shardflow"),
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL every process of it, as a crash.")
+    ] = False,
+    deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
+) -> None:
+    """Take a data node away: drained first (Ray drains it; shardflow moves its shards off
+    live before the deadline), or killed outright."""
+    local = local_cluster(data_dir)
+    with attach(local.address, data_dir) as db:
+        by_shardflow = {n.node_id: n.ray_node_name for n in db.cluster.nodes()}
+        name = by_shardflow.get(node) or node
+        target = local.node(name)
+        if not kill:
+            from shardflow.runtime.ray.bootstrap import request_ray_drain
+
+            request_ray_drain(target.node_id, deadline)
+            ends = time.monotonic() + deadline
+            with console.status(f"draining {name}"):
+                while any(n.ray_node_id == target.node_id for n in db.cluster.nodes()):
+                    if time.monotonic() > ends:
+                        console.print(f"[red]{name} still serves shards after {deadline:g}s")
+                        raise typer.Exit(1)
+                    time.sleep(0.5)
+            console.print(f"drained {name}: no shard is served there any more")
+    local.remove_node(name, kill=kill)
+    console.print(f"Ray node {name} {'killed' if kill else 'stopped'}")
+
+
+@cluster_app.command("down")
+def cluster_down(data_dir: ServiceDir = Path(".shardflow")) -> None:
+    """Stop shardflow and every Ray node of the local cluster."""
+    from shardflow.runtime.ray.bootstrap import stop_service
+
+    local = local_cluster(data_dir)
+    if local.running:
+        try:
+            stop_service(local.address, str(data_dir.absolute()))
+        except Error as error:
+            console.print(f"(shardflow was not running: {error})")
+    local.down()
+    console.print("local cluster stopped")

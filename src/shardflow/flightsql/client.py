@@ -1,0 +1,283 @@
+"""A :class:`~shardflow.api.Database` over the network: ``shardflow.connect("grpc://...")``.
+
+Every method is a Flight SQL call to ``shardflow serve``, under the caller's credentials:
+the server checks the role each call needs, exactly as for any other Flight SQL client.
+Errors come back as the shardflow error the server raised (same class, same message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.parquet as pq
+
+from shardflow import errors
+from shardflow.errors import AuthenticationError, ClosedError, ConfigError, Error
+from shardflow.flightsql import wire as fsql
+from shardflow.records import MigrationRecord, NodeInfo
+from shardflow.sql.parameters import bind
+
+T = TypeVar("T")
+_NAMED = re.compile(r"\b([A-Z][A-Za-z]*Error): (.*)", re.DOTALL)
+_DETAIL = re.compile(r"\. Detail: .*$|\. gRPC client debug context: .*$", re.DOTALL)
+
+
+def _error(error: Exception) -> Exception:
+    """The shardflow error a Flight error carries (its name and message), else a
+    ClusterError with the Flight message."""
+    text = _DETAIL.sub("", str(error))
+    if isinstance(error, flight.FlightUnauthenticatedError):
+        found = _NAMED.search(text)
+        return AuthenticationError(found.group(2) if found else text)
+    found = _NAMED.search(text)
+    if found:
+        kind = getattr(errors, found.group(1), None)
+        if isinstance(kind, type) and issubclass(kind, Error):
+            try:
+                return kind(found.group(2).strip())
+            except TypeError:
+                pass
+    if isinstance(error, flight.FlightUnavailableError):
+        return errors.ClusterError(f"the service is unreachable: {text}")
+    return errors.ClusterError(text)
+
+
+class RemoteCluster:
+    """``db.cluster`` of a served cluster: control actions (role ``operator``)."""
+
+    def __init__(self, db: RemoteDatabase) -> None:
+        self._db = db
+
+    def migrate(self, shard: str | int, to: str) -> MigrationRecord:
+        return self._record(self._db._action("migrate", {"shard": shard, "to": to}))
+
+    def split(self, shard: str | int) -> MigrationRecord:
+        return self._record(self._db._action("split", {"shard": shard}))
+
+    def merge(self, first: str | int, second: str | int) -> MigrationRecord:
+        return self._record(self._db._action("merge", {"first": first, "second": second}))
+
+    def drain(self, node: str, deadline: float = 300.0) -> list[MigrationRecord]:
+        moved = self._db._action("drain", {"node": node, "deadline": deadline})
+        return [self._record(r) for r in moved]
+
+    def drain_host(self, ray_node_id: str, deadline: float = 300.0) -> list[MigrationRecord]:
+        arguments = {"ray_node_id": ray_node_id, "deadline": deadline}
+        return [self._record(r) for r in self._db._action("drain_host", arguments)]
+
+    def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
+        plan: dict[str, Any] = self._db._action("rebalance", {"dry_run": dry_run})
+        return plan
+
+    def add_node(self) -> str:
+        node: str = self._db._action("add_node", {})
+        return node
+
+    def migrations(self) -> list[MigrationRecord]:
+        return [self._record(r) for r in self._db._action("migrations", {})]
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(**n) for n in self._db._action("nodes", {})]
+
+    def settings(self) -> dict[str, Any]:
+        """The settings the service runs with (operator)."""
+        settings: dict[str, Any] = self._db._action("settings", {})
+        return settings
+
+    def metrics_url(self) -> str:
+        url: str = self._db._action("metrics_url", {})
+        return url
+
+    def shards(self) -> pa.Table:
+        return self._db._action_table("shards", {})
+
+    @staticmethod
+    def _record(data: dict[str, Any]) -> MigrationRecord:
+        return MigrationRecord.from_dict(data)
+
+
+class RemoteDatabase:
+    """A connection to ``shardflow serve`` over Arrow Flight SQL, with the methods of a
+    local :class:`~shardflow.api.Database` (``sql``, ``explain``, ``tables``,
+    ``create_table``, ``insert``, ``drop_table``, ``cluster.*``). Use as a context manager,
+    or call ``close()``."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+    ) -> None:
+        if (user is None) == (token is None):
+            raise ConfigError("give user= and password=, or token= (a service token)")
+        if user is not None and not password:
+            raise ConfigError("user= needs password=")
+        self.uri = uri
+        self.last_report = None
+        kwargs: dict[str, Any] = {}
+        if tls_root_certs is not None:
+            kwargs["tls_root_certs"] = tls_root_certs
+        try:
+            self._client: flight.FlightClient | None = flight.FlightClient(uri, **kwargs)
+            if token is not None:
+                header = (b"authorization", f"Bearer {token}".encode())
+                self._options = flight.FlightCallOptions(headers=[header])
+                self._client.get_flight_info(
+                    flight.FlightDescriptor.for_command(fsql.pack(fsql.new("CommandGetCatalogs"))),
+                    self._options,
+                )
+            else:
+                header = self._client.authenticate_basic_token(user, password)
+                self._options = flight.FlightCallOptions(headers=[header])
+        except (flight.FlightError, pa.ArrowException) as error:
+            raise _error(error) from None
+        self.cluster = RemoteCluster(self)
+
+    def _call(self, call: Callable[[flight.FlightClient], T]) -> T:
+        client = self._client
+        if client is None:
+            raise ClosedError("the connection is closed; call shardflow.connect() again")
+        try:
+            return call(client)
+        except (flight.FlightError, pa.ArrowException) as error:
+            raise _error(error) from None
+
+    def _fetch(self, command: Any) -> pa.Table:
+        descriptor = flight.FlightDescriptor.for_command(fsql.pack(command))
+
+        def fetch(client: flight.FlightClient) -> pa.Table:
+            info = client.get_flight_info(descriptor, self._options)
+            parts = [client.do_get(e.ticket, self._options).read_all() for e in info.endpoints]
+            return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+
+        return self._call(fetch)
+
+    def _action_bytes(self, kind: str, arguments: dict[str, Any]) -> bytes:
+        action = flight.Action(kind, json.dumps(arguments).encode())
+
+        def act(client: flight.FlightClient) -> bytes:
+            results = list(client.do_action(action, self._options))
+            return results[0].body.to_pybytes() if results else b"null"
+
+        return self._call(act)
+
+    def _action(self, kind: str, arguments: dict[str, Any]) -> Any:
+        return json.loads(self._action_bytes(kind, arguments))
+
+    def _action_table(self, kind: str, arguments: dict[str, Any]) -> pa.Table:
+        return pa.ipc.open_stream(self._action_bytes(kind, arguments)).read_all()
+
+    # -- the Database methods ---------------------------------------------------------
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run a statement on the server and return its answer (``params`` as
+        :meth:`shardflow.Database.sql` takes them)."""
+        if params is not None:
+            query = bind(query, params)
+        return self._fetch(fsql.new("CommandStatementQuery", query=query))
+
+    def explain(self, query: str) -> str:
+        text: str = self._action("explain", {"query": query})
+        return text
+
+    def tables(self) -> pa.Table:
+        return self._action_table("tables", {})
+
+    def create_table(
+        self,
+        name: str,
+        source: object,
+        *,
+        distributed_by: str | None = None,
+        replicated: bool = False,
+        colocate_with: str | None = None,
+        key_index: bool = False,
+        progress: bool = False,
+    ) -> int:
+        """Create a table from a ``pyarrow.Table``, an Arrow stream or a Parquet file on this
+        machine (read here, sent by bulk ingest); all or nothing, as locally."""
+        options = {"shardflow.replicated": str(replicated).lower()}
+        if distributed_by:
+            options["shardflow.distributed_by"] = distributed_by
+        if colocate_with:
+            options["shardflow.colocate_with"] = colocate_with
+        if key_index:
+            options["shardflow.key_index"] = "true"
+        return self._ingest(name, _as_table(source), "create", options)
+
+    def insert(
+        self, name: str, data: pa.Table | pa.RecordBatch, *, batch_id: str | None = None
+    ) -> int:
+        """Append rows, durable before this returns; the same ``batch_id`` again keeps
+        each row once."""
+        options = {"shardflow.batch_id": batch_id} if batch_id else {}
+        return self._ingest(name, _as_table(data), "append", options)
+
+    def drop_table(self, name: str) -> None:
+        self._action("drop_table", {"name": name})
+
+    def _ingest(self, name: str, table: pa.Table, mode: str, options: dict[str, str]) -> int:
+        command = fsql.new("CommandStatementIngest", table=name)
+        definition = command.table_definition_options
+        definition.if_not_exist = fsql.IF_NOT_EXIST["CREATE" if mode == "create" else "FAIL"]
+        definition.if_exists = fsql.IF_EXISTS["FAIL" if mode == "create" else "APPEND"]
+        command.options.update(options)
+        descriptor = flight.FlightDescriptor.for_command(fsql.pack(command))
+
+        def put(client: flight.FlightClient) -> int:
+            writer, metadata = client.do_put(descriptor, table.schema, self._options)
+            with writer:
+                writer.write_table(table)
+                writer.done_writing()
+                answer = metadata.read()
+            if answer is None:
+                return int(table.num_rows)
+            result = fsql.new("DoPutUpdateResult")
+            result.ParseFromString(answer.to_pybytes())
+            return int(result.record_count)
+
+        return self._call(put)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection (the service keeps running). Safe to call twice."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> RemoteDatabase:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _as_table(source: object) -> pa.Table:
+    if isinstance(source, pa.RecordBatch):
+        return pa.Table.from_batches([source])
+    if isinstance(source, pa.Table):
+        return source
+    if isinstance(source, str | os.PathLike):
+        return pq.read_table(os.fspath(source))
+    if hasattr(source, "__arrow_c_stream__"):  # a RecordBatchReader, DuckDB, Polars, ...
+        try:
+            return pa.RecordBatchReader.from_stream(source).read_all()
+        except (pa.ArrowException, TypeError, ValueError) as error:
+            raise ConfigError(f"cannot read an Arrow stream from the source: {error}") from None
+    raise ConfigError(
+        f"send a pyarrow.Table, an Arrow stream or a Parquet path, not {type(source).__name__}"
+    )

@@ -1,0 +1,461 @@
+"""The client session: plans queries, scatters their fragments straight to the workers,
+merges; routes inserts to shard owners; loads and drops tables; asks the coordinator for
+cluster operations and reports. It caches the routing snapshot (the catalog) and refreshes
+it when a worker answers ``Moved`` or dies, then retries what failed.
+
+It speaks to the coordinator and the workers through the protocol only
+(``runtime/protocol.py``), over whatever :class:`Backend` it is given: Ray
+(``client/backend.py``) or this process (``runtime/inprocess.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.config import Settings
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import (
+    ClusterError,
+    Error,
+    ResultLost,
+    Retryable,
+    UnknownShardError,
+    UnknownTableError,
+)
+from shardflow.runtime.client.loads import Loader, Progress
+from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
+from shardflow.runtime.client.runner import RoutedRunner
+from shardflow.runtime.client.tally import Tally
+from shardflow.runtime.fastlane import LaneBook
+from shardflow.runtime.protocol import (
+    Coordinator,
+    DrainReport,
+    NodeLoad,
+    Reply,
+    ShardKey,
+    SharedRows,
+    Worker,
+    WorkerInfo,
+    Workers,
+    admit_workers,
+)
+from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
+from shardflow.runtime.query.fragments import FragmentCalls
+from shardflow.runtime.query.planning import Binder, PlanCache, PlannedQuery, answer
+from shardflow.runtime.worker.local import local_folder
+from shardflow.sql import explain
+from shardflow.storage.conform import conform
+from shardflow.storage.partition import buckets_for, route
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+QUERY_ATTEMPTS = 3
+"""Times a query runs again when its intermediate results were lost, or when it is planned
+again because its shards moved under a plan made for one worker."""
+
+
+class Backend(Protocol):
+    """What a session runs on: the coordinator and workers of one cluster, how a query's
+    fragments reach them, and how a worker is started."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def coordinator(self) -> Coordinator: ...
+    @property
+    def workers(self) -> Workers: ...
+    def fragment_calls(self) -> FragmentCalls:
+        """How one query's fragments reach the workers when not over a fast lane."""
+        ...
+
+    def start_worker(self, node: str, slowdown: float) -> Worker:
+        """Start a worker for the new node ``node`` (``slowdown`` above 1: a simulated slower
+        device)."""
+        ...
+
+
+class Session:
+    """One client of the cluster: it plans and runs queries, inserts, loads and drops tables
+    through the workers, and asks the coordinator for cluster operations and reports."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.coordinator = backend.coordinator
+        self.workers = backend.workers
+        self.settings = backend.settings
+        self.engine = DuckDBEngine(temp_directory=local_folder(self.settings.local_dir, "client"))
+        """Merges stage results; big merges spill to ``local_dir`` (never the current
+        directory)."""
+        self._lock = threading.Lock()
+        self._round_robin = itertools.count()
+        self._plans = PlanCache(Binder(self.engine), self.settings.plan_cache_size)
+        self._tally = Tally(self.coordinator.record_outcomes)
+        self.closed = threading.Event()
+        """Set by :meth:`close`: retries stop, and calls in flight end."""
+        self.results_held = threading.Event()
+        """Tests only (``test_hold_results_s``): set while a stage's results wait on the
+        workers, so a test kills a node holding them at the right moment."""
+        self.profiling = self.settings.profile_queries
+        """Collect per-fragment timings and sizes (``db.profile`` turns it on for its query)."""
+        self.lanes = LaneBook(self.workers, self.settings.fast_lane)
+        """The workers' fast lanes (``fast_lane``)."""
+        self._loader = Loader(
+            self.coordinator, self.workers, self.lanes, self.settings, self.closed
+        )
+        self.catalog = Catalog()
+        self.refresh()
+
+    # -- routing ------------------------------------------------------------------------
+    def refresh(self) -> Catalog:
+        found = self._read("the catalog", lambda c: c.catalog())
+        catalog = Catalog.from_json(found)
+        with self._lock:
+            if catalog.version >= self.catalog.version:
+                self.catalog = catalog
+            return self.catalog
+
+    def retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """Work on the workers, retried with fresh routing (see :func:`retry.retrying`)."""
+        return retrying(what, attempt, self.settings.retry_deadline_s, self.refresh, self.closed)
+
+    def pick_node(self) -> str:
+        """A serving node, round robin (for steps over replicated tables)."""
+        nodes = self.catalog.serving
+        return nodes[next(self._round_robin) % len(nodes)]
+
+    def table_spec(self, name: str) -> TableSpec:
+        if not isinstance(name, str):
+            raise UnknownTableError(f"a table name must be a string, not {type(name).__name__}")
+        spec = self.catalog.find_table(name)
+        if spec is None:
+            spec = self.refresh().find_table(name)
+        if spec is None:
+            known = ", ".join(sorted(self.catalog.tables)) or "none yet"
+            raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
+        return spec
+
+    # -- the coordinator ----------------------------------------------------------------
+    def _read(self, what: str, call: Callable[[Coordinator], Reply[T]]) -> T:
+        """A call that only reads the coordinator's state, retried while the coordinator
+        restarts (up to ``retry_deadline_s``): a restart must not fail a query or a look."""
+
+        def attempt() -> T:
+            return call(self.coordinator).get()
+
+        return retrying(
+            f"reading {what}", attempt, self.settings.retry_deadline_s, closed=self.closed
+        )
+
+    def _change(
+        self, what: str, call: Callable[[Coordinator], Reply[T]], timeout: float | None = None
+    ) -> T:
+        """A call that changes the coordinator's state: not retried, as a restart finishes
+        or rolls back what it was doing (the error says where to look)."""
+        try:
+            result = call(self.coordinator).get(timeout)
+        except Retryable as error:
+            raise ClusterError(
+                f"the coordinator restarted during {what}; it finished or rolled back what "
+                f"was in progress (see db.cluster.migrations()): {error}"
+            ) from None
+        self.refresh()
+        return result
+
+    # -- queries ------------------------------------------------------------------------
+    def plan(self, sql: str) -> PlannedQuery:
+        return self._plans.plan(sql, self.catalog)
+
+    def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+        started = time.perf_counter()
+        try:
+            answer = self._query(sql)
+        except Error:
+            self._tally.query(time.perf_counter() - started, False)
+            raise
+        self._tally.query(time.perf_counter() - started, True)
+        return answer
+
+    def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+        planning_started = time.perf_counter()
+        planned = self.plan(sql)
+        planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
+        lost = outdated = 0
+        while True:
+            try:
+                catalog = self.catalog
+                runner = RoutedRunner(self, self.backend.fragment_calls())
+                result, report, answered = answer(sql, planned, catalog, runner, self.engine)
+                if answered is not planned:  # gathered whole from now on
+                    self._plans.replace(sql, catalog, answered)
+                break
+            except ResultLost:
+                # an intermediate result died with its node: run the whole plan again
+                lost += 1
+                if lost == QUERY_ATTEMPTS:
+                    raise ClusterError("intermediate results were lost repeatedly") from None
+                self.refresh()
+            except PlanOutdated:
+                # planned whole on one worker, its shards were on several by the time it ran
+                outdated += 1
+                if outdated == QUERY_ATTEMPTS:
+                    raise ClusterError("the query's shards kept moving while it ran") from None
+                self.refresh()
+                planned = self.plan(sql)
+        report.plan_seconds = planning
+        report.reruns = lost
+        report.replans = outdated
+        return result, report
+
+    def explain(self, sql: str) -> str:
+        return explain(self.plan(sql).plan, self.catalog)
+
+    # -- inserts ------------------------------------------------------------------------
+    def insert(self, name: str, data: object, batch_id: str | None = None) -> int:
+        spec = self.table_spec(name)
+        table = conform(data, spec.schema, name)
+        if table.num_rows == 0:
+            return 0
+        # a caller's batch id (any text) becomes a hex id: the same id is the same batch
+        batch_id = uuid.uuid4().hex if batch_id is None else _hex_id(batch_id)
+        if spec.kind == "replicated":
+            self._insert_replicated(spec, table, batch_id)
+        else:
+            self._insert_distributed(spec, table, batch_id)
+        rows = int(table.num_rows)
+        self._tally.insert(rows)
+        return rows
+
+    def record_access(self, denied_action: str | None) -> None:
+        """Count a refused service call in the coordinator's /metrics (not waited for)."""
+        self.coordinator.record_access(denied_action)
+
+    def _insert_distributed(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
+        # every row's bucket is fixed once: a retry after a split or merge re-routes the same
+        # rows with the same buckets, and each shard drops the buckets of the batch it holds
+        salt = int(batch_id[:8], 16)
+        pending = [(table, buckets_for(table, spec, self.catalog.n_buckets, salt))]
+
+        def attempt() -> None:
+            catalog = self.catalog
+            rows = pa.concat_tables([t for t, _ in pending])
+            buckets = np.concatenate([b for _, b in pending])
+            pending.clear()
+            group = catalog.group_of(spec.name)
+            by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = defaultdict(dict)
+            for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
+                by_node[group.unit(unit_id).node][unit_id] = part
+            replies = submit_all(
+                {
+                    node: partial(self._append, node, spec.name, parts, batch_id, catalog.epoch)
+                    for node, parts in by_node.items()
+                }
+            )
+            for node in by_node.keys() - replies.keys():  # its worker is gone: route again
+                pending.extend(by_node[node].values())
+            for node, reply in replies.items():
+                try:
+                    reply.get()
+                except Retryable as error:
+                    log.info("insert into %s retried on %s: %s", spec.name, node, error)
+                    pending.extend(by_node[node].values())
+            if pending:
+                raise Unfinished(f"{len(pending)} part(s) of the insert to place again")
+
+        self.retrying(f"insert into {spec.name}", attempt)
+
+    def _append(
+        self,
+        node: str,
+        table: str,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+        batch_id: str,
+        epoch: int,
+    ) -> Reply[Mapping[int, int]]:
+        return self.workers.get(node).append(table, parts, batch_id, epoch)
+
+    def _insert_replicated(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
+        rows = self.workers.share(table)
+        primary = self.catalog.primary
+        assert primary is not None
+        # The primary logs the rows durably first; then every other replica applies them.
+        self._deliver_replica(spec.name, rows, batch_id, [primary])
+        others = [n for n in self.catalog.nodes if n != primary]
+        self._deliver_replica(spec.name, rows, batch_id, others, leavers_skipped=True)
+
+    def _deliver_replica(
+        self,
+        table: str,
+        rows: SharedRows,
+        batch_id: str,
+        nodes: list[str],
+        leavers_skipped: bool = False,
+    ) -> None:
+        """Apply an insert to replicas of ``table`` on ``nodes``, retrying those that fail.
+        With ``leavers_skipped``, a node that left the cluster meanwhile needs no copy (the
+        primary logged the rows; a node that joins loads them from there)."""
+        remaining = list(nodes)
+
+        def attempt() -> None:
+            if leavers_skipped:
+                remaining[:] = [n for n in remaining if n in self.catalog.nodes]
+            replies = submit_all(
+                {n: partial(self._append_replica, n, table, rows, batch_id) for n in remaining}
+            )
+            missing = [n for n in remaining if n not in replies]  # worker gone: try again
+            remaining.clear()
+            remaining.extend(missing)
+            for node, reply in replies.items():
+                try:
+                    reply.get()
+                except Retryable:
+                    remaining.append(node)
+            if remaining:
+                raise Unfinished(f"replicas on {', '.join(remaining)} still to update")
+
+        self.retrying(f"insert into {table}", attempt)
+
+    def _append_replica(self, node: str, table: str, rows: SharedRows, batch_id: str) -> Reply[int]:
+        return self.workers.get(node).append_replica(table, rows, batch_id)
+
+    # -- tables -------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        source: object,
+        distributed_by: str | None,
+        replicated: bool,
+        colocate_with: str | None,
+        progress: Progress | None = None,
+        key_index: bool = False,
+    ) -> int:
+        rows = self._loader.create(
+            name, source, distributed_by, replicated, colocate_with, progress, key_index
+        )
+        self.refresh()
+        return rows
+
+    def drop_table(self, name: str) -> None:
+        self.table_spec(name)
+        catalog, uid = self._change(f"drop_table {name}", lambda c: c.drop_table(name))
+        for node in Catalog.from_json(catalog).nodes:
+            try:
+                self.workers.get(node).sync(catalog).get()
+            except Retryable:
+                pass  # a restarting worker loads the new catalog anyway
+        self.coordinator.delete_files(uid).get()
+        self.refresh()
+
+    # -- cluster operations -------------------------------------------------------------
+    def unit_of(self, shard: str | int) -> int:
+        """The unit of a shard named like ``lineitem#3``, checked whole: the table exists, is
+        distributed, and unit 3 is one of its shards (a bare unit id must exist)."""
+        catalog = self.refresh()
+        units = {u.unit_id for g in catalog.groups.values() for u in g.units}
+        if isinstance(shard, int) and not isinstance(shard, bool):
+            if shard not in units:
+                raise UnknownShardError(f"no shard unit {shard}; see db.cluster.shards()")
+            return shard
+        table, _, unit = shard.rpartition("#") if isinstance(shard, str) else ("", "", "")
+        if not table or not unit.isdigit():
+            raise UnknownShardError(
+                f"{shard!r} is not a shard id: use a name like 'lineitem#3' from "
+                "db.cluster.shards()"
+            )
+        spec = catalog.find_table(table)
+        if spec is None:
+            raise UnknownShardError(f"{shard!r} names no table: there is no table {table!r}")
+        if spec.group is None:
+            raise UnknownShardError(
+                f"{shard!r}: {table} is replicated (a copy on every node); it has no shards"
+            )
+        own = sorted(u.unit_id for u in catalog.groups[spec.group].units)
+        if int(unit) not in own:
+            listed = ", ".join(f"{table}#{u}" for u in own)
+            raise UnknownShardError(f"{table} has no shard #{unit}; its shards are {listed}")
+        return int(unit)
+
+    def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
+        return self._change("migrate", lambda c: c.migrate(unit_id, to))
+
+    def split(self, unit_id: int) -> dict[str, Any]:
+        return self._change("split", lambda c: c.split(unit_id))
+
+    def merge(self, first: int, second: int) -> dict[str, Any]:
+        return self._change("merge", lambda c: c.merge(first, second))
+
+    def rebalance(self, dry_run: bool) -> dict[str, Any]:
+        if dry_run:  # only looks: retried while the coordinator restarts
+            return self._read("a rebalancing plan", lambda c: c.rebalance(True))
+        return self._change("rebalance", lambda c: c.rebalance(False))
+
+    def add_node(self, slowdown: float = 1.0) -> str:
+        node = self._change("reserve_node", lambda c: c.reserve_node())
+        worker = self.backend.start_worker(node, slowdown)
+        admit_workers([worker], None)  # started, replicated tables loaded, calibrated
+        self._change("node_joined", lambda c: c.node_joined(node))
+        return node
+
+    def drain(self, node: str, deadline_s: float) -> DrainReport:
+        result = self._change("drain", lambda c: c.drain(node, deadline_s))
+        if result.drained:
+            self.workers.stop(node)
+        return result
+
+    def coordinator_host(self) -> str:
+        return self._read("the coordinator's node", lambda c: c.host())
+
+    def drain_host(self, ray_node_id: str, deadline_s: float) -> list[DrainReport]:
+        return self._change("drain_host", lambda c: c.drain_host(ray_node_id, deadline_s))
+
+    # -- reporting ----------------------------------------------------------------------
+    def migrations(self) -> list[dict[str, Any]]:
+        return self._read("the migrations", lambda c: c.migrations())
+
+    def failovers(self) -> list[dict[str, Any]]:
+        return self._read("the failovers", lambda c: c.failovers())
+
+    def metrics_url(self) -> str:
+        return self._read("the metrics address", lambda c: c.metrics_url())
+
+    def node_loads(self) -> dict[str, NodeLoad]:
+        return self._read("the node loads", lambda c: c.node_loads())
+
+    def shard_loads(self) -> dict[ShardKey, float]:
+        return self._read("the shard loads", lambda c: c.shard_loads())
+
+    def worker_infos(self) -> dict[str, WorkerInfo | None]:
+        """Every node's report; None for a node whose worker does not answer."""
+        catalog = self.refresh()
+        replies = submit_all({n: partial(self._info, n) for n in catalog.nodes})
+        infos: dict[str, WorkerInfo | None] = {n: None for n in catalog.nodes}
+        for node, reply in replies.items():
+            try:
+                infos[node] = reply.get(timeout=self.settings.retry_deadline_s)
+            except Retryable:
+                infos[node] = None
+        return infos
+
+    def _info(self, node: str) -> Reply[WorkerInfo]:
+        return self.workers.get(node).info()
+
+    def close(self) -> None:
+        self.closed.set()
+        self._tally.close()
+        self.lanes.close()
+        self.engine.close()
+
+
+def _hex_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

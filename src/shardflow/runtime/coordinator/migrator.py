@@ -1,0 +1,281 @@
+"""Carries out live moves: drives the pure state machine in ``control/migration.py`` with
+calls to the workers (through the worker protocol), persists every transition, and keeps the
+history."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import partial
+from typing import Any
+
+from shardflow.control import migration
+from shardflow.control.migration import (
+    Action,
+    CatchUp,
+    CaughtUp,
+    CleanedUp,
+    CleanUpSource,
+    Copied,
+    CopySnapshot,
+    Event,
+    Failed,
+    Fenced,
+    FenceWrites,
+    MigrationPolicy,
+    MigrationState,
+    MovePlan,
+    Phase,
+    PrecheckDone,
+    RollBack,
+    RunPrecheck,
+    Switched,
+    SwitchRouting,
+    VerifyCopy,
+)
+from shardflow.errors import Error
+from shardflow.runtime.coordinator.state import CoordinatorState
+from shardflow.runtime.protocol import Reply, Worker, Workers
+
+log = logging.getLogger(__name__)
+PRECHECK_TIMEOUT_S = 30.0
+HEADROOM_FACTOR = 1.5
+MAX_ACTIONS = 200
+HISTORY = 1000
+UNWRITTEN = frozenset({Phase.VERIFY, Phase.SWITCH})
+"""Phases kept in memory only: they pass while writers are held, and a restarted
+coordinator does the same found in them as found in FENCE (whether the catalog switched
+decides)."""
+
+
+class Migrator:
+    def __init__(
+        self,
+        state: CoordinatorState,
+        workers: Workers,
+        policy: MigrationPolicy | None = None,
+        bandwidth_bytes_s: float = 0.0,
+    ) -> None:
+        self.state = state
+        self.workers = workers
+        self.policy = policy or MigrationPolicy()
+        self.bandwidth = bandwidth_bytes_s
+        self.folder = state.data_dir.path("migrations")
+        state.data_dir.fs.create_dir(self.folder, recursive=True)
+        self.history: list[MigrationState] = self._load()
+        self._promoted: set[str] = set()
+        """Moves whose target serves the new shards since its fence (see ``apply_final``)."""
+
+    # -- persistence -----------------------------------------------------------------------
+    def _load(self) -> list[MigrationState]:
+        found = []
+        for name in self.state.data_dir.list(self.folder):
+            if name.endswith(".json"):
+                try:
+                    data = json.loads(self.state.data_dir.read(f"{self.folder}/{name}"))
+                    found.append(migration.from_json(data))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("unreadable migration record %s", name)
+        return sorted(found, key=lambda m: m.started_at)[-HISTORY:]
+
+    def _persist(self, state: MigrationState) -> None:
+        if state.phase not in UNWRITTEN:
+            payload = json.dumps(migration.to_json(state)).encode()
+            # not fsync'ed: after a machine crash an older phase is found, which rolls back
+            # (or, past the switch the fsync'ed catalog records, cleans up) the same way
+            path = f"{self.folder}/{state.plan.move_id}.json"
+            self.state.data_dir.write_atomic(path, payload, sync=False)
+        for index, known in enumerate(self.history):
+            if known.plan.move_id == state.plan.move_id:
+                self.history[index] = state
+                break
+        else:
+            self.history.append(state)
+            del self.history[:-HISTORY]
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, plan: MovePlan) -> MigrationState:
+        state, actions = migration.start(plan, time.time())
+        try:
+            return self._drive(state, actions)
+        finally:
+            self.state.finish_move(plan)
+
+    def resume_unfinished(self) -> list[MigrationState]:
+        """After a coordinator restart: finish switched moves, roll back the others."""
+        finished = []
+        for state in list(self.history):
+            if state.done:
+                continue
+            resumed, actions = migration.resume(state, self.state.switched(state.plan), time.time())
+            finished.append(self._drive(resumed, actions))
+        return finished
+
+    def _drive(self, state: MigrationState, actions: list[Action]) -> MigrationState:
+        self._persist(state)
+        for _ in range(MAX_ACTIONS):
+            if not actions:
+                break
+            event = self._carry_out(state, actions[0])
+            if event is None:
+                break
+            state, actions = migration.step(state, event, time.time(), self.policy)
+            self._persist(state)
+        if state.done:
+            log.info("move %s %s: %s", state.plan.move_id, state.plan.kind, state.outcome)
+        return state
+
+    def _carry_out(self, state: MigrationState, action: Action) -> Event | None:
+        """Do what ``action`` says; what happened, as the event the state machine takes next
+        (None once a roll-back is done). Every worker error becomes ``Failed``."""
+        plan = state.plan
+        try:
+            if isinstance(action, RunPrecheck):
+                return self._precheck(plan)
+            if isinstance(action, CopySnapshot):
+                copied = self._target(plan).copy_snapshot(plan, self.bandwidth).get()
+                return Copied(copied.rows, copied.bytes)
+            if isinstance(action, CatchUp):
+                return CaughtUp(self._target(plan).catch_up(plan.move_id).get())
+            if isinstance(action, FenceWrites):
+                return self._fence(plan)
+            if isinstance(action, VerifyCopy):
+                return self._verify(action)
+            if isinstance(action, SwitchRouting):
+                return self._switch(plan)
+            if isinstance(action, CleanUpSource):
+                if action.hand_over:
+                    self._retire_sources(plan)
+                self._announce(self.state.catalog_json())
+                for reply in [w.drop_retired(plan.move_id) for w in self._sources(plan)]:
+                    reply.get()
+                return CleanedUp()
+            if isinstance(action, RollBack):
+                self._roll_back(plan)
+                return None
+        except Error as error:
+            return Failed(f"{type(error).__name__}: {error}")
+        raise AssertionError(f"unknown action {action}")  # pragma: no cover
+
+    def _precheck(self, plan: MovePlan) -> Event:
+        nodes = set(self.state.catalog.nodes)
+        for node in plan.nodes:
+            if node not in nodes:
+                return PrecheckDone(False, f"{node} is not a live node")
+        size = 0
+        for source in self._sources(plan):
+            units = [s.unit_id for s in plan.sources if s.node == source.node_id]
+            size += source.unit_bytes(units).get(PRECHECK_TIMEOUT_S)
+        target = self._target(plan)
+        free = target.memory_headroom().get(PRECHECK_TIMEOUT_S)
+        if free < HEADROOM_FACTOR * size:
+            return PrecheckDone(
+                False, f"{target.node_id} has {free} bytes free, the move needs {size}"
+            )
+        return PrecheckDone(True)
+
+    def _fence(self, plan: MovePlan) -> Event:
+        """Every source holds writes and hands out its last changes with its final
+        checksums, in one answer; the target applies those changes and answers with the
+        checksums of what it stores. ``Fenced`` carries both sides to VERIFY."""
+        fenced = [reply.get() for reply in [w.fence(plan.move_id) for w in self._sources(plan)]]
+        final = self._target(plan).apply_final(plan.move_id, fenced).get()
+        if final.promoted:
+            self._promoted.add(plan.move_id)
+        return Fenced(final.rows, tuple(f.sums for f in fenced), final.stored)
+
+    def _verify(self, action: VerifyCopy) -> Event:
+        """Rows and checksums the fenced sources handed out (snapshot and every change
+        since) against what the target stores (its snapshot as stored, and every change it
+        applied): a mismatch rolls the move back."""
+        return migration.verify_copy(action.handed_out, action.stored)
+
+    def _switch(self, plan: MovePlan) -> Event:
+        if plan.move_id not in self._promoted:  # e.g. a switch retried: promote is idempotent
+            self._target(plan).promote(plan.move_id).get()
+        self._promoted.discard(plan.move_id)
+        self.state.apply_switch(plan)
+        self._retire_sources(plan)  # writers held by the fence are told Moved from here
+        return Switched()
+
+    def _retire_sources(self, plan: MovePlan) -> None:
+        """The sources stop serving what moved (idempotent)."""
+        for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
+            reply.get()
+
+    def _announce(self, catalog: dict[str, Any]) -> None:
+        """Routing news for every node, once writers are free again (sessions learn on
+        their own, from ``Moved``)."""
+        for node in self.state.catalog.nodes:
+            try:
+                self.workers.get(node).sync(catalog)  # not waited for
+            except Error:
+                pass
+
+    def _roll_back(self, plan: MovePlan) -> None:
+        """The target drops its copy, the sources serve writes again (all asked at once;
+        a worker that is gone has nothing to undo)."""
+        self._promoted.discard(plan.move_id)
+        calls: list[Callable[[], Reply[None]]] = [
+            lambda: self._target(plan).abort_import(plan.move_id)
+        ]
+        for node in self._source_nodes(plan):
+            calls.append(partial(self._abort_export, node, plan.move_id))
+        replies = []
+        for call in calls:
+            try:
+                replies.append(call())
+            except Error as error:
+                log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+        for reply in replies:
+            try:
+                reply.get(PRECHECK_TIMEOUT_S)
+            except Error as error:
+                log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+
+    def _abort_export(self, node: str, move_id: str) -> Reply[None]:
+        return self.workers.get(node).abort_export(move_id)
+
+    # -- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _source_nodes(plan: MovePlan) -> list[str]:
+        return sorted({s.node for s in plan.sources})
+
+    @staticmethod
+    def _target_node(plan: MovePlan) -> str:
+        nodes = {t.node for t in plan.targets}
+        assert len(nodes) == 1, "every target of a move is on one node"
+        return nodes.pop()
+
+    def _target(self, plan: MovePlan) -> Worker:
+        return self.workers.get(self._target_node(plan))
+
+    def _sources(self, plan: MovePlan) -> list[Worker]:
+        return [self.workers.get(node) for node in self._source_nodes(plan)]
+
+
+def record(state: MigrationState, tables: list[str]) -> dict[str, Any]:
+    """A move as ``db.cluster.migrations()`` reports it."""
+    plan = state.plan
+    return {
+        "move_id": plan.move_id,
+        "kind": plan.kind,
+        "reason": plan.reason,
+        "shards": [f"{t}#{s.unit_id}" for t in tables for s in plan.sources],
+        "new_shards": [f"{t}#{u.unit_id}" for t in tables for u in plan.targets],
+        "from_nodes": sorted({s.node for s in plan.sources}),
+        "to_nodes": sorted({u.node for u in plan.targets}),
+        "phase": state.phase.value,
+        "outcome": state.outcome,
+        "started_at": state.started_at,
+        "seconds": (state.finished_at or time.time()) - state.started_at,
+        "phase_seconds": dict(state.phase_seconds),
+        "rows": state.copied_rows,
+        "bytes": state.copied_bytes,
+        "catch_up_rounds": state.catch_up_rounds,
+        "fence_seconds": state.fence_seconds,
+        "plan": asdict(plan),
+    }

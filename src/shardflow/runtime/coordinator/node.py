@@ -1,0 +1,195 @@
+"""The coordinator's logic in one process, whatever carries its calls: the catalog's owner
+(:class:`CoordinatorState`), its control loops (:class:`Controller`), its Prometheus endpoint
+and the read-only console page beside it. ``runtime/ray/actors.py`` puts it on Ray;
+``runtime/inprocess.py`` calls it in this process. Each operation of the
+:class:`~shardflow.runtime.protocol.Coordinator` protocol is one method here."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import Any
+
+from shardflow.catalog import OwnerToken
+from shardflow.config import Settings
+from shardflow.errors import Error
+from shardflow.runtime.coordinator.controller import Controller
+from shardflow.runtime.coordinator.state import CoordinatorState
+from shardflow.runtime.coordinator.views import console_state, gauges
+from shardflow.runtime.protocol import DrainReport, NewTable, NodeLoad, ShardKey, Workers
+from shardflow.telemetry.console import ConsoleServer
+from shardflow.telemetry.devices import NodeProfile
+from shardflow.telemetry.metrics import registry_for
+
+
+class CoordinatorNode:
+    """One coordinator: the catalog, the controller over ``workers``, and the console."""
+
+    def __init__(self, state: CoordinatorState, workers: Workers, settings: Settings) -> None:
+        self.state = state
+        self.workers = workers
+        self.settings = settings
+        self.controller = Controller(state, workers, settings)
+        self.registry, self.controller.recorder = registry_for(partial(gauges, self.controller))
+        self.console = ConsoleServer(
+            settings.metrics_port, self.registry, partial(console_state, self.controller)
+        )
+        self._hosts: dict[str, str] = {}
+        """The Ray node of every worker seen (a node's worker never moves)."""
+        self._hosts_lock = threading.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str,
+        settings: Settings,
+        workers: Workers,
+        owner: str | None = None,
+        description: str = "",
+    ) -> CoordinatorNode:
+        """Take the data directory's lease (as ``owner``) and read its catalog."""
+        return cls(CoordinatorState(data_dir, settings, owner, description), workers, settings)
+
+    def start(self, restarted: bool = False) -> None:
+        """Start the control loops: watch the workers, finish or roll back the moves a
+        crash cut short. A coordinator ``restarted`` elsewhere adopts the running members."""
+        self.controller.start()
+        if restarted:
+            self.controller.adopt()
+
+    def close(self) -> None:
+        """Stop the loops and the console (an in-process coordinator; an actor's process
+        ends with it)."""
+        self.controller.stop()
+        self.console.close()
+
+    # -- the catalog and its owner --------------------------------------------------------
+    def catalog(self) -> dict[str, Any]:
+        return self.state.catalog_json()
+
+    def owner_token(self) -> OwnerToken:
+        return self.state.owner
+
+    def register_nodes(self, nodes: list[str]) -> dict[str, Any]:
+        return self.state.register_nodes(nodes)
+
+    def report_profile(self, profile: NodeProfile) -> None:
+        self.state.report_profile(profile)
+
+    def release(self) -> None:
+        """Stop the control loops and give the data directory up (before the workers stop):
+        the next cluster on it takes it over at once."""
+        self.controller.stop()
+        self.state.release_lease()
+
+    # -- tables -----------------------------------------------------------------------------
+    def begin_create(self, table: NewTable) -> dict[str, Any]:
+        return self.state.begin_create(table)
+
+    def commit_create(self, name: str, rows: int) -> dict[str, Any]:
+        return self.state.commit_create(name, rows)
+
+    def abort_create(self, name: str) -> None:
+        self.state.abort_create(name)
+
+    def drop_table(self, name: str) -> tuple[dict[str, Any], str]:
+        return self.state.drop_table(name)
+
+    def delete_files(self, uid: str) -> None:
+        self.state.delete_files(uid)
+
+    # -- cluster operations -----------------------------------------------------------------
+    def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_move(unit_id, to))
+
+    def split(self, unit_id: int) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_split(unit_id))
+
+    def merge(self, first: int, second: int) -> dict[str, Any]:
+        return self.controller.run_move(self.state.plan_merge(first, second))
+
+    def rebalance(self, dry_run: bool) -> dict[str, Any]:
+        return self.controller.rebalance(dry_run)
+
+    def reserve_node(self) -> str:
+        return self.state.reserve_node()
+
+    def node_joined(self, node: str) -> dict[str, Any]:
+        return self.state.node_joined(node)
+
+    def admitted(self, node: str, host: str) -> None:
+        """A worker started for ``node`` on the Ray node ``host`` serves: it joins, and every
+        worker learns of it."""
+        with self._hosts_lock:
+            self._hosts[node] = host
+        self.controller.broadcast(self.state.node_joined(node), wait=False)
+
+    def drain(self, node: str, deadline_s: float) -> DrainReport:
+        return self.controller.drain(node, deadline_s)
+
+    def drain_host(self, host: str, deadline_s: float) -> list[DrainReport]:
+        """Drain every live worker on the Ray node ``host`` and stop those drained (a dead
+        one is failed over by the watch loop)."""
+        reports = []
+        for node, found in self.hosts().items():
+            if found == host and self._answers(node):
+                report = self.controller.drain(node, deadline_s)
+                if report.drained:
+                    self.workers.stop(node)
+                reports.append(report)
+        return reports
+
+    def hosts(self) -> dict[str, str]:
+        """The Ray node of every member (a member whose worker died counts until the watch
+        loop fails it over). A member's worker is asked once; one that does not answer is
+        left out."""
+        hosts = {}
+        for node in self.state.catalog.nodes:
+            with self._hosts_lock:
+                known = self._hosts.get(node)
+            if known is None:
+                try:
+                    info = self.workers.get(node).info().get(self.settings.retry_deadline_s)
+                except Error:
+                    continue
+                known = info.host.ray_node_id
+                with self._hosts_lock:
+                    self._hosts[node] = known
+            hosts[node] = known
+        return hosts
+
+    def _answers(self, node: str) -> bool:
+        try:
+            return self.workers.get(node).ping().get(self.settings.retry_deadline_s)
+        except Error:
+            return False
+
+    # -- reports ----------------------------------------------------------------------------
+    def migrations(self) -> list[dict[str, Any]]:
+        return self.controller.history()
+
+    def failovers(self) -> list[dict[str, Any]]:
+        return [vars(f) for f in self.controller.failovers]
+
+    def metrics_url(self) -> str:
+        return f"{self.console.url}metrics"
+
+    def node_loads(self) -> dict[str, NodeLoad]:
+        return self.controller.node_loads()
+
+    def shard_loads(self) -> dict[ShardKey, float]:
+        return dict(self.controller.shard_load)
+
+    def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> None:
+        """Queries' (seconds, succeeded) and inserts' row counts, sent in batches by each
+        session."""
+        recorder = self.controller.recorder
+        if recorder is not None:
+            for seconds, ok in queries:
+                recorder.query(seconds, ok)
+            for rows in inserts:
+                recorder.insert(rows)
+
+    def record_access(self, denied_action: str | None) -> None:
+        if self.controller.recorder is not None:
+            self.controller.recorder.access(denied_action)

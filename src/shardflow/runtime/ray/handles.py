@@ -1,0 +1,460 @@
+"""The protocol's Ray implementation: the coordinator and worker actors called through typed
+handles (every call a ``@ray.method`` of the actor class, so mypy checks its name, arguments
+and answer), found by name (the one place that looks them up), every answer a
+:class:`RayReply`. The handles are what the actors of ``actors.py`` are given to reach each
+other, so they travel to them: a handle pickles as the names it looks up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import pyarrow as pa
+import ray
+
+from shardflow.errors import WorkerGone
+from shardflow.runtime.fastlane import Lanes, from_wire
+from shardflow.runtime.protocol import (
+    CatalogJson,
+    ChangeSet,
+    CopyResult,
+    DrainReport,
+    ExportPinned,
+    FenceResult,
+    FinalApplied,
+    FragmentStats,
+    LaneAddress,
+    LoadReport,
+    NewTable,
+    NodeLoad,
+    Reply,
+    ShardKey,
+    SharedRows,
+    WorkerInfo,
+)
+from shardflow.runtime.ray.names import NAMESPACE, coordinator_actor_name, worker_actor_name
+from shardflow.runtime.ray.replies import RayReply
+
+if TYPE_CHECKING:
+    import numpy as np
+    from ray import ObjectRef
+    from ray.actor import ActorProxy
+
+    from shardflow.catalog import OwnerToken, TableSpec
+    from shardflow.control.migration import MovePlan
+    from shardflow.runtime.ray.actors import CoordinatorService, WorkerService
+    from shardflow.telemetry.devices import NodeProfile
+
+    WorkerHandle = ActorProxy[WorkerService]
+    CoordinatorHandle = ActorProxy[CoordinatorService]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def rows_arg(rows: pa.Table | SharedRows) -> Any:
+    """Rows as a call argument: shared rows travel as their object reference (Ray hands
+    the worker the table behind it)."""
+    return rows.ref if isinstance(rows, SharedRows) else rows
+
+
+class RayWorker:
+    """One worker actor, called through the protocol."""
+
+    def __init__(self, node_id: str, handle: WorkerHandle) -> None:
+        self._node_id = node_id
+        self.handle = handle
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def instance(self) -> object:
+        return self.handle
+
+    def _reply(self, ref: ObjectRef[T]) -> RayReply[T]:
+        return RayReply(ref, f"worker {self._node_id}")
+
+    # life and reports
+    def ping(self) -> Reply[bool]:
+        return self._reply(self.handle.ping.remote())
+
+    def fast_lane(self) -> Reply[LaneAddress | None]:
+        return self._reply(self.handle.fast_lane.remote())
+
+    def pid(self) -> Reply[int]:
+        return self._reply(self.handle.pid.remote())
+
+    def info(self) -> Reply[WorkerInfo]:
+        return self._reply(self.handle.info.remote())
+
+    def load_report(self) -> Reply[LoadReport]:
+        return self._reply(self.handle.load_report.remote())
+
+    def calibrate(self) -> Reply[NodeProfile]:
+        return self._reply(self.handle.calibrate.remote())
+
+    def sync(self, catalog: CatalogJson) -> Reply[int]:
+        return self._reply(self.handle.sync.remote(dict(catalog)))
+
+    # tables: loads and inserts
+    def prepare(self, spec: TableSpec, unit_ids: Sequence[int], primary: bool) -> Reply[None]:
+        return self._reply(self.handle.prepare.remote(spec, list(unit_ids), primary))
+
+    def stage(self, table: str, parts: Mapping[int | str, pa.Table | SharedRows]) -> Reply[int]:
+        # the parts travel as arguments of their own, so that Ray resolves shared ones
+        values = [rows_arg(part) for part in parts.values()]
+        return self._reply(self.handle.stage.remote(table, list(parts), *values))
+
+    def commit_load(self, table: str) -> Reply[int]:
+        return self._reply(self.handle.commit_load.remote(table))
+
+    def finish_load(self, table: str, catalog: CatalogJson) -> Reply[None]:
+        return self._reply(self.handle.finish_load.remote(table, dict(catalog)))
+
+    def abort_load(self, table: str) -> Reply[None]:
+        return self._reply(self.handle.abort_load.remote(table))
+
+    def append(
+        self,
+        table: str,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+        batch_id: str,
+        epoch: int,
+    ) -> Reply[Mapping[int, int]]:
+        return self._reply(self.handle.append.remote(table, dict(parts), batch_id, epoch))
+
+    def append_replica(self, table: str, rows: pa.Table | SharedRows, batch_id: str) -> Reply[int]:
+        return self._reply(self.handle.append_replica.remote(table, rows_arg(rows), batch_id))
+
+    # queries
+    def execute(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> Reply[tuple[pa.Table, FragmentStats]]:
+        table_ref, stats_ref = self.submit(sql, bindings, epoch, list(inputs), profile, inputs)
+        return _Executed(self._reply(table_ref), self._reply(stats_ref))
+
+    def submit(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        names: list[str],
+        profile: bool,
+        inputs: Sequence[ObjectRef[pa.Table]] | Mapping[str, pa.Table],
+    ) -> tuple[ObjectRef[pa.Buffer], ObjectRef[FragmentStats]]:
+        """Run a fragment whose result stays in the object store (workers of a later stage
+        read it from there); ``inputs`` come in parts, each named by ``names`` (the
+        fragment results of an earlier stage, or tables)."""
+        parts = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
+        table_ref, stats_ref = self.handle.execute.remote(
+            sql, dict(bindings), epoch, names, profile, *parts
+        )
+        return table_ref, stats_ref
+
+    # a move, as its source
+    def unit_bytes(self, units: Sequence[int]) -> Reply[int]:
+        return self._reply(self.handle.unit_bytes.remote(list(units)))
+
+    def fence(self, move_id: str) -> Reply[FenceResult]:
+        return self._reply(self.handle.fence.remote(move_id))
+
+    def retire(self, move_id: str) -> Reply[None]:
+        return self._reply(self.handle.retire.remote(move_id))
+
+    def drop_retired(self, move_id: str) -> Reply[bool]:
+        return self._reply(self.handle.drop_retired.remote(move_id))
+
+    def abort_export(self, move_id: str) -> Reply[None]:
+        return self._reply(self.handle.abort_export.remote(move_id))
+
+    # a move, as its target
+    def memory_headroom(self) -> Reply[int]:
+        return self._reply(self.handle.memory_headroom.remote())
+
+    def copy_snapshot(self, plan: MovePlan, bandwidth_bytes_s: float) -> Reply[CopyResult]:
+        return self._reply(self.handle.copy_snapshot.remote(plan, bandwidth_bytes_s))
+
+    def catch_up(self, move_id: str) -> Reply[int]:
+        return self._reply(self.handle.catch_up.remote(move_id))
+
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
+        return self._reply(self.handle.apply_final.remote(move_id, list(fenced)))
+
+    def promote(self, move_id: str) -> Reply[None]:
+        return self._reply(self.handle.promote.remote(move_id))
+
+    def abort_import(self, move_id: str) -> Reply[None]:
+        return self._reply(self.handle.abort_import.remote(move_id))
+
+
+class _Executed:
+    """A fragment's result and measurements, both on their way through the object store."""
+
+    def __init__(self, table: RayReply[pa.Buffer], stats: RayReply[FragmentStats]) -> None:
+        self.table = table
+        self.stats = stats
+
+    def get(self, timeout: float | None = None) -> tuple[pa.Table, FragmentStats]:
+        stats = self.stats.get(timeout)
+        return from_wire(self.table.get(timeout)), stats
+
+
+class RayWorkers:
+    """The workers of one cluster on Ray: actors named after the cluster's prefix and their
+    node, looked up once and cached. The one owner of worker lookup, for the session, the
+    controller and the workers themselves (a target finds its sources here; with
+    ``fast_lane`` their snapshots come over the sources' lanes)."""
+
+    def __init__(self, prefix: str, fast_lane: bool = False) -> None:
+        self.prefix = prefix
+        self.fast_lane = fast_lane
+        self._handles: dict[str, WorkerHandle] = {}
+        self._lanes: Lanes | None = None
+
+    def __reduce__(self) -> tuple[type[RayWorkers], tuple[str, bool]]:
+        return RayWorkers, (self.prefix, self.fast_lane)  # handles and lanes are found anew
+
+    def get(self, node: str) -> RayWorker:
+        return RayWorker(node, self.handle(node))
+
+    def handle(self, node: str) -> WorkerHandle:
+        handle = self._handles.get(node)
+        if handle is None:
+            try:
+                found = ray.get_actor(worker_actor_name(self.prefix, node), namespace=NAMESPACE)
+            except ValueError:
+                raise WorkerGone(f"worker {node} is not running") from None
+            handle = cast("WorkerHandle", found)
+            self._handles[node] = handle
+        return handle
+
+    def add(self, node: str, handle: WorkerHandle) -> RayWorker:
+        self._handles[node] = handle
+        return RayWorker(node, handle)
+
+    def forget(self, node: str) -> None:
+        self._handles.pop(node, None)
+
+    def fence(self, node: str) -> None:
+        try:
+            self.stop(node)
+        except Exception as error:  # its Ray node is gone too: nothing runs there to stop
+            log.info("stopping %s after its failover: %s", node, error)
+        self._handles.pop(node, None)
+
+    def stop(self, node: str) -> None:
+        """Stop ``node``'s worker (after a drain, or when the cluster shuts down), also one
+        another process started."""
+        try:
+            handle = self.handle(node)
+        except WorkerGone:
+            return
+        self._handles.pop(node, None)
+        try:
+            ray.kill(cast("ray.actor.ActorHandle[Any]", handle), no_restart=True)
+        except ValueError:  # gone meanwhile
+            pass
+
+    @property
+    def known(self) -> list[str]:
+        """The nodes whose workers were looked up or started here."""
+        return list(self._handles)
+
+    def share(self, rows: pa.Table) -> SharedRows:
+        return SharedRows(ray.put(rows))
+
+    def link(self, node: str) -> RaySourceLink:
+        if self.fast_lane and self._lanes is None:
+            self._lanes = Lanes()
+        return RaySourceLink(node, self.handle(node), self._lanes)
+
+
+class RaySourceLink:
+    """A target's link to one source worker of a move (worker to worker). With ``lanes``
+    the snapshot's chunks come over the source's fast lane where it has one: Arrow IPC on a
+    socket, not an actor call whose result passes through the object store, whose pages
+    stay mapped in the target afterwards. (The copy's rate hardly changes: it is bound by
+    the source's DuckDB read and the target's staging, not by either transport.)"""
+
+    def __init__(self, node: str, handle: WorkerHandle, lanes: Lanes | None = None) -> None:
+        self.node = node
+        self.handle = handle
+        self.lanes = lanes
+
+    def _reply(self, ref: ObjectRef[T]) -> RayReply[T]:
+        return RayReply(ref, f"source worker {self.node}")
+
+    def pin(self, plan: MovePlan) -> ExportPinned:
+        return self._reply(self.handle.export_begin.remote(plan)).get()
+
+    def chunks(self, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
+        """The next chunk is on its way while this one is loaded."""
+        address = self._lane()
+        if address is not None:
+            yield from self._lane_chunks(address, move_id, key)
+            return
+        pending = self._reply(self.handle.export_chunk.remote(move_id, key))
+        while True:
+            chunk = pending.get()
+            if chunk is None:
+                return
+            pending = self._reply(self.handle.export_chunk.remote(move_id, key))
+            yield chunk
+
+    def _lane(self) -> LaneAddress | None:
+        if self.lanes is None:
+            return None
+        return self._reply(self.handle.fast_lane.remote()).get()
+
+    def _lane_chunks(self, address: LaneAddress, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
+        assert self.lanes is not None
+        with ThreadPoolExecutor(1, thread_name_prefix="shardflow-move-chunk") as ahead:
+            pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+            while True:
+                chunk = pending.result()  # LaneBroken: the move fails and is rolled back
+                if chunk is None:
+                    return
+                pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+                yield chunk
+
+    def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
+        return self._reply(self.handle.export_changes.remote(move_id, dict(since)))
+
+
+class RayCoordinator:
+    """The coordinator actor of one cluster, called through the protocol; found by name
+    when first called (so workers and sessions of any process reach the same one, also
+    after Ray restarted it elsewhere)."""
+
+    def __init__(self, prefix: str, handle: CoordinatorHandle | None = None) -> None:
+        self.prefix = prefix
+        self._handle = handle
+
+    def __reduce__(self) -> tuple[type[RayCoordinator], tuple[str]]:
+        return RayCoordinator, (self.prefix,)
+
+    @property
+    def handle(self) -> CoordinatorHandle:
+        if self._handle is None:
+            try:
+                found = ray.get_actor(coordinator_actor_name(self.prefix), namespace=NAMESPACE)
+            except ValueError:
+                raise WorkerGone(f"the coordinator of {self.prefix} is not running") from None
+            self._handle = cast("CoordinatorHandle", found)
+        return self._handle
+
+    def _reply(self, ref: ObjectRef[T]) -> RayReply[T]:
+        return RayReply(ref, "the coordinator")
+
+    # the catalog and its owner
+    def ping(self) -> Reply[bool]:
+        return self._reply(self.handle.ping.remote())
+
+    def pid(self) -> Reply[int]:
+        return self._reply(self.handle.pid.remote())
+
+    def catalog(self) -> Reply[CatalogJson]:
+        return self._reply(self.handle.catalog.remote())
+
+    def owner_token(self) -> Reply[OwnerToken]:
+        return self._reply(self.handle.owner_token.remote())
+
+    def register_nodes(self, nodes: list[str]) -> Reply[CatalogJson]:
+        return self._reply(self.handle.register_nodes.remote(nodes))
+
+    def report_profile(self, profile: NodeProfile) -> Reply[None]:
+        return self._reply(self.handle.report_profile.remote(profile))
+
+    def release(self) -> Reply[None]:
+        return self._reply(self.handle.release.remote())
+
+    # tables
+    def begin_create(self, table: NewTable) -> Reply[CatalogJson]:
+        return self._reply(self.handle.begin_create.remote(table))
+
+    def commit_create(self, name: str, rows: int) -> Reply[CatalogJson]:
+        return self._reply(self.handle.commit_create.remote(name, rows))
+
+    def abort_create(self, name: str) -> Reply[None]:
+        return self._reply(self.handle.abort_create.remote(name))
+
+    def drop_table(self, name: str) -> Reply[tuple[CatalogJson, str]]:
+        return self._reply(self.handle.drop_table.remote(name))
+
+    def delete_files(self, uid: str) -> Reply[None]:
+        return self._reply(self.handle.delete_files.remote(uid))
+
+    # cluster operations
+    def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]:
+        return self._reply(self.handle.migrate.remote(unit_id, to))
+
+    def split(self, unit_id: int) -> Reply[dict[str, Any]]:
+        return self._reply(self.handle.split.remote(unit_id))
+
+    def merge(self, first: int, second: int) -> Reply[dict[str, Any]]:
+        return self._reply(self.handle.merge.remote(first, second))
+
+    def rebalance(self, dry_run: bool) -> Reply[dict[str, Any]]:
+        return self._reply(self.handle.rebalance.remote(dry_run))
+
+    def reserve_node(self) -> Reply[str]:
+        return self._reply(self.handle.reserve_node.remote())
+
+    def node_joined(self, node: str) -> Reply[CatalogJson]:
+        return self._reply(self.handle.node_joined.remote(node))
+
+    def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]:
+        return self._reply(self.handle.drain.remote(node, deadline_s))
+
+    def host(self) -> Reply[str]:
+        return self._reply(self.handle.host.remote())
+
+    def drain_host(self, host: str, deadline_s: float) -> Reply[list[DrainReport]]:
+        return self._reply(self.handle.drain_host.remote(host, deadline_s))
+
+    # reports
+    def migrations(self) -> Reply[list[dict[str, Any]]]:
+        return self._reply(self.handle.migrations.remote())
+
+    def failovers(self) -> Reply[list[dict[str, Any]]]:
+        return self._reply(self.handle.failovers.remote())
+
+    def metrics_url(self) -> Reply[str]:
+        return self._reply(self.handle.metrics_url.remote())
+
+    def node_loads(self) -> Reply[dict[str, NodeLoad]]:
+        return self._reply(self.handle.node_loads.remote())
+
+    def shard_loads(self) -> Reply[dict[ShardKey, float]]:
+        return self._reply(self.handle.shard_loads.remote())
+
+    def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> Reply[None]:
+        return self._reply(self.handle.record_outcomes.remote(queries, inserts))
+
+    def record_access(self, denied_action: str | None) -> Reply[None]:
+        return self._reply(self.handle.record_access.remote(denied_action))
+
+    # Ray nodes joining (a cluster joined by address)
+    def start_joining(self) -> Reply[None]:
+        """From now on, watch the Ray cluster: a Ray node that joins gets workers."""
+        return self._reply(self.handle.start_joining.remote())
+
+    def join_new_nodes(self) -> Reply[list[str]]:
+        """Start a worker on every slot of an alive Ray node that has none, now."""
+        return self._reply(self.handle.join_new_nodes.remote())
+
+    def stop(self) -> None:
+        """Stop the coordinator actor for good (its data directory given up first)."""
+        try:
+            ray.kill(cast("ray.actor.ActorHandle[Any]", self.handle), no_restart=True)
+        except (ValueError, WorkerGone):  # gone already
+            pass

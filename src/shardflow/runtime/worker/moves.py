@@ -1,0 +1,543 @@
+"""A worker's two halves of a live move, kept apart.
+
+:class:`SourceSide` pins a snapshot of the moving shards, hands out its rows and the inserts
+made since (hashing everything it hands out: the snapshot where it is stored, when it is
+pinned; the inserts as they leave), fences writes and retires what moved.
+:class:`TargetSide` builds the new shards beside the served ones from what the sources
+hand out, keeps the checksum of what it stores, and serves them at the switch. The two
+meet only through :class:`~shardflow.runtime.protocol.SourceLink` (worker to worker) and the
+coordinator's calls; ``VERIFY`` compares their checksums (``control/migration.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from shardflow.catalog import Catalog, TableSpec
+from shardflow.config import Settings
+from shardflow.control.admission import CopyPacer
+from shardflow.control.migration import (
+    Checksum,
+    MoveKind,
+    MovePlan,
+    SourceChecksums,
+    verify_copy,
+)
+from shardflow.engine import DuckDBEngine
+from shardflow.engine.duckdb_engine import NativeRows, quote
+from shardflow.errors import Moved
+from shardflow.runtime.protocol import (
+    ChangeSet,
+    CopyResult,
+    ExportPinned,
+    FenceResult,
+    FinalApplied,
+    PinnedShard,
+    ShardKey,
+    SourceLink,
+)
+from shardflow.storage import Shard
+from shardflow.storage.partition import buckets_for
+from shardflow.storage.shard import BatchStream, Change
+
+log = logging.getLogger(__name__)
+
+CHUNK_ROWS = 128 * 1024
+"""Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
+
+RETIRED_READERS_WAIT_S = 60.0
+"""How long retired shards wait for the fragments still reading them before they are kept
+for a later cleanup instead."""
+
+PROMOTED_KEPT = 8
+"""Promoted moves a target keeps to take back: more than the moves in flight at once."""
+
+
+class ShardHost(Protocol):
+    """What a move's halves need of the worker they run on (``worker/node.py``'s
+    ``WorkerNode``): its shards and their readers, its engine, and its lock."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def engine(self) -> DuckDBEngine:
+        """Holds the shards (native DuckDB tables)."""
+        ...
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Held while the served shards change."""
+        ...
+
+    @property
+    def shards(self) -> dict[ShardKey, Shard]:
+        """The shards served here."""
+        ...
+
+    @property
+    def readers(self) -> Counter[ShardKey]:
+        """Fragments reading each shard now."""
+        ...
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog served."""
+        ...
+
+    def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
+        """An empty shard of ``spec`` in the engine, its files under ``name``."""
+        ...
+
+    def release(self, shard: Shard) -> None:
+        """Stop serving ``shard`` and free its rows."""
+        ...
+
+    def foreground_slowdown(self) -> float:
+        """How much slower than usual this node's own work runs now (1.0: as usual)."""
+        ...
+
+    def serve(self, catalog: Catalog) -> int:
+        """Serve what ``catalog`` assigns this node."""
+        ...
+
+
+def _checksum(node: ShardHost, rows: pa.Table) -> Checksum:
+    if rows.num_rows == 0:
+        return Checksum()
+    count, digest = node.engine.checksum_rows(rows)
+    return Checksum(count, digest)
+
+
+def _physical(shard: Shard) -> NativeRows:
+    assert isinstance(shard.data, NativeRows), "a worker's shards are native DuckDB tables"
+    return shard.data
+
+
+# -- the source half ---------------------------------------------------------------------
+@dataclass
+class Export:
+    """This node as a source of one move: the shards it exports, pinned at a snapshot, and
+    the checksum of everything it has handed out (snapshot and changes since)."""
+
+    plan: MovePlan
+    shards: dict[ShardKey, Shard]
+    streams: dict[ShardKey, BatchStream] = field(default_factory=dict)
+    """The pinned snapshot of each shard, handed out a chunk at a time."""
+    handed_out: dict[str, Checksum] = field(default_factory=dict)
+    counted: dict[ShardKey, int] = field(default_factory=dict)
+    """Per shard, the LSN up to which changes were handed out (and hashed)."""
+    prehashed: set[ShardKey] = field(default_factory=set)
+    """Shards whose whole snapshot was hashed where stored when pinned: their chunks leave
+    without being hashed again."""
+
+
+@dataclass(frozen=True)
+class Retired:
+    kind: MoveKind
+    shards: Mapping[ShardKey, Shard]
+
+
+class SourceSide:
+    """This node as the source of moves."""
+
+    def __init__(self, node: ShardHost) -> None:
+        self.node = node
+        self.exports: dict[str, Export] = {}
+        self.retired: dict[str, Retired] = {}
+
+    def pin(self, plan: MovePlan) -> ExportPinned:
+        """Pin a snapshot of every shard of the plan's source units on this node; the rows
+        follow through :meth:`chunk`, the inserts made from now on through :meth:`changes`."""
+        node = self.node
+        units = {s.unit_id for s in plan.sources if s.node == node.node_id}
+        with node.lock:
+            shards = {k: v for k, v in node.shards.items() if k[1] in units}
+            missing = {u for u in units if not any(k[1] == u for k in shards)}
+            if missing:
+                raise Moved(f"units {sorted(missing)}", node.catalog.epoch)
+            export = Export(plan, shards, handed_out={table: Checksum() for table, _ in shards})
+            self.exports[plan.move_id] = export
+        pinned = {}
+        for key, shard in shards.items():
+            lsn, applied, stream = shard.begin_streaming_export(CHUNK_ROWS)
+            export.streams[key] = stream
+            export.counted[key] = lsn
+            pinned[key] = PinnedShard(lsn, applied)
+        for key, stream in export.streams.items():  # writers go on meanwhile
+            snapshot = stream.checksum()
+            if snapshot is not None:
+                self._count_out(export, key[0], Checksum(*snapshot))
+                export.prehashed.add(key)
+        return ExportPinned(node.node_id, pinned)
+
+    def chunk(self, move_id: str, key: ShardKey) -> pa.Table | None:
+        """The next chunk of a shard's pinned snapshot (None once all were handed out),
+        added to the checksum of what was handed out as it leaves (unless the whole
+        snapshot was hashed when pinned)."""
+        export = self.exports[move_id]
+        chunk = export.streams[key].next()
+        if chunk is not None and key not in export.prehashed:
+            self._hand_out(export, key[0], chunk)
+        return chunk
+
+    def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> ChangeSet:
+        """The inserts each shard took in after LSN ``since[shard]`` (after its snapshot
+        where not given); those not handed out before count into the checksum now."""
+        export = self.exports[move_id]
+        found: dict[ShardKey, tuple[Change, ...]] = {}
+        for key, shard in export.shards.items():
+            after = since[key] if key in since else export.counted[key]
+            found[key] = tuple(shard.changes_since(after))
+            for change in found[key]:
+                if change.lsn > export.counted[key]:
+                    self._hand_out(export, key[0], change.rows)
+                    export.counted[key] = change.lsn
+        return ChangeSet(self.node.node_id, found)
+
+    def fence(self, move_id: str) -> FenceResult:
+        """Hold new writes to the exported shards (they wait, they do not fail) and hand
+        out, in one answer, the changes not handed out yet and the final checksums, with
+        the rows the shards hold under the fence. One call, so that writers wait as briefly
+        as possible."""
+        export = self.exports[move_id]
+        for shard in export.shards.values():
+            shard.fence()
+        last = self.changes(move_id, dict(export.counted))
+        held: Counter[str] = Counter()
+        for (table, _), shard in export.shards.items():
+            held[table] += shard.rows
+        sums = SourceChecksums(self.node.node_id, dict(export.handed_out), dict(held))
+        return FenceResult(last, sums)
+
+    def abort(self, move_id: str) -> None:
+        """The move rolled back: serve writes again, as if nothing happened."""
+        export = self.exports.pop(move_id, None)
+        if export is None:
+            return
+        for stream in export.streams.values():
+            stream.close()
+        for shard in export.shards.values():
+            shard.end_export()
+            shard.unfence()
+
+    def retire(self, move_id: str) -> None:
+        """The switch happened: stop serving the moved shards (fragments and inserts for
+        them are told ``Moved``), keep them until the readers still on them finish."""
+        export = self.exports.pop(move_id, None)
+        if export is None:
+            return
+        node = self.node
+        with node.lock:
+            for key, shard in export.shards.items():
+                shard.retire()
+                if node.shards.get(key) is shard:
+                    del node.shards[key]
+            self.retired[move_id] = Retired(export.plan.kind, dict(export.shards))
+
+    def drop_retired(self, move_id: str, timeout_s: float = RETIRED_READERS_WAIT_S) -> bool:
+        """Drop the retired shards and their files once no fragment reads them."""
+        retired = self.retired.get(move_id)
+        if retired is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while any(self.node.readers[key] > 0 for key in retired.shards):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        del self.retired[move_id]
+        for shard in retired.shards.values():
+            self.node.release(shard)
+            if retired.kind != "move":  # a moved unit keeps its files: the new owner writes them
+                shard.store.destroy()
+        return True
+
+    def _hand_out(self, export: Export, table: str, rows: pa.Table) -> None:
+        self._count_out(export, table, _checksum(self.node, rows))
+
+    def _count_out(self, export: Export, table: str, sums: Checksum) -> None:
+        with self.node.lock:
+            export.handed_out[table] = export.handed_out[table] + sums
+
+
+# -- the target half ---------------------------------------------------------------------
+@dataclass
+class Import:
+    """This node as the target of one move: new shards built beside the served ones."""
+
+    plan: MovePlan
+    units: list[tuple[int, int, int]]
+    """(unit_id, lo, hi) of the targets on this node."""
+    shards: dict[ShardKey, Shard]
+    applied: dict[ShardKey, int] = field(default_factory=dict)
+    """Per source shard, the LSN applied so far."""
+    stored: dict[str, Checksum] = field(default_factory=dict)
+    """Per table, the checksum of what the new shards hold: the snapshot as stored (read
+    back from the shards once the copy is committed), plus every change applied since."""
+    compacted: bool = False
+    """Whether the copy's rows were compressed (at the first catch-up)."""
+    release_compaction: Callable[[], None] = lambda: None
+    """Lets the engine's compactor at the new shards again (held back while they are built)."""
+
+    @property
+    def shares_files(self) -> bool:
+        """A plain move keeps the unit's id and files: the source logged every insert the
+        copy replays, so the copy writes nothing until it takes over at the switch."""
+        return self.plan.kind == "move"
+
+
+class TargetSide:
+    """This node as the target of moves."""
+
+    def __init__(self, node: ShardHost) -> None:
+        self.node = node
+        self.imports: dict[str, Import] = {}
+        self.promoted: OrderedDict[str, Import] = OrderedDict()
+        """The last moves promoted here: served, but maybe not switched yet (the switch
+        may fail, or the coordinator restart): an abort still takes them back."""
+
+    def building(self, table: str, unit_id: int) -> bool:
+        """Whether a move in progress builds this shard here (it is served at the switch)."""
+        return any((table, unit_id) in move.shards for move in self.imports.values())
+
+    def copy_snapshot(
+        self, plan: MovePlan, link: Callable[[str], SourceLink], bandwidth_bytes_s: float
+    ) -> CopyResult:
+        """Copy the sources' pinned snapshots into new shards here, chunk by chunk, paced by
+        how much this node's own work slows down (``control/admission.py``), at most
+        ``bandwidth_bytes_s`` (0: no cap), and commit them; then read back the checksum of
+        what was stored. ``link`` reaches the source on a node."""
+        move = self._begin(plan)
+        rows = size = 0
+        pacer = CopyPacer.capped(bandwidth_bytes_s)
+        for node in _source_nodes(plan):
+            source = link(node)
+            pinned = source.pin(plan)
+            for key, pin in pinned.shards.items():
+                last = time.monotonic()
+                for chunk in source.chunks(plan.move_id, key):
+                    rows += self._stage(move, key, chunk)
+                    size += chunk.nbytes
+                    slowdown = self.node.foreground_slowdown()
+                    wait = pacer.after_chunk(chunk.nbytes, time.monotonic() - last, slowdown)
+                    if wait > 0:
+                        time.sleep(wait)
+                    last = time.monotonic()
+                self._snapshot_done(move, key, pin)
+        if pacer.waited:
+            log.info(
+                "move %s: the copy gave way to the foreground for %.1f s",
+                plan.move_id,
+                pacer.waited,
+            )
+        for shard in move.shards.values():
+            shard.commit_load()
+        self._inject_test_fault(move)
+        move.stored = self._stored_checksums(move)
+        return CopyResult(rows, size)
+
+    def catch_up(self, move_id: str, link: Callable[[str], SourceLink]) -> int:
+        """Apply what the sources took in since the last pull; returns those rows."""
+        move = self.imports[move_id]
+        if not move.compacted:
+            # the copy is compressed here, where only the move waits for it (the sources
+            # take writes meanwhile; this round carries them): left to the compactor, it
+            # would hold the fence's appends, or the shard's first inserts after the switch
+            for shard in move.shards.values():
+                _physical(shard).compact()
+            move.compacted = True
+        since = dict(move.applied)
+        nodes = _source_nodes(move.plan)
+        replies = [link(node).changes(move_id, since) for node in nodes]  # all at once
+        return sum(self._apply(move, reply.get()) for reply in replies)
+
+    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> FinalApplied:
+        """Apply the last changes the fenced sources handed out; answer the rows applied and
+        the checksums of what the new shards hold now. Where those equal what the sources
+        handed out (VERIFY's own check, which the coordinator makes again), the new shards
+        are served from here on: the switch that follows only routes to them."""
+        move = self.imports[move_id]
+        rows = sum(self._apply(move, source.changes) for source in fenced)
+        stored = dict(move.stored)
+        verified = verify_copy(tuple(source.sums for source in fenced), stored)
+        if verified.ok:
+            self.promote(move_id)
+        return FinalApplied(rows, stored, verified.ok)
+
+    def promote(self, move_id: str) -> None:
+        """Serve the new shards (the routing switch follows)."""
+        node = self.node
+        with node.lock:
+            move = self.imports.pop(move_id, None)
+            if move is None:  # promoted already: the switch is being retried
+                return
+            self.promoted[move_id] = move
+            while len(self.promoted) > PROMOTED_KEPT:
+                self.promoted.popitem(last=False)
+            move.release_compaction()
+            for key, shard in move.shards.items():
+                shard.writer = True  # from the switch on, this copy logs the inserts
+                node.shards[key] = shard
+
+    def abort(self, move_id: str) -> None:
+        """The move rolled back: drop the new shards, served already or not."""
+        node = self.node
+        with node.lock:
+            move = self.imports.pop(move_id, None) or self.promoted.pop(move_id, None)
+            if move is None:
+                return
+            for key, shard in move.shards.items():
+                if node.shards.get(key) is shard:  # promoted, not switched: served no longer
+                    del node.shards[key]
+        move.release_compaction()
+        for shard in move.shards.values():
+            shard.abandon_load()
+            self.node.release(shard)
+            if not move.shares_files:  # the source's files are the shard's files
+                shard.store.destroy()
+        # a failover during the move may have given this node the very unit it was copying
+        # (its source died): catalog syncs left it to the copy, so serve it from its files now
+        self.node.serve(self.node.catalog)
+
+    # -- steps ----------------------------------------------------------------------------
+    def _begin(self, plan: MovePlan) -> Import:
+        node = self.node
+        mine = [(t.unit_id, t.lo, t.hi) for t in plan.targets if t.node == node.node_id]
+        shards: dict[ShardKey, Shard] = {}
+        writes = plan.kind != "move"
+        for table in node.catalog.group_tables(plan.group):
+            spec = node.catalog.table(table)
+            for unit_id, _, _ in mine:
+                shards[(table, unit_id)] = node.new_shard(spec, str(unit_id), writer=writes)
+        # the compactor leaves the new shards alone while they are built: the copy
+        # compacts them itself once its rows are in, and catch-up and fence never wait
+        held = node.engine.compactor.hold(_physical(shard).physical for shard in shards.values())
+        move = Import(plan, mine, shards, release_compaction=held)
+        with node.lock:
+            self.imports[plan.move_id] = move
+        return move
+
+    def _stage(self, move: Import, source: ShardKey, rows: pa.Table) -> int:
+        """Stage rows of a source shard's snapshot into the target shards they belong to."""
+        table, _ = source
+        staged = 0
+        for unit_id, part, _ in self._route(move, source, rows, None):
+            move.shards[(table, unit_id)].stage(part)
+            staged += part.num_rows
+        return staged
+
+    def _snapshot_done(self, move: Import, source: ShardKey, pinned: PinnedShard) -> None:
+        move.applied[source] = pinned.lsn
+        for (table, _), shard in move.shards.items():
+            if table == source[0]:
+                shard.adopt(pinned.applied)
+                if move.shares_files:
+                    shard.lsn = pinned.lsn  # it continues the source's log
+
+    def _stored_checksums(self, move: Import) -> dict[str, Checksum]:
+        """Per table, rows and hash sum of what the new shards hold, read from the shards."""
+        stored: dict[str, Checksum] = {table: Checksum() for table, _ in move.shards}
+        for (table, _), shard in move.shards.items():
+            rows, digest = _physical(shard).checksum()
+            stored[table] = stored[table] + Checksum(rows, digest)
+        return stored
+
+    def _apply(self, move: Import, changes: ChangeSet) -> int:
+        """Apply the inserts a source took in after what was applied (durably, with their
+        batch ids); returns the rows applied."""
+        applied = 0
+        for source, entries in changes.changes.items():
+            table = source[0]
+            for change in sorted(entries, key=lambda c: c.lsn):
+                if change.lsn <= move.applied.get(source, 0):
+                    continue
+                routed = self._route(move, source, change.rows, change.buckets)
+                for unit_id, part, buckets in routed:
+                    result = move.shards[(table, unit_id)].append(part, change.batch_id, buckets)
+                    applied += result.rows
+                    if result.appended is not None:
+                        move.stored[table] = move.stored[table] + _checksum(
+                            self.node, result.appended
+                        )
+                move.applied[source] = change.lsn
+        return applied
+
+    def _route(
+        self, move: Import, source: ShardKey, rows: pa.Table, buckets: np.ndarray | None
+    ) -> list[tuple[int, pa.Table, np.ndarray | None]]:
+        """Which of this node's target units each row belongs to, by bucket."""
+        if len(move.units) == 1 and len(move.plan.targets) == 1:
+            return [(move.units[0][0], rows, buckets)] if rows.num_rows else []
+        if buckets is None:
+            spec = self.node.catalog.table(source[0])
+            if spec.key:
+                buckets = buckets_for(rows, spec, self.node.catalog.n_buckets)
+            else:  # no key and no recorded buckets: any split of the rows is right
+                span = next(s for s in move.plan.sources if s.unit_id == source[1])
+                width = span.hi - span.lo
+                buckets = (span.lo + np.arange(rows.num_rows) % width).astype(np.int32)
+        routed: list[tuple[int, pa.Table, np.ndarray | None]] = []
+        for unit_id, lo, hi in move.units:
+            mask = (buckets >= lo) & (buckets < hi)
+            if mask.any():
+                routed.append((unit_id, rows.filter(pa.array(mask)), buckets[mask]))
+        return routed
+
+    # -- the test-only fault hook ---------------------------------------------------------
+    def _inject_test_fault(self, move: Import) -> None:
+        """``Settings.test_fault_move_copy`` (tests only; off by default): once the copy is
+        stored, remove one row from it ("drop_row") or change one value ("change_value"),
+        so that the target really holds something else than the sources handed out."""
+        fault = self.node.settings.test_fault_move_copy
+        if not fault:
+            return
+        for (table, unit_id), shard in sorted(move.shards.items()):
+            rows = _physical(shard)
+            if shard.rows == 0:
+                continue
+            name = rows.ref
+            if fault == "drop_row":
+                statement = f"DELETE FROM {name} WHERE rowid = (SELECT min(rowid) FROM {name})"
+            else:
+                column, changed = _column_to_change(rows.schema)
+                statement = (
+                    f"UPDATE {name} SET {column} = {changed} WHERE rowid = "
+                    f"(SELECT min(rowid) FROM {name} WHERE {column} IS NOT NULL)"
+                )
+            self.node.engine.execute(statement)
+            log.warning(
+                "test fault %s injected into the copy of %s#%d on %s (move %s)",
+                fault,
+                table,
+                unit_id,
+                self.node.node_id,
+                move.plan.move_id,
+            )
+            return
+
+
+def _source_nodes(plan: MovePlan) -> list[str]:
+    return sorted({s.node for s in plan.sources})
+
+
+def _column_to_change(schema: pa.Schema) -> tuple[str, str]:
+    """A column of ``schema`` and an expression that changes its (non-NULL) value."""
+    for field_ in schema:
+        column = quote(field_.name)
+        kind = field_.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            return column, f"{column} + 1"
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return column, f"{column} || '~'"
+    column = quote(schema[0].name)
+    return column, "NULL"

@@ -1,0 +1,581 @@
+"""The worker: one logical node. It holds its shards (native DuckDB tables), makes inserts
+durable, runs SQL fragments over its shards, and takes part in live moves through its two
+halves (``worker/moves.py``): as a source it exports a pinned snapshot and the changes since,
+fences writes and retires what moved; as a target it builds the new shards beside the served
+ones and promotes them at the switch.
+
+A worker that starts rebuilds every shard the catalog assigns to it from durable storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec
+from shardflow.config import Settings
+from shardflow.control.admission import Foreground
+from shardflow.engine import DuckDBEngine, distinct_names, query_error
+from shardflow.engine.duckdb_engine import NativeRows
+from shardflow.errors import Moved, NodeFault, QueryError
+from shardflow.runtime.protocol import (
+    REPLICA,
+    FragmentStats,
+    LoadReport,
+    ReplicaInfo,
+    ShardInfo,
+    ShardKey,
+    WorkerInfo,
+)
+from shardflow.runtime.worker.local import (
+    check_shared,
+    default_memory_mb,
+    local_folder,
+    release_memory,
+)
+from shardflow.runtime.worker.moves import SourceSide, TargetSide
+from shardflow.runtime.worker.profile import (
+    calibration_path,
+    keep_calibration,
+    kept_calibration,
+    make_executor,
+    node_profile,
+)
+from shardflow.storage import CheckpointPolicy, Shard, ShardStore
+from shardflow.telemetry.calibration import calibrate, operator_mix
+from shardflow.telemetry.devices import NodeProfile, device_state, discover, memory_state
+
+log = logging.getLogger(__name__)
+
+NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)
+"""Errors of the node rather than of the query (a failing disk, an engine fault): the
+fragment is tried again, and the node's failure rate counts them. Running out of memory is
+the query's size, not the node's health: it is not among them."""
+
+
+_CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
+
+
+def _index_database(shard: Shard) -> str | None:
+    """The database of a shard whose rows should keep a key index, else None."""
+    if isinstance(shard.data, NativeRows) and shard.data.index is not None:
+        return shard.data.physical
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind(sql: str) -> str:
+    """A fragment's kind of work: its SQL with the constants left out."""
+    return _CONSTANTS.sub("?", sql)
+
+
+@functools.lru_cache(maxsize=1024)
+def _operators(sql: str) -> tuple[str, ...]:
+    return operator_mix(sql)
+
+
+class WorkerNode:
+    """A worker's logic, independent of Ray (``runtime/ray/actors.py`` wraps it, and
+    ``runtime/inprocess.py`` calls it in this process)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        data_dir: str,
+        settings: Settings,
+        catalog: Mapping[str, Any] | None = None,
+        *,
+        slowdown: float = 1.0,
+        gpu_index: int | None = None,
+        owner: OwnerToken | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.data_dir = DataDir.resolve(data_dir, owner)
+        """Writes only while ``owner`` owns the data directory (None: unchecked, in tests)."""
+        if owner is not None:
+            check_shared(self.data_dir, owner, node_id)
+        self.settings = settings
+        self.device = discover(gpu_index)
+        self.memory_limit_mb = settings.worker_memory_mb or default_memory_mb()
+        self.engine = DuckDBEngine(
+            threads=settings.engine_threads or None,
+            memory_limit=f"{self.memory_limit_mb}MiB",
+            temp_directory=local_folder(settings.local_dir, node_id),
+        )
+        """Holds the shards (native tables) and runs fragments on the CPU."""
+        self.executor = make_executor(self.engine, self.device, slowdown, settings.engine)
+        """Runs fragments: the CPU engine, the GPU engine, or a simulated slower device."""
+        self.slowdown = slowdown
+        self.profile = node_profile(node_id, self.device, self.executor, {}, slowdown)
+        self.policy = CheckpointPolicy(
+            settings.wal_checkpoint_entries or 1 << 62, settings.wal_checkpoint_bytes or 1 << 62
+        )
+        self.shards: dict[ShardKey, Shard] = {}
+        self.replicas: dict[str, Shard] = {}
+        self._standing_views: set[str] = set()
+        """Replicated tables with a view of their name in the engine."""
+        self.loading: dict[str, dict[int | str, Shard]] = {}
+        self.readers: Counter[ShardKey] = Counter()
+        """Fragments reading each shard now (retired shards wait for them)."""
+        self._releasing: list[tuple[ShardKey, Shard]] = []
+        """Shards no longer served, kept until the fragments reading them finish."""
+        self._unit_seconds: defaultdict[int, defaultdict[str, float]] = defaultdict(
+            lambda: defaultdict(float)
+        )
+        """Execution seconds per unit, by calibrated operator (the unit's operator mix)."""
+        self._shard_seconds: defaultdict[ShardKey, float] = defaultdict(float)
+        self._op_seconds: defaultdict[str, float] = defaultdict(float)
+        """Execution seconds by calibrated operator (the load's operator mix)."""
+        self.catalog = Catalog()
+        self.lock = threading.RLock()
+        self.source = SourceSide(self)
+        """This node as the source of live moves."""
+        self.target = TargetSide(self)
+        """This node as the target of live moves."""
+        self.foreground = Foreground()
+        """Latencies of this node's fragments and inserts, usual and recent."""
+        self._foreground_lock = threading.Lock()
+        self._running = 0
+        self._busy_seconds = 0.0
+        self._started = time.monotonic()
+        self._operations = 0
+        self._failures = 0
+        """Operations run and failed by the node (the failure rate's counts)."""
+        flaky = settings.flaky_node()
+        self._flaky_share = flaky[1] if flaky is not None and flaky[0] == node_id else 0.0
+        self._flaky_count = 0
+        if catalog is not None:
+            self.sync(catalog)
+
+    def calibrate(self, fresh: bool = False) -> NodeProfile:
+        """Measure this node's device with its own engine (a second or so); the capacity
+        weighs how much work placement and the balancer give it. The measurement is kept in
+        the data directory per kind of node (device, engine, threads, simulated slowdown)
+        and reused by nodes of that kind that start later, unless ``fresh``."""
+        if not fresh and self.kept_calibration() is not None:
+            return self.profile
+        throughput = calibrate(self.executor.run)
+        keep_calibration(self.data_dir, self._calibration_path(), throughput)
+        self.profile = node_profile(
+            self.node_id, self.device, self.executor, throughput, self.slowdown
+        )
+        return self.profile
+
+    def kept_calibration(self) -> NodeProfile | None:
+        """The profile with the calibration kept for this kind of node, measuring nothing
+        (a worker that starts takes it at once); None when there is none to reuse."""
+        throughput = kept_calibration(self.data_dir, self._calibration_path())
+        if throughput is None:
+            return None
+        self.profile = node_profile(
+            self.node_id, self.device, self.executor, throughput, self.slowdown
+        )
+        return self.profile
+
+    def _calibration_path(self) -> str:
+        threads = self.settings.engine_threads or os.cpu_count()
+        return calibration_path(self.data_dir, self.device, self.executor, threads, self.slowdown)
+
+    # -- catalog ------------------------------------------------------------------------
+    def sync(self, catalog_json: Mapping[str, Any]) -> int:
+        """Serve what ``catalog_json`` assigns to this node: load missing shards, drop others."""
+        return self.serve(Catalog.from_json(catalog_json))
+
+    def serve(self, catalog: Catalog) -> int:
+        """:meth:`sync` with the catalog read already (again with its own, after a move it
+        was building shards for ends)."""
+        with self.lock:
+            if catalog.version < self.catalog.version:
+                return self.catalog.version
+            changed: set[str] = set()
+            wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
+            for key in list(self.shards):
+                uid = self._uid(catalog, key[0])
+                if key not in wanted or uid != self.shards[key].store.table_uid:
+                    self._release_when_read(key, self.shards.pop(key))
+                    changed.add(key[0])
+            for name in list(self.replicas):
+                spec = catalog.tables.get(name)
+                if spec is None or spec.uid != self.replicas[name].store.table_uid:
+                    self.release(self.replicas.pop(name))
+                    changed.add(name)
+            for table, unit_id in sorted(wanted - set(self.shards)):
+                if self.target.building(table, unit_id):
+                    continue  # built by a move in progress, served once it switches
+                spec = catalog.table(table)
+                shard = self.new_shard(spec, str(unit_id), writer=True)
+                shard.recover()
+                self.shards[(table, unit_id)] = shard
+                changed.add(table)
+            for spec in catalog.replicated_tables():
+                if spec.name not in self.replicas:
+                    shard = self.new_shard(spec, REPLICA, writer=self._is_primary(catalog))
+                    shard.recover()
+                    self.replicas[spec.name] = shard
+                    changed.add(spec.name)
+            for shard in self.replicas.values():
+                shard.writer = self._is_primary(catalog)
+            for table in changed:
+                self.refresh_view(table)
+            self.catalog = catalog
+            return catalog.version
+
+    def refresh_view(self, table: str) -> None:
+        """The view named ``table`` reads this node's copy of a replicated table (dropped
+        with the table). A distributed table has none: each fragment names the shards it
+        was bound to (:meth:`views_for`), so a move (of distributed units only) changes no
+        view — DDL that took 2-17 ms a table while writers waited at the fence."""
+        if table in self.replicas:
+            self.engine.set_view(table, [self._ref(self.replicas[table])])
+            self._standing_views.add(table)
+        elif table in self._standing_views:
+            self.engine.set_view(table, [])
+            self._standing_views.discard(table)
+
+    @staticmethod
+    def _ref(shard: Shard) -> str:
+        assert isinstance(shard.data, NativeRows)
+        return shard.data.ref
+
+    def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
+        """Release a shard no longer served here: now, or when the fragments still reading
+        it finish (they were bound to it before the catalog changed). Holds ``lock``."""
+        if self.readers[key] > 0:
+            shard.retire()
+            self._releasing.append((key, shard))
+        else:
+            self.release(shard)
+
+    def _release_unread(self) -> None:
+        """Release the shards :meth:`_release_when_read` kept for readers now gone."""
+        waiting = []
+        for key, shard in self._releasing:
+            if self.readers[key] > 0:
+                waiting.append((key, shard))
+            else:
+                self.release(shard)
+        self._releasing = waiting
+
+    @staticmethod
+    def release(shard: Shard) -> None:
+        """Stop serving ``shard`` and free its rows. It is retired first, under its lock: an
+        append already in it finishes before the rows go, and one that still holds the shard
+        is told ``Moved`` (and re-routed) rather than writing into a dropped table."""
+        shard.retire()
+        if isinstance(shard.data, NativeRows):
+            shard.data.drop()
+
+    def _uid(self, catalog: Catalog, table: str) -> str | None:
+        spec = catalog.tables.get(table)
+        return spec.uid if spec is not None else None
+
+    def _is_primary(self, catalog: Catalog) -> bool:
+        """The node that writes the log of replicated tables (the first live node)."""
+        return catalog.primary == self.node_id
+
+    def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
+        store = ShardStore(self.data_dir, spec.uid, name)
+        physical = f"t_{spec.uid[:12]}_{name}"
+        index = spec.key if spec.key_index and spec.key else None
+        rows = self.engine.native_rows(physical, spec.schema, index)
+        return Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)
+
+    # -- loading a new table ------------------------------------------------------------
+    def prepare(self, spec: TableSpec, unit_ids: Sequence[int], primary: bool) -> None:
+        with self.lock:
+            if spec.kind == "replicated":
+                shards: dict[int | str, Shard] = {
+                    REPLICA: self.new_shard(spec, REPLICA, writer=primary)
+                }
+            else:
+                shards = {u: self.new_shard(spec, str(u), writer=True) for u in unit_ids}
+            self.loading[spec.name] = shards
+
+    def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
+        shards = self.loading[table]
+        rows = 0
+        for unit, part in parts.items():
+            shards[unit].stage(part)
+            rows += part.num_rows
+        return rows
+
+    def commit_load(self, table: str) -> int:
+        shards = self.loading[table]
+        return sum(shard.commit_load() for shard in shards.values())
+
+    def finish_load(self, table: str, catalog_json: Mapping[str, Any]) -> None:
+        """Make a committed load visible: the staged shards become served shards."""
+        with self.lock:
+            shards = self.loading.pop(table, {})
+            for unit, shard in shards.items():
+                if unit == REPLICA:
+                    self.replicas[table] = shard
+                else:
+                    assert isinstance(unit, int)
+                    self.shards[(table, unit)] = shard
+            self.refresh_view(table)
+        self.sync(catalog_json)
+        for shard in shards.values():
+            if isinstance(shard.data, NativeRows):
+                shard.data.settle()  # the load's last rows, below the compactor's threshold
+        release_memory()
+
+    def abort_load(self, table: str) -> None:
+        with self.lock:
+            shards = self.loading.pop(table, {})
+        for shard in shards.values():
+            shard.abandon_load()
+            self.release(shard)
+            if shard.writer:
+                shard.store.destroy()
+
+    # -- writes -------------------------------------------------------------------------
+    def append(
+        self,
+        table: str,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+        batch_id: str,
+        epoch: int,
+    ) -> dict[int, int]:
+        """Append each part (rows and their buckets) to its shard, durably; returns the new
+        LSN per unit."""
+        lsns = {}
+        started = time.perf_counter()
+        for unit, (part, buckets) in parts.items():
+            shard = self.shards.get((table, unit))
+            if shard is None:
+                raise Moved(f"{table}#{unit}", epoch)
+            try:
+                lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
+            except OSError:  # a full or failing disk: the node's failure (the caller retries)
+                self._count(failed=True)
+                raise
+        self._count(failed=False)
+        rows = sum(part.num_rows for part, _ in parts.values())
+        self.record_foreground(f"insert {table} {rows.bit_length()}", time.perf_counter() - started)
+        return lsns
+
+    # -- the foreground, as moves see it --------------------------------------------------
+    def record_foreground(self, kind: str, seconds: float) -> None:
+        """A fragment or an insert finished (what a move's copy must not slow down). Its
+        usual latency is learned only while the node takes part in no move: a target's
+        copy and a source's handing out of its rows both slow the node's own work, and
+        learned then, that slowdown would read as usual and never pace a copy."""
+        with self._foreground_lock:
+            moving = bool(self.target.imports) or bool(self.source.exports)
+            self.foreground.record(kind, seconds, time.monotonic(), background=moving)
+
+    def foreground_slowdown(self) -> float:
+        """How much slower than usual this node's work runs now (1.0: as usual)."""
+        with self._foreground_lock:
+            return self.foreground.slowdown(time.monotonic())
+
+    def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
+        shard = self.replicas.get(table)
+        if shard is None:
+            raise Moved(f"{table} (replica)", self.catalog.epoch)
+        return shard.append(part, batch_id).lsn
+
+    # -- queries ------------------------------------------------------------------------
+    def views_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, str]:
+        """Per-call views naming exactly the shards a fragment was bound to. (The standing
+        view of a table may change under a running fragment when a move switches; these
+        cannot, and the shards they name are kept until the fragment's reads are done.)"""
+        views = {}
+        with self.lock:
+            for table, units in bindings.items():
+                for unit in units:
+                    if (table, unit) not in self.shards:
+                        raise Moved(f"{table}#{unit}", epoch)
+                views[table] = " UNION ALL ".join(
+                    f"SELECT * FROM {self._ref(self.shards[(table, u)])}" for u in sorted(units)
+                )
+        return views
+
+    def execute(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        inputs: Mapping[str, pa.Table],
+        profile: bool = True,
+    ) -> tuple[pa.Table, FragmentStats]:
+        """Run a fragment over this node's shards; returns the result and what was measured
+        (with ``profile``: wall-clock start and end, rows and bytes in and out, engine and
+        device as well as the time)."""
+        started_at = time.time()
+        started = time.perf_counter()
+        rows_in = bytes_in = 0
+        with self.lock:
+            views = self.views_for(bindings, epoch)
+            reading = [(t, u) for t, units in bindings.items() for u in units]
+            self.readers.update(reading)
+            self._running += 1
+            if profile:
+                rows_in = sum(self.shards[key].rows for key in reading)
+                bytes_in = sum(self.shards[key].nbytes for key in reading)
+        if profile:
+            rows_in += sum(t.num_rows for t in inputs.values())
+            bytes_in += sum(t.nbytes for t in inputs.values())
+        try:
+            self._flaky_fault()
+            result = distinct_names(self.executor.run(sql, inputs, views))
+        except NodeFault:
+            self._count(failed=True)
+            raise
+        except NODE_ERRORS as error:  # the node's failure, not the query's: try again
+            self._count(failed=True)
+            raise NodeFault(f"{self.node_id} failed a fragment: {error}") from None
+        except duckdb.OutOfMemoryException as error:  # the query's size: say which limit
+            self._count(failed=False)
+            raise QueryError(
+                f"a fragment of the query needs more memory than {self.node_id} may use "
+                f"(worker_memory_mb={self.memory_limit_mb}, spilling to local_dir beyond "
+                f"it): {str(error).strip()}"
+            ) from None
+        except duckdb.Error as error:
+            self._count(failed=False)
+            raise query_error(error) from None
+        finally:
+            elapsed = time.perf_counter() - started
+            with self.lock:
+                self.readers.subtract(reading)
+                if self._releasing:
+                    self._release_unread()
+                self._running -= 1
+                self._busy_seconds += elapsed
+                units = {u for _, u in reading}
+                operators = _operators(sql)
+                for operator in operators:
+                    self._op_seconds[operator] += elapsed / len(operators)
+                    for unit in units:  # a fragment's load is shared by the units it read
+                        self._unit_seconds[unit][operator] += elapsed / len(units) / len(operators)
+                for key in reading:
+                    self._shard_seconds[key] += elapsed / len(reading)
+            self.record_foreground(_kind(sql), elapsed)
+        self._count(failed=False)
+        if not profile:
+            return result, FragmentStats(elapsed, result.num_rows)
+        fell_back = getattr(self.executor, "fell_back", "")
+        engine = (
+            f"{self.profile.engine} (fell back to {fell_back})"
+            if fell_back
+            else self.profile.engine
+        )
+        return result, FragmentStats(
+            seconds=elapsed,
+            rows_out=result.num_rows,
+            started_at=started_at,
+            finished_at=started_at + elapsed,
+            rows_in=rows_in,
+            bytes_in=bytes_in,
+            bytes_out=result.nbytes,
+            engine=engine,
+            device=f"{self.profile.vendor} {self.profile.model}",
+        )
+
+    def _count(self, failed: bool) -> None:
+        with self.lock:
+            self._operations += 1
+            self._failures += failed
+
+    def _flaky_fault(self) -> None:
+        """``test_flaky_node`` (tests only): fail this share of the fragments, evenly spread
+        (the n-th fails when n * share crosses a whole number)."""
+        if not self._flaky_share:
+            return
+        with self.lock:
+            self._flaky_count += 1
+            n = self._flaky_count
+        if int(n * self._flaky_share) > int((n - 1) * self._flaky_share):
+            raise NodeFault(f"{self.node_id} failed a fragment (test_flaky_node)")
+
+    # -- what a live move asks before it starts ---------------------------------------------
+    def memory_headroom(self) -> int:
+        """Bytes of memory this machine has available."""
+        try:
+            with open("/proc/meminfo", encoding="utf-8") as info:
+                for line in info:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return self.profile.memory_bytes
+
+    def unit_bytes(self, units: Iterable[int]) -> int:
+        wanted = set(units)
+        return sum(s.nbytes for (t, u), s in self.shards.items() if u in wanted)
+
+    # -- reporting ----------------------------------------------------------------------
+    def load_report(self) -> LoadReport:
+        """Cumulative execution seconds (in all, per unit and operator) and every unit's bytes:
+        the balancer turns two reports into rates."""
+        device = device_state(self.device)
+        with self.lock:
+            unit_bytes: Counter[int] = Counter()
+            for (_, unit), shard in self.shards.items():
+                unit_bytes[unit] += shard.nbytes
+            return LoadReport(
+                at=time.monotonic(),
+                busy_seconds=self._busy_seconds,
+                unit_seconds={u: dict(ops) for u, ops in self._unit_seconds.items()},
+                shard_seconds={key: self._shard_seconds.get(key, 0.0) for key in self.shards},
+                unit_bytes=dict(unit_bytes),
+                op_seconds=dict(self._op_seconds),
+                device_utilization=device.utilization,
+                operations=self._operations,
+                failures=self._failures,
+                device_errors=device.errors,
+            )
+
+    def info(self) -> WorkerInfo:
+        device = device_state(self.device)
+        engine_bytes, spilled_bytes = self.engine.memory()
+        memory = dataclasses.replace(
+            memory_state(),
+            engine_bytes=engine_bytes,
+            spilled_bytes=spilled_bytes,
+            limit_bytes=self.memory_limit_mb << 20,
+        )
+        with self.lock:
+            held = [
+                (ShardInfo(t, u, s.rows, s.nbytes, s.lsn), _index_database(s))
+                for (t, u), s in sorted(self.shards.items())
+            ]
+            replicas = tuple(
+                ReplicaInfo(t, s.rows, s.nbytes, s.lsn) for t, s in sorted(self.replicas.items())
+            )
+            info = WorkerInfo(
+                profile=self.profile,
+                shards=(),
+                replicas=replicas,
+                queries_running=self._running,
+                busy_seconds=self._busy_seconds,
+                uptime_seconds=time.monotonic() - self._started,
+                catalog_version=self.catalog.version,
+                device=device,
+                memory=memory,
+                engine_fallbacks=dict(getattr(self.executor, "fallbacks", {})),
+                last_fallback=str(getattr(self.executor, "last_fallback", "")),
+                pid=os.getpid(),
+            )
+        # which key indexes exist, asked of DuckDB once and outside the node's lock (a
+        # fragment never waits on it); nothing is asked where no shard has one
+        indexed = self.engine.indexed_databases() if any(db for _, db in held) else set()
+        shards = tuple(
+            dataclasses.replace(shard, indexed=database in indexed) if database else shard
+            for shard, database in held
+        )
+        return dataclasses.replace(info, shards=shards)

@@ -1,0 +1,462 @@
+"""A node-loss drill for a multi-node cluster: inserts and checked queries run while shards
+move live between Ray nodes and whole Ray nodes are killed; the report says what the
+clients saw (failed operations, wrong answers, lost or duplicated rows) and how long the
+cluster took to serve every shard again after each loss.
+
+``python -m shardflow.tools.drill --address A --data-dir D --moves 20 --kill ray-2`` runs it
+against the local cluster of ``shardflow cluster up``; ``bench/cluster.py`` wraps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from shardflow.api import Database, connect
+from shardflow.errors import Error, MigrationError, MoveRefusedError
+from shardflow.tools.localcluster import LocalRayCluster
+
+EVENTS = "drill_events"
+FACTS = "drill_facts"
+CHECKED_SQL = f"SELECT g, count(*) AS n, sum(x) AS s FROM {FACTS} GROUP BY g ORDER BY g"
+"""The checked reader's query: its answer is compared with DuckDB's over the same rows."""
+BIG = "drill_big"
+BIG_ROWS = 200_000
+"""A table big enough that moving a shard of it takes a while (with a bandwidth cap)."""
+MID_MOVE = "coordinator-mid-move"
+"""A kill target: the coordinator's node, while it runs a move between two other nodes."""
+MOVE_HEAD_START_S = 0.5
+LOST = "lost"
+"""A node to rejoin: the name of the first node the drill killed."""
+RESULTS = "results"
+"""A kill target: a node holding fragment results a query has not read yet."""
+RESULT_HOLD_S = 3.0
+HELD_SQL = f"SELECT id, pad FROM {BIG} WHERE id % 3 = 0"
+"""Fragment results of a few hundred KB each: kept in the workers' object stores (small
+ones travel inside the reply and cannot be lost with a node)."""
+HELD_ROWS = len(range(0, BIG_ROWS, 3))
+BATCH = 25
+RECOVERY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class DrillReport:
+    recovery_s: list[float] = field(default_factory=list)
+    """Per node lost: seconds from the kill until every shard was served again."""
+    failed_ops: int = 0
+    wrong_answers: int = 0
+    lost_rows: int = 0
+    duplicated_rows: int = 0
+    moves: int = 0
+    move_failures: int = 0
+    queries: int = 0
+    inserts: int = 0
+    failures: list[str] = field(default_factory=list)
+    """The first few failures, as the clients saw them."""
+    joined: list[str] = field(default_factory=list)
+    """Nodes that joined on Ray nodes started during the drill."""
+    lost: list[str] = field(default_factory=list)
+    """The Ray nodes killed, in order."""
+    results_recomputed: int = 0
+    """Query reruns because results the query had not read yet were lost with a node."""
+    interrupted_moves: list[str] = field(default_factory=list)
+    """How each move cut short by the loss of the coordinator's node ended."""
+
+    def line(self) -> str:
+        worst = max(self.recovery_s, default=0.0)
+        return (
+            f"node_loss_recovery_s={worst:.2f} failed_ops={self.failed_ops} "
+            f"lost_rows={self.lost_rows} moves={self.moves} move_failures={self.move_failures}"
+        )
+
+
+def events(start: int, count: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + count), pa.int64())})
+
+
+def facts(rows: int) -> pa.Table:
+    ids = range(rows)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "g": pa.array([i % 13 for i in ids], pa.int64()),
+            "x": pa.array([(i * 7) % 1000 for i in ids], pa.int64()),
+        }
+    )
+
+
+def oracle(table: pa.Table) -> list[dict[str, Any]]:
+    """DuckDB's answer to the checked query over ``table``."""
+    con = duckdb.connect()
+    try:
+        con.register(FACTS, table)
+        answer: list[dict[str, Any]] = con.sql(CHECKED_SQL).to_arrow_table().to_pylist()
+        return answer
+    finally:
+        con.close()
+
+
+class Workload:
+    """An inserter of unique ids, a reader that counts them (the count never goes down) and
+    a reader whose answers are checked against DuckDB."""
+
+    def __init__(self, db: Database, expected: list[dict[str, Any]], next_id: int) -> None:
+        self.db = db
+        self.expected = expected
+        self.next_id = next_id
+        self.acked: list[int] = []
+        self.report = DrillReport()
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._insert, daemon=True),
+            threading.Thread(target=self._count, daemon=True),
+            threading.Thread(target=self._check, daemon=True),
+        ]
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        with self._lock:
+            self.report.failed_ops += 1
+            if len(self.report.failures) < 5:
+                self.report.failures.append(f"{what}: {type(error).__name__}: {error}")
+
+    def _insert(self) -> None:
+        while not self.stop.is_set():
+            start = self.next_id
+            self.next_id += BATCH
+            try:
+                self.db.insert(EVENTS, events(start, BATCH))
+            except Exception as error:
+                self._failed("insert", error)
+                continue
+            self.acked.extend(range(start, start + BATCH))
+            self.report.inserts += 1
+
+    def _count(self) -> None:
+        last = 0
+        while not self.stop.is_set():
+            try:
+                count = self.db.sql(f"SELECT count(*) FROM {EVENTS}")[0][0].as_py()
+            except Exception as error:
+                self._failed("count", error)
+                continue
+            self.report.queries += 1
+            if count < last:
+                self.report.wrong_answers += 1
+                self._failed("count", AssertionError(f"the count went down: {last} -> {count}"))
+            last = count
+            self.stop.wait(0.05)
+
+    def _check(self) -> None:
+        while not self.stop.is_set():
+            try:
+                answer = self.db.sql(CHECKED_SQL).to_pylist()
+            except Exception as error:
+                self._failed("checked query", error)
+                continue
+            self.report.queries += 1
+            if answer != self.expected:
+                self.report.wrong_answers += 1
+                self._failed("checked query", AssertionError("answer differs from DuckDB's"))
+            self.stop.wait(0.05)
+
+    def __enter__(self) -> Workload:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=RECOVERY_TIMEOUT_S)
+
+
+def prepare(db: Database, rows: int) -> tuple[list[dict[str, Any]], int]:
+    """Create the drill's tables (once per data directory); returns DuckDB's answer to the
+    checked query and the first id free for inserts."""
+    table = facts(rows)
+    names = set(db.tables().column("name").to_pylist())
+    if FACTS not in names:
+        db.create_table(FACTS, table, distributed_by="id")
+    if EVENTS not in names:
+        db.create_table(EVENTS, events(0, rows), distributed_by="id")
+    if BIG not in names:
+        ids = pa.array(range(BIG_ROWS), pa.int64())
+        padding = pa.array(["x" * 40] * BIG_ROWS)
+        db.create_table(BIG, pa.table({"id": ids, "pad": padding}), distributed_by="id")
+    top = db.sql(f"SELECT coalesce(max(id), -1) FROM {EVENTS}")[0][0].as_py()
+    return oracle(table), int(top) + 1
+
+
+def forced_moves(db: Database, count: int, report: DrillReport) -> None:
+    """Move ``count`` shards of the events table to other nodes, one after another."""
+    done = attempts = 0
+    while done < count and attempts < count * 4:
+        attempts += 1
+        alive = sorted(n.node_id for n in db.cluster.nodes() if n.alive)
+        shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == EVENTS]
+        if len(alive) < 2 or not shards:
+            break
+        shard = shards[done % len(shards)]
+        others = [n for n in alive if n != shard["node"]]
+        target = others[done % len(others)]
+        try:
+            db.cluster.migrate(str(shard["shard"]), target)
+        except MigrationError as error:
+            report.move_failures += 1
+            report.failures.append(f"move: {error}")
+        except MoveRefusedError:  # moving already (the balancer), or gone: pick again
+            continue
+        done += 1
+    report.moves = done
+
+
+def wait_served(db: Database, lost_ray_node: str, started: float) -> float:
+    """Seconds from ``started`` until no member runs on the lost Ray node and a query
+    reading every shard of the events table answers."""
+    deadline = started + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            nodes = db.cluster.nodes()
+            if all(n.alive and n.ray_node_id != lost_ray_node for n in nodes):
+                db.sql(f"SELECT count(*) FROM {EVENTS}")
+                return time.monotonic() - started
+        except Error:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"shards were not all served {RECOVERY_TIMEOUT_S:g}s after the loss")
+
+
+def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
+    """Kill a Ray node (``ray-2``, or ``coordinator``: the node the coordinator runs on)
+    with SIGKILL; returns its name and Ray node id."""
+    if target in ("coordinator", MID_MOVE, RESULTS):
+        host = db.cluster.coordinator_host()
+        if target == RESULTS:  # the node holding most of the big table, not the coordinator's
+            target = results_node(db, local, host)
+        else:
+            target = next(n.name for n in local.nodes() if n.node_id == host)
+    node = local.remove_node(target, kill=True)
+    return node.name, node.node_id
+
+
+def results_node(db: Database, local: LocalRayCluster, host: str) -> str:
+    """The Ray node, neither the head nor the coordinator's, whose data nodes hold the most
+    shards of the big table (so it holds results of the held scan)."""
+    ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+    held: dict[str, int] = {}
+    for shard in db.cluster.shards().to_pylist():
+        if shard["table"] == BIG:
+            ray_id = ray_node.get(str(shard["node"]), "")
+            held[ray_id] = held.get(ray_id, 0) + 1
+    candidates = [n for n in local.nodes() if not n.head and n.node_id != host]
+    best = max(candidates, key=lambda n: held.get(n.node_id, 0), default=None)
+    if best is None or not held.get(best.node_id):
+        raise RuntimeError("no node beside the coordinator's holds a shard of the big table")
+    return best.name
+
+
+class HeldResults:
+    """A scan of the big table whose fragment results wait on the workers (a second session
+    with ``test_hold_results_s``) while a node holding some of them is killed: the query must
+    run again and answer right."""
+
+    def __init__(self, local: LocalRayCluster, report: DrillReport) -> None:
+        self.report = report
+        holder = connect(
+            address=local.address, data_dir=local.data_dir, test_hold_results_s=RESULT_HOLD_S
+        )
+        assert isinstance(holder, Database)  # a Ray address: never a remote service
+        self.holder = holder
+        self.answer: pa.Table | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._scan, daemon=True)
+        self.thread.start()
+        session = self.holder._session
+        assert session is not None
+        if not session.results_held.wait(RECOVERY_TIMEOUT_S):  # the fragments ran; results wait
+            raise RuntimeError("the held scan's fragments did not finish")
+
+    def _scan(self) -> None:
+        try:
+            self.answer = self.holder.sql(HELD_SQL)
+        except BaseException as error:  # reported by settle()
+            self.error = error
+
+    def settle(self) -> None:
+        self.thread.join(timeout=RECOVERY_TIMEOUT_S)
+        try:
+            if self.error is not None or self.answer is None:
+                self.report.failed_ops += 1
+                self.report.failures.append(f"held scan: {self.error!r}")
+                return
+            reruns = self.holder.last_report.reruns if self.holder.last_report else 0
+            self.report.results_recomputed += reruns
+            if self.answer.num_rows != HELD_ROWS:
+                self.report.wrong_answers += 1
+                self.report.failures.append(f"held scan: {self.answer.num_rows} rows")
+        finally:
+            self.holder.close()
+
+
+class MoveInFlight:
+    """A live move of a shard of the big table between two nodes other than the
+    coordinator's, started on a thread (killing the coordinator's node cuts it short)."""
+
+    def __init__(self, db: Database, report: DrillReport) -> None:
+        self.db, self.report = db, report
+        host = db.cluster.coordinator_host()
+        ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+        shards = [
+            s
+            for s in db.cluster.shards().to_pylist()
+            if s["table"] == BIG and ray_node.get(str(s["node"]), host) != host
+        ]
+        if not shards:
+            raise RuntimeError("no shard of the big table off the coordinator's node")
+        self.shard = str(shards[0]["shard"])
+        others = [n for n, r in ray_node.items() if r != host and n != shards[0]["node"]]
+        if not others:
+            raise RuntimeError("a move beside the coordinator needs 3 serving nodes")
+        self.thread = threading.Thread(target=self._move, args=(others[0],), daemon=True)
+        self.thread.start()
+        time.sleep(MOVE_HEAD_START_S)  # copying by now
+
+    def _move(self, target: str) -> None:
+        try:
+            self.db.cluster.migrate(self.shard, target)
+        except Error:  # cut short: the restarted coordinator finishes or rolls it back
+            pass
+
+    def settle(self) -> None:
+        """Wait for the move's end and record how it ended; the big table must still hold
+        every row once."""
+        self.thread.join(timeout=RECOVERY_TIMEOUT_S)
+        ended = [m for m in self.db.cluster.migrations() if self.shard in m.shards]
+        self.report.interrupted_moves += [f"{m.phase}: {m.outcome}" for m in ended[-1:]]
+        if not ended or ended[-1].phase not in ("done", "rolled_back"):
+            self.report.move_failures += 1
+            self.report.failures.append(f"the move of {self.shard} did not end: {ended[-1:]}")
+        count, total = self.db.sql(f"SELECT count(*), sum(id) FROM {BIG}").to_pylist()[0].values()
+        if (count, total) != (BIG_ROWS, BIG_ROWS * (BIG_ROWS - 1) // 2):
+            self.report.wrong_answers += 1
+            self.report.failures.append(f"{BIG} holds {count} rows (sum {total}) after the move")
+
+
+def drain(db: Database, local: LocalRayCluster, name: str, report: DrillReport) -> None:
+    """Take a Ray node away gracefully: its shards move off live, then it stops."""
+    node = local.node(name)
+    try:
+        db.cluster.drain_host(node.node_id, deadline=RECOVERY_TIMEOUT_S)
+    except Error as error:
+        report.move_failures += 1
+        report.failures.append(f"drain {name}: {error}")
+        return
+    local.remove_node(name)
+
+
+def rejoin(db: Database, local: LocalRayCluster, name: str | None, report: DrillReport) -> None:
+    """Start a Ray node (named ``name``, else a new name) and wait until a worker joined
+    on it."""
+    node = local.add_node(name=name)
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        joined = [n.node_id for n in db.cluster.nodes() if n.ray_node_id == node.node_id]
+        if joined:
+            report.joined += joined
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"no worker joined on {name} within {RECOVERY_TIMEOUT_S:g}s")
+
+
+def run_drill(
+    db: Database,
+    local: LocalRayCluster,
+    *,
+    rows: int = 20_000,
+    moves: int = 20,
+    grow: int = 0,
+    drains: list[str] | tuple[str, ...] = (),
+    kills: list[str] | tuple[str, ...] = (),
+    rejoins: list[str] | tuple[str, ...] = (),
+    settle_s: float = 2.0,
+) -> DrillReport:
+    """Under load: ``grow`` new Ray nodes join, ``moves`` shards move live, the Ray nodes
+    in ``drains`` are drained and stopped, those in ``kills`` are SIGKILLed one after the
+    other, and Ray nodes named ``rejoins`` start again."""
+    expected, next_id = prepare(db, rows)
+    initial = db.sql(f"SELECT count(*) FROM {EVENTS}")[0][0].as_py()
+    with Workload(db, expected, next_id) as load:
+        time.sleep(settle_s / 2)
+        for _ in range(grow):
+            rejoin(db, local, None, load.report)
+        forced_moves(db, moves, load.report)
+        for name in drains:
+            drain(db, local, name, load.report)
+        lost = load.report.lost
+        for target in kills:
+            move = MoveInFlight(db, load.report) if target == MID_MOVE else None
+            held = HeldResults(local, load.report) if target == RESULTS else None
+            started = time.monotonic()
+            name, ray_node_id = kill(db, local, target)
+            lost.append(name)
+            load.report.recovery_s.append(wait_served(db, ray_node_id, started))
+            if move is not None:
+                move.settle()
+            if held is not None:
+                held.settle()
+            time.sleep(settle_s)
+        for name in rejoins:  # "lost": the first node this drill killed
+            rejoin(db, local, lost[0] if name == LOST and lost else name, load.report)
+        time.sleep(settle_s)
+    report = load.report
+    got = db.sql(f"SELECT id FROM {EVENTS} WHERE id >= {next_id}").column("id").to_pylist()
+    report.lost_rows = len(set(load.acked) - set(got))
+    report.duplicated_rows = len(got) - len(set(got))
+    kept = db.sql(f"SELECT count(*) FROM {EVENTS} WHERE id < {next_id}")[0][0].as_py()
+    report.lost_rows += max(0, initial - kept)  # rows from before the drill
+    report.duplicated_rows += max(0, kept - initial)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--moves", type=int, default=20)
+    parser.add_argument("--grow", type=int, default=0, help="Ray nodes to add first")
+    parser.add_argument("--drain", action="append", default=[], help="a Ray node to drain")
+    parser.add_argument(
+        "--kill", action="append", default=[], help=f"ray-N, coordinator, {MID_MOVE} or {RESULTS}"
+    )
+    parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
+    args = parser.parse_args(argv)
+    local = LocalRayCluster(args.data_dir)
+    # the drill's tables are small: spread them anyway, so every node has shards to lose
+    db = connect(address=args.address, data_dir=args.data_dir, initial_shard_bytes=0)
+    assert isinstance(db, Database)  # a Ray address: never a remote service
+    with db:
+        report = run_drill(
+            db,
+            local,
+            rows=args.rows,
+            moves=args.moves,
+            grow=args.grow,
+            drains=args.drain,
+            kills=args.kill,
+            rejoins=args.rejoin,
+        )
+    print("RESULT " + json.dumps(asdict(report)), flush=True)
+    print(report.line(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

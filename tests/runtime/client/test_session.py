@@ -1,0 +1,169 @@
+"""The session without Ray: the real ``Session`` over the in-process coordinator and workers
+(real DuckDB, real files), speaking to both through the protocol only. Its answers are
+checked against DuckDB over the same rows; its routing goes stale under moves, splits, a
+failover, and it retries as it does on Ray."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from shardflow.errors import (
+    ClosedError,
+    MoveRefusedError,
+    SqlSyntaxError,
+    TableExistsError,
+    UnknownShardError,
+    UnknownTableError,
+)
+from shardflow.runtime.client.session import Session
+from shardflow.runtime.inprocess import LocalBackend, LocalCoordinator, LocalWorkers
+from shardflow.runtime.query.fragments import WorkerCalls
+from tests.support.local_cluster import ROWS, LocalCluster, events, orders
+
+NATIONS = pa.table({"nid": pa.array(range(7), pa.int64()), "name": [f"n{i}" for i in range(7)]})
+
+QUERIES = (
+    "SELECT count(*) AS n, sum(id) AS s FROM events",
+    "SELECT id % 7 AS k, count(*) AS n, max(pad) AS p FROM events GROUP BY k ORDER BY k",
+    "SELECT e.id % 5 AS k, sum(o.amount) AS a FROM events e JOIN orders_e o ON e.id = o.oid "
+    "GROUP BY k ORDER BY k",
+    "SELECT n.name, count(*) AS c FROM events e JOIN nations n ON e.id % 7 = n.nid "
+    "GROUP BY n.name ORDER BY n.name",
+    "SELECT id, pad FROM events ORDER BY id DESC LIMIT 5",
+    "SELECT count(DISTINCT id % 1000) AS d FROM events WHERE id > 100",
+    "SELECT * FROM events WHERE id = 4242",
+)
+
+
+def oracle(tables: dict[str, pa.Table], query: str) -> list[dict[str, object]]:
+    con = duckdb.connect()
+    try:
+        for name, rows in tables.items():
+            con.register(name, rows)
+        return con.sql(query).to_arrow_table().to_pylist()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "data")
+    local.session.create_table("events", events(0, ROWS), "id", False, None)
+    local.session.create_table("orders_e", orders(0, ROWS), "oid", False, "events")
+    local.session.create_table("nations", NATIONS, None, True, None)
+    yield local
+    local.close()
+
+
+def rows_of(cluster: LocalCluster) -> dict[str, pa.Table]:
+    return {"events": events(0, ROWS), "orders_e": orders(0, ROWS), "nations": NATIONS}
+
+
+def test_the_session_runs_on_the_in_process_backend_through_the_protocol(
+    cluster: LocalCluster,
+) -> None:
+    backend = cluster.backend
+    assert isinstance(backend, LocalBackend)
+    assert isinstance(cluster.session.coordinator, LocalCoordinator)
+    assert isinstance(cluster.session.workers, LocalWorkers)
+    assert isinstance(backend.fragment_calls(), WorkerCalls)
+    for query in QUERIES:
+        answer, report = cluster.session.query(query)
+        assert answer.to_pylist() == oracle(rows_of(cluster), query), query
+        assert report.stages, query
+
+
+def test_a_stale_routing_snapshot_is_refreshed_and_the_work_retried(
+    cluster: LocalCluster,
+) -> None:
+    session = cluster.session
+    stale = session.catalog
+    [first, *_] = cluster.units("events")
+    target = next(n for n in cluster.catalog.nodes if n != first.node)
+    # moved and split behind the session's back: another client's doing
+    assert cluster.backend.node.migrate(first.unit_id, target)["phase"] == "done"
+    [second, *_] = [u for u in cluster.units("events") if u.unit_id != first.unit_id]
+    assert cluster.backend.node.split(second.unit_id)["phase"] == "done"
+    assert session.catalog is stale and stale.epoch < cluster.catalog.epoch
+    session.insert("events", events(ROWS, 300))  # told Moved, routed again: lands once
+    query = QUERIES[0]
+    answer, _ = session.query(query)
+    assert answer.to_pylist() == oracle({"events": events(0, ROWS + 300)}, query)
+    assert session.catalog.epoch == cluster.catalog.epoch
+
+
+def test_a_failed_over_worker_is_seen_gone_and_its_shards_served_elsewhere(
+    cluster: LocalCluster,
+) -> None:
+    gone = cluster.units("events")[0].node
+    cluster.workers.stop(gone)  # a dead worker answers WorkerGone from now on
+    cluster.controller.fail_node(gone)  # what the watch loop does
+    for query in QUERIES[:3]:
+        answer, _ = cluster.session.query(query)
+        assert answer.to_pylist() == oracle(rows_of(cluster), query), query
+    assert gone not in cluster.session.catalog.nodes
+
+
+def test_nodes_join_and_leave_through_the_session(cluster: LocalCluster) -> None:
+    session = cluster.session
+    node = session.add_node()  # started, admitted (calibrated), joined
+    assert node in cluster.catalog.nodes and node in cluster.state.profiles
+    [unit, *_] = cluster.units("events")
+    assert session.migrate(unit.unit_id, node)["phase"] == "done"
+    assert session.worker_infos()[node] is not None
+    report = session.drain(node, deadline_s=60)
+    assert report.drained and node not in cluster.catalog.nodes
+    assert not cluster.workers._workers.get(node), "a drained worker is stopped"
+    answer, _ = session.query(QUERIES[2])
+    assert answer.to_pylist() == oracle(rows_of(cluster), QUERIES[2])
+
+
+def test_tables_are_dropped_and_errors_are_the_coordinators_own(cluster: LocalCluster) -> None:
+    session = cluster.session
+    with pytest.raises(TableExistsError):
+        session.create_table("EVENTS", events(0, 10), "id", False, None)
+    with pytest.raises(SqlSyntaxError):
+        session.query("SELEC 1")
+    unit = cluster.units("events")[0].unit_id
+    with pytest.raises(MoveRefusedError, match="not adjacent"):
+        session.merge(unit, unit)
+    with pytest.raises(UnknownShardError, match="replicated"):
+        session.unit_of("nations#0")
+    uid = cluster.catalog.table("orders_e").uid
+    assert (Path(cluster.data_dir) / "tables" / uid).is_dir()
+    session.drop_table("orders_e")
+    assert "orders_e" not in cluster.catalog.tables
+    assert not (Path(cluster.data_dir) / "tables" / uid).exists()
+    with pytest.raises(UnknownTableError):
+        session.insert("orders_e", orders(0, 1))
+
+
+def test_closing_the_session_ends_a_call_that_is_retrying(cluster: LocalCluster) -> None:
+    session: Session = cluster.session
+    session.query(QUERIES[0])  # planned: the retry below is all that is left
+    for node in list(cluster.catalog.nodes):
+        cluster.workers.stop(node)  # nothing answers: it would retry for 30 s
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            session.query(QUERIES[0])
+        except BaseException as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=run)
+    started = time.monotonic()
+    caller.start()
+    time.sleep(0.3)
+    session.close()
+    caller.join(10)
+    assert not caller.is_alive()
+    assert [type(e) for e in outcome] == [ClosedError], outcome
+    assert time.monotonic() - started < session.settings.retry_deadline_s

@@ -1,0 +1,321 @@
+"""The fast lane's transport on its own (no Ray): a real listening socket on loopback, a
+worker side that runs fragments with DuckDB, the session's client side."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import ClusterError, Moved, QueryError, TableError
+from shardflow.runtime.fastlane import (
+    ARROW_FRAME_BYTES,
+    LaneBroken,
+    Lanes,
+    LaneServer,
+    to_wire,
+)
+from shardflow.runtime.protocol import FragmentStats, LaneAddress
+
+ROWS = pa.table({"k": pa.array(range(1000), pa.int64()), "s": [f"row {i}" for i in range(1000)]})
+
+
+class Worker:
+    """Runs fragments over ``t`` with DuckDB, as a worker runs them over its shards."""
+
+    def __init__(self) -> None:
+        self.engine = DuckDBEngine(threads=1)
+        self.calls: list[tuple[str, Mapping[str, list[int]], int, bool]] = []
+
+    def run(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> tuple[pa.Table, FragmentStats]:
+        self.calls.append((sql, bindings, epoch, profile))
+        if epoch < 0:
+            raise Moved("t#1", 3)
+        if sql == "crash":
+            raise RuntimeError("a bug of the worker's own")
+        try:
+            result = self.engine.run(sql, {"t": ROWS, **inputs})
+        except duckdb.Error as error:
+            raise QueryError(str(error)) from None
+        return result, FragmentStats(0.001, result.num_rows, engine="duckdb")
+
+
+@pytest.fixture
+def lane() -> Iterator[tuple[LaneServer, Worker, Lanes]]:
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0")
+    lanes = Lanes()
+    yield server, worker, lanes
+    lanes.close()
+    server.close()
+    worker.engine.close()
+
+
+def test_a_fragment_and_its_measurements_come_back(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, worker, lanes = lane
+    assert server.address.host == "127.0.0.1"
+    result, stats = lanes.execute(
+        server.address, "SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True
+    )
+    assert result.to_pylist() == [{"k": 7, "s": "row 7"}]
+    assert stats == FragmentStats(0.001, 1, engine="duckdb")
+    assert worker.calls == [("SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True)]
+    whole, _ = lanes.execute(server.address, "SELECT * FROM t, range(300)", {}, 5, False)
+    assert whole.num_rows == 300_000  # megabytes: written in parts, read whole
+    assert whole.slice(0, 1000).column("k").to_pylist() == list(range(1000))
+
+
+def test_a_fragments_inputs_go_along_with_it(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    """A later stage reads what the client merged of an earlier one: the rows travel with
+    the request, small or in parts of megabytes, and a refused fragment still reads them
+    all (the next call on the same connection is answered)."""
+    server, _, lanes = lane
+    keys = pa.table({"k": pa.array([3, 5, 7], pa.int64())})
+    many = pa.table({"n": pa.array(range(400_000), pa.int64())})  # more than a frame
+    assert many.nbytes > ARROW_FRAME_BYTES
+    sql = "SELECT t.k, t.s, (SELECT count(*) FROM many) AS n FROM t JOIN keys USING (k) ORDER BY k"
+    result, _ = lanes.execute(server.address, sql, {}, 1, False, {"keys": keys, "many": many})
+    assert result.to_pylist() == [{"k": k, "s": f"row {k}", "n": 400_000} for k in (3, 5, 7)]
+    with pytest.raises(QueryError):
+        lanes.execute(server.address, "SELECT nothing FROM keys", {}, 1, False, {"keys": keys})
+    [kept] = lanes._idle[server.address]
+    again, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 1, False)
+    assert again.to_pylist() == [{"n": 1000}]
+    assert lanes._idle[server.address] == [kept]  # the same connection, still in step
+
+
+def test_the_workers_errors_arrive_as_they_were_raised(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, _, lanes = lane
+    with pytest.raises(QueryError, match="nope"):
+        lanes.execute(server.address, "SELECT nope FROM t", {}, 0, False)
+    with pytest.raises(Moved):  # retryable: the session refreshes its routing and retries
+        lanes.execute(server.address, "SELECT 1", {}, -1, False)
+    with pytest.raises(ClusterError, match="a bug of the worker's own") as caught:
+        lanes.execute(server.address, "crash", {}, 0, False)
+    assert not isinstance(caught.value, LaneBroken)
+    result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+    assert result.to_pylist() == [{"n": 1000}]  # the same connection serves on
+
+
+def test_a_peer_without_the_token_gets_nothing(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, worker, lanes = lane
+    forged = LaneAddress(server.address.host, server.address.port, "00" * 16)
+    with pytest.raises(LaneBroken):
+        lanes.execute(forged, "SELECT 1", {}, 0, False)
+    with socket.create_connection((server.address.host, server.address.port)) as peer:
+        peer.sendall(b"\x00" * 16 + b"\x00" * 7 + b"\x10" + b'{"sql": "SELECT 1"}')
+        peer.settimeout(5)
+        try:
+            answer = peer.recv(100)
+        except ConnectionResetError:  # hung up with our bytes unread
+            answer = b""
+        assert answer == b""  # hung up, unanswered
+    assert worker.calls == []
+
+
+def test_a_lane_whose_worker_is_gone_is_broken(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    lanes.execute(server.address, "SELECT 1", {}, 0, False)  # a connection kept open
+    server.close()
+    with pytest.raises(LaneBroken):  # the kept connection is refused an answer, or fails
+        for _ in range(3):
+            lanes.execute(server.address, "SELECT 1", {}, 0, False)
+
+
+def test_clients_in_many_threads_each_get_their_own_answer(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, _, lanes = lane
+    wrong: list[object] = []
+
+    def client(first: int) -> None:
+        for key in range(first, 1000, 8):
+            result, _ = lanes.execute(
+                server.address, f"SELECT s FROM t WHERE k = {key}", {}, 0, False
+            )
+            if result.to_pylist() != [{"s": f"row {key}"}]:
+                wrong.append((key, result.to_pylist()))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def test_closing_the_client_closes_connections_still_in_use() -> None:
+    """A session closed while a query is on a lane: that connection closes when the call
+    ends rather than being kept (an unclosed socket fails the test when collected)."""
+    release = threading.Event()
+    worker = Worker()
+
+    def slow(
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> tuple[pa.Table, FragmentStats]:
+        release.wait(10)
+        return worker.run(sql, bindings, epoch, profile, inputs)
+
+    server = LaneServer(slow, "127.0.0.1", "node-0")
+    lanes = Lanes()
+    answers: list[object] = []
+    call = threading.Thread(
+        target=lambda: answers.append(lanes.execute(server.address, "SELECT 1 AS x", {}, 0, False))
+    )
+    call.start()
+    time.sleep(0.2)
+    lanes.close()
+    release.set()
+    call.join(10)
+    assert len(answers) == 1 and lanes._idle == {}
+    server.close()
+    worker.engine.close()
+    gc.collect()
+
+
+def test_a_closed_server_hangs_up_on_its_clients(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    lanes.execute(server.address, "SELECT 1", {}, 0, False)
+    [kept] = lanes._idle[server.address]
+    server.close()
+    kept.settimeout(5)
+    assert kept.recv(1) == b""  # hung up
+
+
+def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
+    worker = Worker()
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def slow(
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+    ) -> tuple[pa.Table, FragmentStats]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return worker.run(sql, bindings, epoch, profile, inputs)
+
+    server = LaneServer(slow, "127.0.0.1", "node-0", concurrency=2)
+    lanes = Lanes()
+    calls = [
+        threading.Thread(target=lanes.execute, args=(server.address, "SELECT 1", {}, 0, False))
+        for _ in range(6)
+    ]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join(10)
+    assert len(worker.calls) == 6 and most == 2  # all ran, never more than two at once
+    lanes.close()
+    server.close()
+    worker.engine.close()
+
+
+class Loader:
+    """Takes a load's parts as a worker's ``stage`` does (and refuses an unknown table)."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, dict[int | str, pa.Table]]] = []
+
+    def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
+        if table != "t":
+            raise TableError(f"no load of {table!r} is under way")
+        self.staged.append((table, dict(parts)))
+        return sum(part.num_rows for part in parts.values())
+
+
+def test_a_loads_parts_go_over_the_lane_as_they_were() -> None:
+    loader = Loader()
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", stage=loader.stage)
+    lanes = Lanes()
+    big = pa.table({"k": pa.array(range(300_000), pa.int64())})  # over ARROW_FRAME_BYTES
+    assert big.nbytes >= ARROW_FRAME_BYTES > ROWS.nbytes
+    try:
+        rows = lanes.stage(server.address, "t", {3: to_wire(big), "replica": to_wire(ROWS)})
+        assert rows == big.num_rows + ROWS.num_rows
+        [(table, parts)] = loader.staged
+        assert table == "t" and list(parts) == [3, "replica"]  # the units' keys as they were
+        assert parts[3].equals(big) and parts["replica"].equals(ROWS)
+        with pytest.raises(TableError, match="no load of 'u'"):
+            lanes.stage(server.address, "u", {0: to_wire(ROWS)})
+        assert lanes.stage(server.address, "t", {}) == 0  # the same connection serves on
+    finally:
+        lanes.close()
+        server.close()
+        worker.engine.close()
+
+
+def test_a_lane_without_a_loader_refuses_loads(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    server, _, lanes = lane
+    with pytest.raises(ClusterError, match="takes no loads") as caught:
+        lanes.stage(server.address, "t", {0: to_wire(ROWS)})
+    assert not isinstance(caught.value, LaneBroken)
+    result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+    assert result.to_pylist() == [{"n": 1000}]  # the parts were read: the lane serves on
+
+
+def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
+    """The target of a move pulls its source's snapshot chunk by chunk: each as the source
+    handed it out, then None; the source's errors as raised."""
+    chunks = {("t", 3): [ROWS, pa.table({"k": pa.array(range(300_000), pa.int64())})]}
+
+    def export(move_id: str, shard: tuple[str, int]) -> pa.Table | None:
+        if move_id != "m1":
+            raise Moved(f"no move {move_id}", 2)
+        left = chunks[shard]
+        return left.pop(0) if left else None
+
+    worker = Worker()
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", export=export)
+    lanes = Lanes()
+    try:
+        first = lanes.chunk(server.address, "m1", ("t", 3))
+        second = lanes.chunk(server.address, "m1", ("t", 3))
+        assert first is not None and first.equals(ROWS)
+        assert second is not None and second.num_rows == 300_000
+        assert lanes.chunk(server.address, "m1", ("t", 3)) is None
+        with pytest.raises(Moved, match="no move m2"):
+            lanes.chunk(server.address, "m2", ("t", 3))
+    finally:
+        lanes.close()
+        server.close()
+    without, lanes = LaneServer(worker.run, "127.0.0.1", "node-1"), Lanes()
+    try:
+        with pytest.raises(ClusterError, match="hands out no move's rows"):
+            lanes.chunk(without.address, "m1", ("t", 3))
+    finally:
+        lanes.close()
+        without.close()
+        worker.engine.close()

@@ -43,7 +43,7 @@ def test_demo_then_sql_on_its_data_directory(tmp_path: Path) -> None:
     assert seen["recovery_s"] >= 0, "the SIGKILLed worker's shards were served again"
 
     data_dir = str(tmp_path / "db-sf0.01")
-    sql = run("sql", "SELECT count(*) AS n FROM orders", "--data-dir", data_dir, "--workers", "1")
+    sql = run("sql", "SELECT count(*) AS n FROM orders", "--data-dir", data_dir)
     assert sql.returncode == 0, sql.stderr[-3000:]
     assert "15000" in sql.stdout
 
@@ -54,7 +54,7 @@ def test_demo_then_sql_on_its_data_directory(tmp_path: Path) -> None:
     # split in two by the story: on two workers, or whole on one if both halves are there
     assert "partial aggregate" in explain.stdout or "whole query" in explain.stdout
 
-    bad = run("sql", "SELECT * FROM nope", "--data-dir", data_dir, "--workers", "1")
+    bad = run("sql", "SELECT * FROM nope", "--data-dir", data_dir)
     assert bad.returncode == 2
     assert "UnknownTableError" in bad.stdout
 
@@ -74,10 +74,11 @@ def test_from_a_parquet_file_to_a_query_with_the_command_alone(tmp_path: Path) -
                    tmp_path / "t.parquet")  # fmt: skip
     pq.write_table(pa.table({"id": [100, 101], "g": [0, 0]}), tmp_path / "more.parquet")
     data_dir = str(tmp_path / "data")
-    common = ("--data-dir", data_dir, "--workers", "1")
+    common = ("--data-dir", data_dir)
     loaded = run(
-        "load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", "--key-index", *common
-    )
+        "load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", "--key-index",
+        "--workers", "1", *common,
+    )  # fmt: skip
     assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
     assert "loaded 100 rows into t" in loaded.stdout
     inserted = run("insert", "t", str(tmp_path / "more.parquet"), *common)

@@ -446,7 +446,8 @@ class Database:
 
     @_while_open
     def tables(self) -> pa.Table:
-        """One row per table: how it is distributed, its shards and its rows now."""
+        """One row per table: how it is distributed, its shards (a replicated table's
+        copies, one a node, as ``cluster.shards()`` lists them) and its rows now."""
         session = self._session_or_raise()
         infos = session.worker_infos()
         rows: dict[str, int] = defaultdict(int)
@@ -455,6 +456,8 @@ class Database:
             for shard in info.shards if info is not None else ():
                 rows[shard.table] += shard.rows
                 shards[shard.table] += 1
+            for replica in info.replicas if info is not None else ():
+                shards[replica.table] += 1  # a replicated table's copies, one a node
         catalog = session.catalog
         primary_info = infos.get(catalog.primary) if catalog.primary is not None else None
         for replica in primary_info.replicas if primary_info is not None else ():
@@ -467,7 +470,7 @@ class Database:
                 "distributed_by": [s.key or None for s in specs],
                 "colocation_group": [s.group for s in specs],
                 "key_index": [s.key_index for s in specs],
-                "shards": [shards[s.name] if s.distributed else 0 for s in specs],
+                "shards": [shards[s.name] for s in specs],
                 "rows": [rows[s.name] for s in specs],
                 "columns": [s.schema.names for s in specs],
             }

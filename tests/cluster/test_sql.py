@@ -158,6 +158,7 @@ def test_tables_nodes_and_shards_report_what_is_where(db: shardflow.Database) ->
     assert tables["lineitem"]["distributed_by"] == "l_orderkey"
     assert tables["lineitem"]["colocation_group"] == tables["orders"]["colocation_group"]
     assert tables["nation"]["kind"] == "replicated" and tables["nation"]["rows"] == 25
+    assert tables["nation"]["shards"] == 4  # its copies, one a worker, as cluster shards lists
     per_worker = Settings().shards_per_worker  # the fixture's cluster has the defaults
     assert tables["orders"]["rows"] == 150_000 and tables["orders"]["shards"] == 4 * per_worker
 

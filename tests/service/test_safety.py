@@ -359,3 +359,39 @@ def test_sql_cannot_read_the_servers_files(served: Served) -> None:
         ):
             with pytest.raises(shardflow.QueryError, match="disabled by config"):
                 olga.sql(query)
+
+
+def no_stack(message: str) -> None:
+    """A client learns shardflow's error class and message, never the server's stack."""
+    for secret in ("Traceback", 'File "', ".py", "line "):
+        assert secret not in message, message
+
+
+def test_errors_reach_clients_without_the_servers_traceback(served: Served) -> None:
+    """The README's ADBC example run twice (its table exists the second time), a query of
+    a table that is not there, a command the server does not know: each error names
+    shardflow's class and says what to do, and carries no path or stack of the server."""
+    with flight_sql.connect(
+        served.uri,
+        db_kwargs={"username": "bob", "password": PASSWORDS["bob"]},
+        autocommit=True,
+    ) as writer:
+        with writer.cursor() as cur:
+            cur.adbc_ingest("twice", sample_table(3), mode="create")
+            with pytest.raises(adbc_driver_manager.ProgrammingError) as exists:
+                cur.adbc_ingest("twice", sample_table(3), mode="create")
+            with pytest.raises(adbc_driver_manager.ProgrammingError) as unknown:
+                cur.execute("SELECT * FROM not_there")
+    said = str(exists.value)
+    assert "TableExistsError: table twice exists" in said and "mode 'append'" in said, said
+    assert "UnknownTableError" in str(unknown.value)
+    client, options = authenticated(served)
+    with pytest.raises(pa.ArrowInvalid) as action:
+        list(client.do_action(flight.Action("format_disk", b""), options))
+    with pytest.raises(pa.ArrowInvalid) as path:
+        client.get_flight_info(flight.FlightDescriptor.for_path("t"), options)
+    client.close()
+    for error in (exists.value, unknown.value, action.value, path.value):
+        no_stack(str(error))
+    with as_user(served, "olga") as olga:
+        olga.drop_table("twice")

@@ -85,3 +85,18 @@ def test_data_dir_accepts_file_uris(tmp_path: Path) -> None:
     data_dir.write_atomic(data_dir.path("x.bin"), b"abc")
     assert data_dir.read(data_dir.path("x.bin")) == b"abc"
     assert (tmp_path / "nested" / "x.bin").read_bytes() == b"abc"
+
+
+def test_a_cluster_that_starts_again_keeps_its_node_ids() -> None:
+    """The nodes a data directory last had come first (their units stay where they are);
+    more nodes get ids never used before, fewer keep the lowest (the rest's units are
+    placed again)."""
+    import doctest
+
+    from shardflow.catalog import model
+
+    assert doctest.testmod(model).failed == 0
+    catalog = Catalog(nodes=("node-0", "node-3", "node-5"), next_node_index=7)
+    assert catalog.node_ids(3) == ["node-0", "node-3", "node-5"]
+    assert catalog.node_ids(5) == ["node-0", "node-3", "node-5", "node-7", "node-8"]
+    assert catalog.node_ids(2) == ["node-0", "node-3"]

@@ -236,6 +236,18 @@ class Catalog:
             excluded=tuple(n for n in self.excluded if n in nodes),
         )
 
+    def node_ids(self, count: int) -> list[str]:
+        """The ids of a cluster of ``count`` nodes over this catalog: its nodes first, so
+        that every unit they own stays where it is, then ids never used before.
+
+        >>> Catalog(nodes=("node-0", "node-2"), next_node_index=3).node_ids(3)
+        ['node-0', 'node-2', 'node-3']
+        >>> Catalog().node_ids(2)
+        ['node-0', 'node-1']
+        """
+        fresh = (f"node-{i}" for i in range(self.next_node_index, self.next_node_index + count))
+        return [*self.nodes[:count], *fresh][:count]
+
     def orphaned_units(self, nodes: Iterable[str]) -> list[Unit]:
         live = set(nodes)
         return [u for g in self.groups.values() for u in g.units if u.node not in live]

@@ -15,5 +15,6 @@ def main() -> None:
     try:
         app()
     except Error as error:
-        console.print(f"[red]error:[/red] {type(error).__name__}: {error}")
+        # one line however long: a wrapped message reads as several errors
+        console.print(f"[red]error:[/red] {type(error).__name__}: {error}", soft_wrap=True)
         raise SystemExit(2) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pyarrow as pa
 import typer
@@ -27,9 +27,13 @@ from shardflow.cli.common import (
     local_cluster,
     print_table,
     start_service,
+    status,
     write,
 )
-from shardflow.errors import Error
+from shardflow.errors import Error, MoveRefusedError
+
+if TYPE_CHECKING:
+    from shardflow.tools.localcluster import LocalNode
 
 cluster_app = typer.Typer(
     help="The cluster of a data directory — its nodes, shards and moves (attached to the "
@@ -43,12 +47,11 @@ app.add_typer(cluster_app, name="cluster")
 @cluster_app.command("nodes")
 def cluster_nodes(
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
     address: Address = None,
     form: FormatOption = Format.table,
 ) -> None:
     """Every node: device, engine, capacity, utilisation, health, shards, rows, bytes."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, looks=True) as db:
         nodes = db.cluster.nodes()
     rows = [
         {
@@ -67,19 +70,18 @@ def cluster_nodes(
         }
         for n in nodes
     ]
-    write(pa.Table.from_pylist(rows), form)
+    write(pa.Table.from_pylist(rows), form, fit=True)
 
 
 @cluster_app.command("shards")
 def cluster_shards(
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
     address: Address = None,
     form: FormatOption = Format.table,
 ) -> None:
     """Every shard: its table, unit, bucket range, node, rows and bytes."""
-    with connect_to(data_dir, workers, address) as db:
-        write(db.cluster.shards(), form)
+    with connect_to(data_dir, address, looks=True) as db:
+        write(db.cluster.shards(), form, fit=True)
 
 
 def _moves_table(records: list[Any]) -> pa.Table:
@@ -106,13 +108,12 @@ def _moves_table(records: list[Any]) -> pa.Table:
 @cluster_app.command("migrations")
 def cluster_migrations(
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
     address: Address = None,
     form: FormatOption = Format.table,
 ) -> None:
     """The history of live moves: phase, outcome, time, bytes, the write fence, why."""
-    with connect_to(data_dir, workers, address) as db:
-        write(_moves_table(db.cluster.migrations()), form)
+    with connect_to(data_dir, address, looks=True) as db:
+        write(_moves_table(db.cluster.migrations()), form, fit=True)
 
 
 @cluster_app.command("migrate")
@@ -120,11 +121,11 @@ def cluster_migrate(
     shard: Annotated[str, typer.Argument(help="A shard (lineitem#3), as cluster shards lists.")],
     to: Annotated[str, typer.Argument(help="The node it moves to (node-2).")],
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
+    workers: Workers = None,
     address: Address = None,
 ) -> None:
     """Move a shard (with every shard co-located with it) to another node, live."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, workers) as db:
         with console.status(f"moving {shard} to {to}"):
             record = db.cluster.migrate(shard, to)
     print_table(_moves_table([record]))
@@ -135,11 +136,11 @@ def cluster_drain(
     node: Annotated[str, typer.Argument(help="A shardflow node (node-1).")],
     deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
+    workers: Workers = None,
     address: Address = None,
 ) -> None:
     """Move every shard off a node live, then stop its worker."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, workers) as db:
         with console.status(f"draining {node}"):
             moved = db.cluster.drain(node, deadline)
     console.print(f"drained {node}: {len(moved)} move(s)")
@@ -153,12 +154,12 @@ def cluster_rebalance(
         bool, typer.Option("--apply", help="Carry the plan out (default: only show it).")
     ] = False,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
+    workers: Workers = None,
     address: Address = None,
 ) -> None:
     """What the balancer would do now (splits, merges and moves, with their reasons), or
     do it with --apply."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, workers, looks=not apply) as db:
         plan = db.cluster.rebalance(dry_run=not apply)
     console.print(f"{plan['reason']} (balanced by {plan['measure']})", markup=False)
     if plan["actions"]:
@@ -185,11 +186,17 @@ def cluster_up(
 ) -> None:
     """Start a head node and NODES data nodes, then shardflow on them (one worker each)."""
     local = local_cluster(data_dir)
-    with console.status(f"starting {nodes + 1} Ray nodes on 127.0.0.1"):
-        local.up(nodes, object_store_mb)
+    console.print(f"starting a head and {nodes} data node(s) on 127.0.0.1, one at a time")
+
+    def started(node: LocalNode) -> None:
+        what = "the head (no shards)" if node.head else "a data node"
+        console.print(f"  Ray node {node.name} started: {what}, pid {node.pid}")
+
+    local.up(nodes, object_store_mb, started)
     console.print(f"Ray cluster up at {local.address}: head + {nodes} data nodes")
+    console.print("starting shardflow on it: a worker on every data node")
     try:
-        with console.status("starting shardflow on it"):
+        with status.status("starting shardflow"):
             start_service(local.address, data_dir, None, assignments)
     except BaseException:
         local.down()
@@ -262,9 +269,18 @@ def cluster_remove_node(
     live before the deadline), or killed outright."""
     local = local_cluster(data_dir)
     with attach(local.address, data_dir) as db:
-        by_shardflow = {n.node_id: n.ray_node_name for n in db.cluster.nodes()}
+        nodes = db.cluster.nodes()
+        by_shardflow = {n.node_id: n.ray_node_name for n in nodes}
         name = by_shardflow.get(node) or node
         target = local.node(name)
+        here = [n for n in nodes if n.alive and n.ray_node_id == target.node_id]
+        elsewhere = [n for n in nodes if n.alive and n.ray_node_id != target.node_id]
+        if not kill and here and not elsewhere:
+            raise MoveRefusedError(
+                f"{name} is the last data node: its shards have nowhere to go. Add one first "
+                "(shardflow cluster add-node), or stop the whole cluster (shardflow cluster "
+                "down); --kill takes it away as a crash would"
+            )
         if not kill:
             from shardflow.runtime.ray.bootstrap import request_ray_drain
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,11 +27,22 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
-if not console.is_terminal:
+if not console.is_terminal and "COLUMNS" not in os.environ:
     console.width = 120  # piped output (CI logs): wide enough for the demo's table
+status = Console(stderr=True)
+"""Progress while something starts: on standard error, so that results on standard output
+stay clean for scripts."""
 
 DataDir = Annotated[Path, typer.Option(help="Data directory (catalog and table files).")]
-Workers = Annotated[int, typer.Option(min=1, max=64, help="Local workers to start.")]
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=64,
+        help="Workers to start when no cluster serves the data directory (default: as many as "
+        "it last had, else 4).",
+    ),
+]
 ServiceDir = Annotated[Path, typer.Option(help="Data directory the service serves.")]
 Address = Annotated[
     str | None,
@@ -55,11 +67,11 @@ FormatOption = Annotated[
 ]
 
 
-def write(table: pa.Table, form: Format) -> None:
+def write(table: pa.Table, form: Format, fit: bool = False) -> None:
     """A result on standard output: a rich table for people; CSV, JSON lines or an Arrow
-    IPC stream (every row, exact types) for scripts."""
+    IPC stream (every row, exact types) for scripts. ``fit``: see :func:`print_table`."""
     if form is Format.table:
-        print_table(table)
+        print_table(table, fit=fit)
         return
     out = sys.stdout.buffer
     if form is Format.csv:
@@ -75,8 +87,15 @@ def write(table: pa.Table, form: Format) -> None:
     out.flush()
 
 
-def print_table(table: pa.Table, limit: int = 50) -> None:
+def print_table(table: pa.Table, limit: int = 50, fit: bool = False) -> None:
+    """The first ``limit`` rows as a table for people. With ``fit`` a row stays one line
+    however narrow the terminal: long cells are cut short (…), not wrapped (the full values:
+    ``--format csv`` or ``json``)."""
     view = Table(*table.column_names)
+    if fit:
+        for column in view.columns:
+            column.no_wrap = True
+            column.overflow = "ellipsis"
     for row in table.slice(0, limit).to_pylist():
         view.add_row(*("NULL" if v is None else str(v) for v in row.values()))
     console.print(view)
@@ -96,14 +115,42 @@ def ray_database(address: str | None, data_dir: Path, **options: Any) -> Databas
     return db
 
 
-def connect_to(data_dir: Path, workers: int, address: str | None) -> Database:
+def connect_to(
+    data_dir: Path,
+    address: str | None,
+    workers: int | None = None,
+    *,
+    looks: bool = False,
+    creates: bool = False,
+) -> Database:
     """Attach to the cluster serving ``data_dir`` — at ``address``, or the local cluster of
-    ``shardflow cluster up`` when it runs there (fast) — else start an embedded one."""
+    ``shardflow cluster up`` when it runs there (fast) — else start an embedded one: the
+    cluster the data directory last had (its nodes under their ids, so no shard moves), or
+    ``workers`` for a new one. A command that only ``looks`` starts it exactly as it was,
+    without a balancer; one that ``creates`` (a load) may start on a new data directory,
+    any other refuses a directory that holds no shardflow data."""
     if address is None and local_cluster(data_dir).running:
         address = local_cluster(data_dir).address
     if address is not None:  # attach to the service serving data_dir there
         return attach(address, data_dir)
-    return ray_database(None, data_dir, workers=workers)
+    if not creates:
+        require_data(data_dir)
+    with status.status(f"starting the cluster of {data_dir}"):
+        if looks:  # looking never moves data
+            return ray_database(None, data_dir, auto_balance=False)
+        return ray_database(None, data_dir, workers=workers)
+
+
+def require_data(data_dir: Path) -> None:
+    """Refuse a data directory that holds no shardflow data (a typo must not start an empty
+    cluster in a new folder)."""
+    catalog = data_dir / "catalog"
+    if not catalog.is_dir() or not any(catalog.glob("*.json")):
+        where = data_dir.absolute()
+        raise ConfigError(
+            f"{where} holds no shardflow data (no catalog): check --data-dir; "
+            "`shardflow load` creates a table in a new one"
+        )
 
 
 def attach(address: str, data_dir: Path) -> Database:

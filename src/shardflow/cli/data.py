@@ -12,19 +12,20 @@ from shardflow.cli.common import (
     Address,
     DataDir,
     Format,
+    FormatOption,
     Workers,
     app,
     connect_to,
     console,
-    print_table,
     write,
 )
+from shardflow.errors import TableError
 
 
 @app.command()
 def demo(
     sf: Annotated[float, typer.Option(min=0.001, help="TPC-H scale factor.")] = 0.1,
-    workers: Workers = 4,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Local workers to start.")] = 4,
     repeat: Annotated[int, typer.Option(min=1, help="Timed runs per query (best).")] = 3,
     home: Annotated[Path, typer.Option(help="Where data is generated and loaded.")] = Path(
         ".shardflow-demo"
@@ -67,7 +68,6 @@ def demo(
 def sql(
     query: str,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
     address: Address = None,
     form: Annotated[
         Format,
@@ -78,7 +78,7 @@ def sql(
     ] = Format.table,
 ) -> None:
     """Run one query against the tables in a data directory."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, looks=True) as db:
         write(db.sql(query), form)
 
 
@@ -97,11 +97,13 @@ def load(
         bool, typer.Option(help="Index the distribution column in every shard (point lookups).")
     ] = False,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
+    workers: Workers = None,
     address: Address = None,
 ) -> None:
     """Create a table from Parquet and load it (durable once this returns)."""
-    with connect_to(data_dir, workers, address) as db:
+    if "://" not in path and not Path(path).exists():  # said before any cluster starts
+        raise TableError(f"source {path!r} does not exist")
+    with connect_to(data_dir, address, workers, creates=True) as db:
         rows = db.create_table(
             name,
             path,
@@ -119,42 +121,55 @@ def insert(
     name: Annotated[str, typer.Argument(help="The table to insert into.")],
     path: Annotated[str, typer.Argument(help="A Parquet file or directory of new rows.")],
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
+    workers: Workers = None,
     address: Address = None,
 ) -> None:
     """Insert the rows of a Parquet file into a table (acknowledged once durable)."""
     import pyarrow.dataset as ds
 
-    from shardflow.errors import TableError
-
     try:
         rows = ds.dataset(path, format="parquet").to_table()
     except (OSError, pa.ArrowException) as error:
         raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, workers) as db:
         count = db.insert(name, rows)
     console.print(f"inserted {count} rows into {name}")
+
+
+@app.command()
+def drop(
+    name: Annotated[str, typer.Argument(help="The table to drop.")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = None,
+    address: Address = None,
+) -> None:
+    """Drop a table: its rows and files are gone once this returns."""
+    with connect_to(data_dir, address, workers) as db:
+        db.drop_table(name)
+    console.print(f"dropped {name}")
 
 
 @app.command()
 def explain(
     query: str,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 1,
     address: Address = None,
 ) -> None:
     """Show where each part of a query would run."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, looks=True) as db:
         console.print(db.explain(query), markup=False, highlight=False)
 
 
 @app.command()
 def tables(
-    data_dir: DataDir = Path(".shardflow"), workers: Workers = 1, address: Address = None
+    data_dir: DataDir = Path(".shardflow"),
+    address: Address = None,
+    form: FormatOption = Format.table,
 ) -> None:
-    """List the tables in a data directory."""
-    with connect_to(data_dir, workers, address) as db:
-        print_table(db.tables())
+    """List the tables in a data directory: kind, key, shards (a replicated table's copies),
+    rows, columns."""
+    with connect_to(data_dir, address, looks=True) as db:
+        write(db.tables(), form)
 
 
 @app.command()
@@ -164,12 +179,11 @@ def profile(
         Path | None, typer.Option(help="Write the timeline page (one lane per worker) here.")
     ] = None,
     data_dir: DataDir = Path(".shardflow"),
-    workers: Workers = 4,
     address: Address = None,
 ) -> None:
     """Run a query and show where its time went: planning, and per fragment the worker,
     device, engine, queue wait, execution, rows and bytes, transfer; and the merges."""
-    with connect_to(data_dir, workers, address) as db:
+    with connect_to(data_dir, address, looks=True) as db:
         result, found = db.profile(query)
     console.print(found.text(), markup=False, highlight=False)
     console.print(f"{result.num_rows} rows")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,8 @@ def service_options(
             f"refusing to serve {host} without TLS: passwords and data would cross the "
             "network in the clear. Give --tls-cert/--tls-key, or --insecure to do it anyway"
         )
+    if port:
+        _require_free(host, port)
     cert = key = None
     if tls_cert is not None and tls_key is not None:
         try:
@@ -45,6 +48,25 @@ def service_options(
         token_ttl_s=token_ttl_s,
         max_request_bytes=max_request_bytes,
     )
+
+
+def _require_free(host: str, port: int) -> None:
+    """Say at once, before any cluster starts, that ``host:port`` is taken (the Flight
+    server would only fail once everything else was up, in gRPC's words)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise ConfigError(f"cannot serve on {host}: {error}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ConfigError(
+                f"{host}:{port} is in use ({error.strerror}): stop what listens there, or "
+                "choose another --flight-port (0: any free one)"
+            ) from None
 
 
 def serve_flight(

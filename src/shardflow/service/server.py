@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import re
 import secrets
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from shardflow.api import Database
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 CATALOG = "shardflow"
 SCHEMA = "main"
 TABLE_TYPE = "TABLE"
@@ -169,8 +172,11 @@ def flight_error(error: BaseException) -> BaseException:
     """A shardflow error as the Flight error a client maps to its own exceptions (ADBC:
     DB-API errors); the message keeps shardflow's error name and text."""
     text = f"{type(error).__name__}: {error}"
-    answered = isinstance(error, flight.FlightError | pa.ArrowException)
-    if answered:  # already a Flight answer
+    flight_answer = isinstance(error, flight.FlightError)  # answered without a traceback
+    arrow_answer = isinstance(error, pa.ArrowException)  # an answer, said as it is
+    if flight_answer or arrow_answer:
+        if arrow_answer:
+            setattr(error, "shardflow_error", type(error).__name__)  # noqa: B010
         return error
     kind: type[Exception] = flight.FlightServerError
     if isinstance(error, UnknownTableError | UnknownShardError):
@@ -184,7 +190,45 @@ def flight_error(error: BaseException) -> BaseException:
     else:
         log.exception("internal error serving a Flight call", exc_info=error)
         text = f"internal error: {text}"
-    return kind(text)
+    answer = kind(text)
+    answer.shardflow_error = type(error).__name__  # type: ignore[attr-defined]
+    return answer
+
+
+def _plainly(handler: Callable[..., R]) -> Callable[..., R]:
+    """A Flight call whose every error reaches the client as :func:`flight_error` makes
+    it: shardflow's error class and message, never this process's traceback."""
+
+    def call(self: Any, /, *args: Any, **kwargs: Any) -> R:
+        try:
+            return handler(self, *args, **kwargs)
+        except Exception as error:
+            raise flight_error(error) from None
+
+    functools.update_wrapper(call, handler)
+    return call
+
+
+def _terse_details() -> None:
+    """A Python exception a Flight call ends with reaches the client with its traceback
+    (pyarrow formats it into the status's detail with ``traceback.format_exception``): the
+    server's source paths and stack, for any client to read. Our answers carry shardflow's
+    error class and message only; the traceback stays here, in the log of internal errors.
+    Only exceptions :func:`flight_error` made are formatted so; every other traceback of
+    this process is formatted as before."""
+    if getattr(traceback.format_exception, "shardflow", False):
+        return
+    formatted = traceback.format_exception
+
+    def format_exception(exc: Any, /, *args: Any, **kwargs: Any) -> list[str]:
+        value = args[0] if args and args[0] is not None else exc
+        name = getattr(value, "shardflow_error", None)
+        if isinstance(name, str):
+            return [name]
+        return formatted(exc, *args, **kwargs)
+
+    format_exception.shardflow = True  # type: ignore[attr-defined]
+    traceback.format_exception = format_exception
 
 
 def _denied(what: str, role: str, needed: str) -> flight.FlightUnauthorizedError:
@@ -249,6 +293,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def __init__(self, db: Database, data_dir: str, options: ServiceOptions) -> None:
         tls = options.tls_cert is not None and options.tls_key is not None
         scheme = "grpc+tls" if tls else "grpc+tcp"
+        _terse_details()  # no traceback of this process in an answer
         self.db = db
         self.options = options
         self.store = AuthStore(data_dir)
@@ -311,6 +356,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         return principal
 
     # -- Flight calls -----------------------------------------------------------------
+    @_plainly
     def get_flight_info(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.FlightInfo:
@@ -333,12 +379,14 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         ticket = fsql.pack(fsql.new("TicketStatementQuery", statement_handle=handle))
         return _info(descriptor, table.schema, ticket, table)
 
+    @_plainly
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.SchemaResult:
         info = self.get_flight_info(context, descriptor)
         return flight.SchemaResult(info.schema)
 
+    @_plainly
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
@@ -363,6 +411,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         except Exception as error:
             raise flight_error(error) from None
 
+    @_plainly
     def do_put(
         self,
         context: flight.ServerCallContext,
@@ -411,6 +460,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         described.update({a: f"cluster control: {a} (operator)" for a in CONTROL_ACTIONS})
         return list(described.items())
 
+    @_plainly
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[flight.Result]:
@@ -576,9 +626,15 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         definition = command.table_definition_options
         exists = name in self._table_names()
         if exists and definition.if_exists in (fsql.IF_EXISTS["FAIL"], 0):
-            raise TableExistsError(f"table {name} exists (ingest mode 'create')")
+            raise TableExistsError(
+                f"table {name} exists (ingest mode 'create'): ingest with mode 'append' to add "
+                "rows to it, 'replace' to replace it, or 'create_append' to do either"
+            )
         if not exists and definition.if_not_exist != fsql.IF_NOT_EXIST["CREATE"]:
-            raise UnknownTableError(f"Table {name} does not exist (ingest mode 'append')")
+            raise UnknownTableError(
+                f"Table {name} does not exist (ingest mode 'append'): ingest with mode "
+                "'create' or 'create_append' to make it"
+            )
         table = self._read_bounded(reader)  # refused whole if too big: nothing kept
         if exists and definition.if_exists == fsql.IF_EXISTS["REPLACE"]:
             self.db.drop_table(name)

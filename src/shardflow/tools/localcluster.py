@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,8 +94,13 @@ class LocalRayCluster:
         raise ConfigError(f"no Ray node {name!r} in the local cluster (it has {known})")
 
     # -- starting ---------------------------------------------------------------------
-    def up(self, data_nodes: int, object_store_mb: int = 256) -> None:
-        """Start the head and ``data_nodes`` data nodes."""
+    def up(
+        self,
+        data_nodes: int,
+        object_store_mb: int = 256,
+        started: Callable[[LocalNode], None] | None = None,
+    ) -> None:
+        """Start the head and ``data_nodes`` data nodes (``started`` is told of each)."""
         if data_nodes < 1:
             raise ConfigError("a local cluster needs at least 1 data node")
         if self.running:
@@ -106,9 +112,13 @@ class LocalRayCluster:
         head = self._start("head", None, object_store_mb, data=False)
         address = json.loads((self.folder / "head.json").read_text())["gcs_address"]
         self._save(str(address), [head], 1)
+        if started is not None:
+            started(head)
         try:
             for _ in range(data_nodes):
-                self.add_node(object_store_mb)
+                node = self.add_node(object_store_mb)
+                if started is not None:
+                    started(node)
         except BaseException:
             self.down()
             raise

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from shardflow.catalog import DataDir, OwnerToken, lease
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, lease
 from shardflow.config import Settings
 from shardflow.errors import ConfigError, DataDirInUseError, Error, WorkerGone
 from shardflow.runtime.protocol import CatalogJson, Reply, admit_workers
@@ -147,7 +147,11 @@ def _launch_actors(
     except ValueError:
         pass
     _refuse_if_owned(data_dir)
-    slots = choose_slots(worker_slots(ray.nodes()), workers, embedded)  # type: ignore[no-untyped-call]
+    recorded = _recorded_catalog(data_dir)
+    offered = worker_slots(ray.nodes())  # type: ignore[no-untyped-call]
+    if embedded and workers is None and recorded.nodes and not any(s.gpu for s in offered):
+        workers = len(recorded.nodes)  # the cluster the data directory last had
+    slots = choose_slots(offered, workers, embedded)
     if not slots:
         raise ConfigError(f"the Ray cluster at {address} has no node to run workers on")
     if embedded and not settings.engine_threads:
@@ -178,7 +182,7 @@ def _launch_actors(
         None if embedded else handle.spawner,
     )
     handle.coordinator = RayCoordinator(prefix, actor)
-    nodes = [f"node-{i}" for i in range(len(slots))]
+    nodes = recorded.node_ids(len(slots))  # its nodes keep their units where they are
     try:
         if embedded:
             # The workers start while the coordinator does: on a small machine start-up is
@@ -315,6 +319,13 @@ def stop_service(address: str, data_dir: str) -> list[str]:
             release_ray()
         elif joined:
             ray.shutdown()
+
+
+def _recorded_catalog(data_dir: str) -> Catalog:
+    """The catalog the data directory holds (an empty one for a new directory), read before
+    anything starts: a cluster that starts again starts as it was, its nodes under their
+    ids, so that no unit moves."""
+    return CatalogStore(DataDir.resolve(data_dir)).load() or Catalog()
 
 
 def _refuse_if_owned(data_dir: str) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray._private import ray_constants
+from ray._private import worker as ray_worker
 
 from shardflow.config import LOOPBACK, Settings, is_loopback
 from shardflow.errors import ConfigError
@@ -21,6 +22,8 @@ from shardflow.runtime.ray.node import enable_token_auth, process_environment
 if TYPE_CHECKING:
     from ray._private.node import Node
 
+ray_log = logging.getLogger("shardflow.ray")
+"""What Ray's cluster reports to this driver (see ``_keep_cluster_messages_off_stdout``)."""
 _local_databases = 0
 """Open databases on the Ray instance this process started; it stops with the last one."""
 _local_node: Node | None = None
@@ -31,6 +34,7 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     """Start or join Ray; returns True when the database uses a Ray instance this process
     started itself (and so must stop when the last such database closes)."""
     global _local_databases
+    _keep_cluster_messages_off_stdout()
     if ray.is_initialized():
         current = ray.get_runtime_context().gcs_address
         embedded = bool(_local_databases)
@@ -62,6 +66,22 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
     return False
+
+
+def _keep_cluster_messages_off_stdout() -> None:
+    """Ray prints what its cluster reports to every driver (a worker that died, a node
+    lost) on the driver's standard output, in colour: over a program's own output, a
+    ``--format json`` answer included. shardflow reports those events itself (failovers,
+    metrics, the console), so in its drivers they go to its log instead, plain."""
+    if getattr(ray_worker.print_to_stdstream, "shardflow", False):
+        return
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+        for line in data.get("lines", []):
+            ray_log.info("(%s) %s", data.get("pid", "ray"), line)
+
+    to_log.shardflow = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_log
 
 
 def _start_local_ray(settings: Settings) -> None:

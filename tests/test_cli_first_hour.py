@@ -54,6 +54,8 @@ def test_commands_that_only_look_never_move_a_shard(tmp_path: Path) -> None:
     loaded = run("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id",
                  "--workers", "2", *data)  # fmt: skip
     assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
+    first = loaded.stdout.splitlines()[0]  # said before the cluster starts and the rows load
+    assert first.startswith("loading t from") and "(4,000 rows)" in first, loaded.stdout
     [shard] = [s for s in rows("cluster", "shards", *data) if s["table"] == "t"]
     target = "node-1" if shard["node"] == "node-0" else "node-0"
     moved = run("cluster", "migrate", str(shard["shard"]), target, *data)
@@ -151,3 +153,8 @@ def test_a_busy_port_is_one_line_before_anything_starts(tmp_path: Path) -> None:
         done = run("serve", "--data-dir", str(data), "--flight-port", str(port))
     one_line_error(done, "ConfigError", f"127.0.0.1:{port} is in use", "--flight-port")
     assert not data.exists(), "a cluster started before the port was checked"
+
+
+def test_the_help_names_the_operators_extra() -> None:
+    shown = run("--help", env={"COLUMNS": "200"})
+    assert shown.returncode == 0 and "pip install 'shardflow[k8s]'" in shown.stdout, shown.stdout

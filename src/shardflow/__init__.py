@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardflow.config import Settings
 from shardflow.errors import (
+    AuthenticationError,
     ClosedError,
     ClusterError,
     ConfigError,
@@ -22,6 +23,7 @@ from shardflow.errors import (
     MigrationError,
     MoveRefusedError,
     OwnershipLostError,
+    PermissionDeniedError,
     QueryError,
     SchemaMismatchError,
     SqlSyntaxError,
@@ -61,6 +63,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AuthenticationError",
     "ClosedError",
     "Cluster",
     "ClusterError",
@@ -74,6 +77,7 @@ __all__ = [
     "MoveRefusedError",
     "NodeInfo",
     "OwnershipLostError",
+    "PermissionDeniedError",
     "QueryError",
     "QueryProfile",
     "SchemaMismatchError",

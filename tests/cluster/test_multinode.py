@@ -138,6 +138,7 @@ def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:
             drill.wait()
     assert drill.returncode == 0, err[-4000:]
     report = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert "drill_events" in out.splitlines()[-1] and "stay in" in out.splitlines()[-1], out[-500:]
     assert report["failures"] == []
     assert report["failed_ops"] == 0 and report["wrong_answers"] == 0
     assert report["lost_rows"] == 0 and report["duplicated_rows"] == 0

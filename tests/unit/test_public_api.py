@@ -8,6 +8,7 @@ import shardflow
 
 def test_exported_members() -> None:
     assert sorted(shardflow.__all__) == [
+        "AuthenticationError",
         "ClosedError",
         "Cluster",
         "ClusterError",
@@ -21,6 +22,7 @@ def test_exported_members() -> None:
         "MoveRefusedError",
         "NodeInfo",
         "OwnershipLostError",
+        "PermissionDeniedError",
         "QueryError",
         "QueryProfile",
         "SchemaMismatchError",

@@ -19,6 +19,8 @@ from shardflow.cli.common import (
     FormatOption,
     ServiceDir,
     Sets,
+    Token,
+    User,
     Workers,
     app,
     attach,
@@ -48,10 +50,12 @@ app.add_typer(cluster_app, name="cluster")
 def cluster_nodes(
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
     form: FormatOption = Format.table,
 ) -> None:
     """Every node: device, engine, capacity, utilisation, health, shards, rows, bytes."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         nodes = db.cluster.nodes()
     rows = [
         {
@@ -77,10 +81,12 @@ def cluster_nodes(
 def cluster_shards(
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
     form: FormatOption = Format.table,
 ) -> None:
     """Every shard: its table, unit, bucket range, node, rows and bytes."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(db.cluster.shards(), form, fit=True)
 
 
@@ -109,10 +115,12 @@ def _moves_table(records: list[Any]) -> pa.Table:
 def cluster_migrations(
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
     form: FormatOption = Format.table,
 ) -> None:
     """The history of live moves: phase, outcome, time, bytes, the write fence, why."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(_moves_table(db.cluster.migrations()), form, fit=True)
 
 
@@ -123,9 +131,11 @@ def cluster_migrate(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Move a shard (with every shard co-located with it) to another node, live."""
-    with connect_to(data_dir, address, workers) as db:
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
         with console.status(f"moving {shard} to {to}"):
             record = db.cluster.migrate(shard, to)
     print_table(_moves_table([record]))
@@ -138,9 +148,11 @@ def cluster_drain(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Move every shard off a node live, then stop its worker."""
-    with connect_to(data_dir, address, workers) as db:
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
         with console.status(f"draining {node}"):
             moved = db.cluster.drain(node, deadline)
     console.print(f"drained {node}: {len(moved)} move(s)")
@@ -156,10 +168,12 @@ def cluster_rebalance(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """What the balancer would do now (splits, merges and moves, with their reasons), or
     do it with --apply."""
-    with connect_to(data_dir, address, workers, looks=not apply) as db:
+    with connect_to(data_dir, address, workers, looks=not apply, user=user, token=token) as db:
         plan = db.cluster.rebalance(dry_run=not apply)
     console.print(f"{plan['reason']} (balanced by {plan['measure']})", markup=False)
     if plan["actions"]:

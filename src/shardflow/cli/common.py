@@ -15,11 +15,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardflow.errors import ConfigError
+from shardflow.errors import ConfigError, DataDirInUseError
 
 if TYPE_CHECKING:
     from shardflow.api import Database
+    from shardflow.flightsql.client import RemoteDatabase
     from shardflow.tools.localcluster import LocalRayCluster
+
+    Client = Database | RemoteDatabase
+    """What a data command works on: a cluster, or a service over Flight SQL."""
+
+FLIGHT_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
 app = typer.Typer(
     help="shardflow: distributed SQL over sharded Arrow tables on Ray.",
@@ -46,7 +52,27 @@ Workers = Annotated[
 ServiceDir = Annotated[Path, typer.Option(help="Data directory the service serves.")]
 Address = Annotated[
     str | None,
-    typer.Option(help="A running service's Ray address (host:port); default: start locally."),
+    typer.Option(
+        help="A running cluster: a Flight SQL service (grpc://host:port, with --user or "
+        "--token) or a Ray cluster (host:port). Default: the one serving the data directory, "
+        "else one started for this command."
+    ),
+]
+User = Annotated[
+    str | None,
+    typer.Option(
+        envvar="SHARDFLOW_USER",
+        help="A user of the service at --address grpc://...; the password is read from "
+        "SHARDFLOW_PASSWORD, else asked for.",
+    ),
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        envvar="SHARDFLOW_TOKEN",
+        show_default=False,
+        help="A service token for --address grpc://..., instead of --user.",
+    ),
 ]
 Sets = Annotated[
     list[str] | None,
@@ -122,23 +148,75 @@ def connect_to(
     *,
     looks: bool = False,
     creates: bool = False,
-) -> Database:
-    """Attach to the cluster serving ``data_dir`` — at ``address``, or the local cluster of
-    ``shardflow cluster up`` when it runs there (fast) — else start an embedded one: the
-    cluster the data directory last had (its nodes under their ids, so no shard moves), or
-    ``workers`` for a new one. A command that only ``looks`` starts it exactly as it was,
-    without a balancer; one that ``creates`` (a load) may start on a new data directory,
-    any other refuses a directory that holds no shardflow data."""
+    user: str | None = None,
+    token: str | None = None,
+) -> Client:
+    """Attach to the cluster serving ``data_dir`` — the Flight SQL service or Ray cluster
+    at ``address``, or the local cluster of ``shardflow cluster up`` when it runs there
+    (fast) — else start an embedded one: the cluster the data directory last had (its
+    nodes under their ids, so no shard moves), or ``workers`` for a new one. A command that
+    only ``looks`` starts it exactly as it was, without a balancer; one that ``creates`` (a
+    load) may start on a new data directory, any other refuses a directory that holds no
+    shardflow data."""
+    if address is not None and address.startswith(FLIGHT_SCHEMES):
+        return service(address, user, token)
+    if user is not None or token is not None:
+        raise ConfigError("--user and --token are for a service: --address grpc://host:port")
     if address is None and local_cluster(data_dir).running:
         address = local_cluster(data_dir).address
     if address is not None:  # attach to the service serving data_dir there
         return attach(address, data_dir)
+    served = flight_service_of(data_dir)
+    if served is not None:  # an embedded cluster owns it: its Flight door is the way in
+        raise DataDirInUseError(
+            f"{data_dir.absolute()} is served by `shardflow serve` (pid {served['pid']}): "
+            f"give --address {served['location']} with --user NAME (the password from "
+            "SHARDFLOW_PASSWORD) or --token"
+        )
     if not creates:
         require_data(data_dir)
     with status.status(f"starting the cluster of {data_dir}"):
         if looks:  # looking never moves data
             return ray_database(None, data_dir, auto_balance=False)
         return ray_database(None, data_dir, workers=workers)
+
+
+def service(address: str, user: str | None, token: str | None) -> RemoteDatabase:
+    """The Flight SQL service at ``address``, as ``user`` (password from
+    ``SHARDFLOW_PASSWORD``, else asked for) or with a service ``token``."""
+    from shardflow.flightsql.client import RemoteDatabase  # not the API: no Ray to import
+
+    if user is None and token is None:
+        raise ConfigError(
+            f"{address} is a Flight SQL service: give --user NAME (the password from "
+            "SHARDFLOW_PASSWORD, else asked for) or --token (or SHARDFLOW_TOKEN)"
+        )
+    password = None
+    if user is not None:
+        password = os.environ.get("SHARDFLOW_PASSWORD") or typer.prompt(
+            f"Password of {user}", hide_input=True, err=True
+        )
+    return RemoteDatabase(address, user=user, password=password, token=token)
+
+
+SERVICE_FILE = "flight-service.json"
+"""Where ``shardflow serve`` says, in the data directory it serves, where its Flight SQL
+door is (while it runs)."""
+
+
+def flight_service_of(data_dir: Path) -> dict[str, Any] | None:
+    """Where the running ``shardflow serve`` of ``data_dir`` takes Flight SQL calls, and its
+    pid; None where none runs."""
+    from shardflow.catalog.lease import process_running
+
+    try:
+        served: dict[str, Any] = json.loads((data_dir / SERVICE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = served.get("pid")
+    if not isinstance(pid, int) or not process_running(pid):
+        return None
+    return served
 
 
 def require_data(data_dir: Path) -> None:

@@ -13,6 +13,8 @@ from shardflow.cli.common import (
     DataDir,
     Format,
     FormatOption,
+    Token,
+    User,
     Workers,
     app,
     connect_to,
@@ -69,6 +71,8 @@ def sql(
     query: str,
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
     form: Annotated[
         Format,
         typer.Option(
@@ -78,7 +82,7 @@ def sql(
     ] = Format.table,
 ) -> None:
     """Run one query against the tables in a data directory."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(db.sql(query), form)
 
 
@@ -99,11 +103,14 @@ def load(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Create a table from Parquet and load it (durable once this returns)."""
     if "://" not in path and not Path(path).exists():  # said before any cluster starts
         raise TableError(f"source {path!r} does not exist")
-    with connect_to(data_dir, address, workers, creates=True) as db:
+    console.print(f"loading {name} from {path} ({_rows_in(path)})", highlight=False)
+    with connect_to(data_dir, address, workers, creates=True, user=user, token=token) as db:
         rows = db.create_table(
             name,
             path,
@@ -123,6 +130,8 @@ def insert(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Insert the rows of a Parquet file into a table (acknowledged once durable)."""
     import pyarrow.dataset as ds
@@ -131,7 +140,7 @@ def insert(
         rows = ds.dataset(path, format="parquet").to_table()
     except (OSError, pa.ArrowException) as error:
         raise TableError(f"cannot read Parquet from {path!r}: {error}") from None
-    with connect_to(data_dir, address, workers) as db:
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
         count = db.insert(name, rows)
     console.print(f"inserted {count} rows into {name}")
 
@@ -142,9 +151,11 @@ def drop(
     data_dir: DataDir = Path(".shardflow"),
     workers: Workers = None,
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Drop a table: its rows and files are gone once this returns."""
-    with connect_to(data_dir, address, workers) as db:
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
         db.drop_table(name)
     console.print(f"dropped {name}")
 
@@ -154,9 +165,11 @@ def explain(
     query: str,
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Show where each part of a query would run."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         console.print(db.explain(query), markup=False, highlight=False)
 
 
@@ -164,11 +177,13 @@ def explain(
 def tables(
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
     form: FormatOption = Format.table,
 ) -> None:
     """List the tables in a data directory: kind, key, shards (a replicated table's copies),
     rows, columns."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(db.tables(), form)
 
 
@@ -180,13 +195,26 @@ def profile(
     ] = None,
     data_dir: DataDir = Path(".shardflow"),
     address: Address = None,
+    user: User = None,
+    token: Token = None,
 ) -> None:
     """Run a query and show where its time went: planning, and per fragment the worker,
     device, engine, queue wait, execution, rows and bytes, transfer; and the merges."""
-    with connect_to(data_dir, address, looks=True) as db:
+    with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         result, found = db.profile(query)
     console.print(found.text(), markup=False, highlight=False)
     console.print(f"{result.num_rows} rows")
     if html is not None:
         html.write_text(found.html(), encoding="utf-8")
         console.print(f"timeline written to {html}")
+
+
+def _rows_in(path: str) -> str:
+    """How many rows a Parquet source holds, from its footers (said at once: a big load's
+    first output is not its end)."""
+    import pyarrow.dataset as ds
+
+    try:
+        return f"{ds.dataset(path, format='parquet').count_rows():,} rows"
+    except (OSError, pa.ArrowException) as error:
+        raise TableError(f"cannot read Parquet from {path!r}: {error}") from None

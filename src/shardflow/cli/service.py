@@ -6,6 +6,7 @@ no running service needed."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -15,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shardflow.cli.common import (
+    SERVICE_FILE,
     DataDir,
     ServiceDir,
     Sets,
@@ -126,16 +128,23 @@ def _serve_flight(
         )
     with console.status("starting the cluster"):
         db = ray_database(address, data_dir, workers=workers, settings=settings)
+    record_file = data_dir / SERVICE_FILE
     try:
         if address is not None:
             db.keep_running()  # the cluster keeps serving when this door closes
 
         def ready(server: Any) -> None:
+            # the data commands of this data directory say where the door is
+            record = {"location": server.location, "pid": os.getpid()}
+            partial = record_file.with_suffix(".partial")
+            partial.write_text(json.dumps(record))
+            partial.replace(record_file)
             console.print(f"shardflow serves {data_dir.absolute()}")
             print(f"Flight SQL on {server.location}", flush=True)  # one line, never wrapped
 
         serve_flight(db, str(data_dir.absolute()), options, ready)
     finally:
+        record_file.unlink(missing_ok=True)
         db.close()
     console.print("Flight SQL service stopped")
 
@@ -282,7 +291,7 @@ def operator(
     verbose: Annotated[bool, typer.Option("--verbose", help="Log at debug level.")] = False,
 ) -> None:
     """Run the Kubernetes operator (ShardflowCluster, ShardMigration) until stopped; it needs
-    the k8s extra: pip install 'shardflow[k8s]'. See docs/kubernetes.md."""
+    the k8s extra: pip install 'shardflow\\[k8s]'. See docs/kubernetes.md."""
     try:
         from shardflow.k8s import operator as k8s_operator
     except ImportError as error:

@@ -23,6 +23,7 @@ from shardflow.errors import AuthenticationError, ClosedError, ConfigError, Erro
 from shardflow.flightsql import wire as fsql
 from shardflow.records import MigrationRecord, NodeInfo
 from shardflow.sql.parameters import bind
+from shardflow.telemetry.profile import QueryProfile
 
 T = TypeVar("T")
 _NAMED = re.compile(r"\b([A-Z][A-Za-z]*Error): (.*)", re.DOTALL)
@@ -191,6 +192,15 @@ class RemoteDatabase:
 
     def tables(self) -> pa.Table:
         return self._action_table("tables", {})
+
+    def profile(self, query: str) -> tuple[pa.Table, QueryProfile]:
+        """Run a query on the server; its answer, and where its time went there."""
+        answer = self._action_table("profile", {"query": query})
+        found = (answer.schema.metadata or {}).get(fsql.PROFILE_KEY)
+        if found is None:
+            raise errors.ClusterError("the service sent no profile with the answer")
+        profile = QueryProfile.from_json(json.loads(found))
+        return answer.replace_schema_metadata(None), profile
 
     def create_table(
         self,

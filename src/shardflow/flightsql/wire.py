@@ -16,6 +16,9 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_fa
 from google.protobuf.message import DecodeError, Message
 
 PACKAGE = "arrow.flight.protocol.sql"
+PROFILE_KEY = b"shardflow.profile"
+"""The schema metadata that carries a query's profile beside its answer (the ``profile``
+action's answer)."""
 TYPE_URL_PREFIX = "type.googleapis.com/"
 
 _F = descriptor_pb2.FieldDescriptorProto

@@ -85,7 +85,12 @@ CONTROL_ACTIONS = {
     "metrics_url": "operator",
     "settings": "operator",
 }
-DATA_ACTIONS = {"explain": "reader", "tables": "reader", "drop_table": "writer"}
+DATA_ACTIONS = {
+    "explain": "reader",
+    "profile": "reader",
+    "tables": "reader",
+    "drop_table": "writer",
+}
 SQL_ACTIONS = {"CreatePreparedStatement": "reader", "ClosePreparedStatement": "reader"}
 AUDITED_ACTIONS = {*CONTROL_ACTIONS, "drop_table"}
 """Written to the audit log with their outcome (every denied call is, too)."""
@@ -455,6 +460,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             "ClosePreparedStatement": "Flight SQL: close a prepared statement (reader)",
             "explain": "where each part of a query would run (reader)",
             "tables": "the tables, their distribution, shards and rows (reader)",
+            "profile": "run a query; its answer, with where its time went (reader)",
             "drop_table": "drop a table (writer)",
         }
         described.update({a: f"cluster control: {a} (operator)" for a in CONTROL_ACTIONS})
@@ -743,6 +749,10 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return _json(self.db.explain(_arg(arguments, "query", str)))
         if kind == "tables":
             return _ipc(self.db.tables())
+        if kind == "profile":  # the answer, its profile in the schema's metadata
+            answer, profile = self.db.profile(_arg(arguments, "query", str))
+            found = json.dumps(profile.to_json()).encode()
+            return _ipc(answer.replace_schema_metadata({fsql.PROFILE_KEY: found}))
         if kind == "drop_table":
             self.db.drop_table(_arg(arguments, "name", str))
             return _json(None)

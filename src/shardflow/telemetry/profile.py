@@ -4,7 +4,8 @@ one lane per worker (and one for the client)."""
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,24 @@ class QueryProfile:
     @property
     def seconds(self) -> float:
         return self.finished_at - self.started_at
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as plain data (how a served cluster sends it)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueryProfile:
+        """The profile :meth:`to_json` wrote."""
+        stages = tuple(
+            StageProfile(
+                **{
+                    **stage,
+                    "fragments": tuple(FragmentProfile(**f) for f in stage["fragments"]),
+                }
+            )
+            for stage in data["stages"]
+        )
+        return cls(**{**data, "stages": stages})
 
     def text(self) -> str:
         """The profile as a tree, one line per stage, fragment and merge."""

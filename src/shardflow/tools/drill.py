@@ -44,6 +44,8 @@ ones travel inside the reply and cannot be lost with a node)."""
 HELD_ROWS = len(range(0, BIG_ROWS, 3))
 BATCH = 25
 RECOVERY_TIMEOUT_S = 120.0
+TABLES = (FACTS, EVENTS, BIG)
+"""The tables the drill makes in the data directory (once: later drills reuse them)."""
 
 
 @dataclass
@@ -438,6 +440,9 @@ def main(argv: list[str] | None = None) -> None:
         "--kill", action="append", default=[], help=f"ray-N, coordinator, {MID_MOVE} or {RESULTS}"
     )
     parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
+    parser.add_argument(
+        "--drop-tables", action="store_true", help="drop the drill's tables when it is done"
+    )
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)
     # the drill's tables are small: spread them anyway, so every node has shards to lose
@@ -454,8 +459,19 @@ def main(argv: list[str] | None = None) -> None:
             kills=args.kill,
             rejoins=args.rejoin,
         )
+        if args.drop_tables:
+            for name in TABLES:
+                db.drop_table(name)
     print("RESULT " + json.dumps(asdict(report)), flush=True)
     print(report.line(), flush=True)
+    if args.drop_tables:
+        print(f"dropped the drill's tables ({', '.join(TABLES)})", flush=True)
+    else:
+        print(
+            f"the drill's tables ({', '.join(TABLES)}) stay in {args.data_dir} for the next "
+            "drill: --drop-tables drops them when it is done, `shardflow drop NAME` later",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -68,6 +68,14 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     return False
 
 
+def leave_ray() -> None:
+    """Disconnect this process from the Ray cluster it joined (not one it started: that
+    stops with its last database), a command being done with it: Ray's own exit handler
+    would first wait half a second for log lines, which shardflow keeps in its log."""
+    if ray.is_initialized() and not _local_databases:
+        ray.shutdown()
+
+
 def _keep_cluster_messages_off_stdout() -> None:
     """Ray prints what its cluster reports to every driver (a worker that died, a node
     lost) on the driver's standard output, in colour: over a program's own output, a

@@ -33,8 +33,8 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
-if not console.is_terminal and "COLUMNS" not in os.environ:
-    console.width = 120  # piped output (CI logs): wide enough for the demo's table
+if not console.is_terminal:  # piped output (CI logs): wide enough for the demo's table,
+    console.width = max(120, console.width)  # wider where COLUMNS says so
 status = Console(stderr=True)
 """Progress while something starts: on standard error, so that results on standard output
 stay clean for scripts."""

@@ -97,6 +97,7 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
             failure_rate=load.failure_rate if load is not None else 0.0,
         )
     profile = info.profile
+    cache = info.device_cache
     held: list[ShardInfo | ReplicaInfo] = [*info.shards, *info.replicas]
     return NodeInfo(
         node_id=node_id,
@@ -130,6 +131,9 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         spilled_bytes=info.memory.spilled_bytes,
         memory_limit_bytes=info.memory.limit_bytes,
         pid=info.pid,
+        device_cache_bytes=cache.bytes if cache is not None else 0,
+        device_cache_budget_bytes=cache.budget_bytes if cache is not None else 0,
+        device_cache_hit_rate=cache.hit_rate if cache is not None else None,
     )
 
 

@@ -10,6 +10,7 @@ from shardflow.errors import ConfigError
 
 ENGINES = ("auto", "duckdb", "polars")
 MOVE_COPY_FAULTS = ("", "drop_row", "change_value")
+RESIDENT_FAULTS = ("", "skip_append")
 
 
 MIN_WORKER_MEMORY_MB = 16
@@ -111,6 +112,13 @@ class Settings:
         engine: the engine workers run fragments with: "auto" (DuckDB on CPUs and AMD GPUs,
             Polars with cudf-polars on NVIDIA GPUs when installed), "duckdb", or "polars"
             (Polars SQL, on the GPU where cudf-polars can, else on the CPU).
+        device_cache_mb: a worker that runs Polars keeps the shards it serves as the
+            engine's own frames (in device memory on a GPU, in its process on a CPU), each
+            built once from the shard's rows, extended by its appends, and read by every
+            fragment without a copy out of DuckDB; at most this many MiB of them, the least
+            recently used dropped beyond it. 0: half the device's memory (half the worker's
+            ``worker_memory_mb`` share on a CPU); -1: none (each fragment reads its shards
+            out of DuckDB). DuckDB and the data directory stay the shards' source of truth.
         node_failure_rate: a node failing more than this share of its operations
             (fragments and inserts that failed on it, missed health checks, device errors)
             over ``node_failure_window_s`` becomes *suspect*: it gets no new shards and its
@@ -131,6 +139,9 @@ class Settings:
             "change_value" makes the target of every live move remove one row from, or
             change one value in, its copy once the copy is stored, so that the move's
             verification must fail and roll the move back.
+        test_fault_resident: for tests only, off ("") by default. "skip_append" makes a
+            worker's kept shard frames take a shard's new appends without their rows, so
+            that queries over them must find rows missing.
         test_hold_results_s: for tests only, 0 (off) by default. A session with it set
             leaves every stage's fragment results on the workers this many seconds before
             it reads them, so that a test can kill the node holding them first and see the
@@ -171,12 +182,14 @@ class Settings:
     token_ttl_s: float = 3600.0
     max_request_mb: int = 256
     engine: str = "auto"
+    device_cache_mb: int = 0
     node_failure_rate: float = 0.01
     node_failure_min_ops: int = 100
     node_failure_window_s: float = 60.0
     suspect_cooldown_s: float = 120.0
     test_flaky_node: str = ""
     test_fault_move_copy: str = ""
+    test_fault_resident: str = ""
     test_hold_results_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -240,6 +253,13 @@ class Settings:
                 "setting test_fault_move_copy (tests only) must be one of "
                 + ", ".join(repr(f) for f in MOVE_COPY_FAULTS)
             )
+        if self.test_fault_resident not in RESIDENT_FAULTS:
+            raise ConfigError(
+                "setting test_fault_resident (tests only) must be one of "
+                + ", ".join(repr(f) for f in RESIDENT_FAULTS)
+            )
+        if self.device_cache_mb < -1:
+            raise ConfigError("setting device_cache_mb must be -1 (none), 0 (a share) or more")
         if not 0 <= self.node_failure_rate < 1:
             raise ConfigError("setting node_failure_rate must be in [0, 1) (0: off)")
         if self.node_failure_min_ops < 1 or self.node_failure_window_s <= 0:

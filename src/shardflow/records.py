@@ -62,6 +62,12 @@ class NodeInfo:
     """What the worker's DuckDB may hold in memory (``worker_memory_mb``)."""
     pid: int = 0
     """The worker's process id on its host (0: not known)."""
+    device_cache_bytes: int = 0
+    """Shard frames the worker keeps in its engine's memory (the GPU's on a GPU worker)."""
+    device_cache_budget_bytes: int = 0
+    """What those may take (``device_cache_mb``); 0 where the worker keeps none."""
+    device_cache_hit_rate: float | None = None
+    """Of its fragments' shard reads, those that found the shard kept; None: keeps none."""
 
 
 @dataclass(frozen=True)

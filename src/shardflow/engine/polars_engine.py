@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -62,6 +62,8 @@ class PolarsEngine:
             self._optimizations = polars.QueryOptFlags(join_order=False)
         except TypeError:
             self._optimizations = polars.QueryOptFlags()
+        self.frames = PolarsFrames()
+        """How this engine keeps a shard in its own memory (a worker's kept frames)."""
         self.fallbacks: Counter[str] = Counter()
         self.last_fallback = ""
         self._lock = threading.Lock()
@@ -78,11 +80,18 @@ class PolarsEngine:
         sql: str,
         tables: Mapping[str, pa.Table] | None = None,
         views: Mapping[str, str] | None = None,
+        resident: Mapping[str, Sequence[Resident]] | None = None,
     ) -> pa.Table:
+        """``sql`` over ``tables`` and the bound shards: read out of DuckDB as Arrow
+        (``views``), or, for the tables in ``resident``, the frames kept of their shards
+        (no copy out of DuckDB, nor into the engine's memory)."""
         self._call.where = ""
-        frames = dict(tables or {})
-        for name, select in (views or {}).items():  # the bound shards, read as Arrow
-            frames[name] = self.storage.run(select)
+        frames: dict[str, pa.Table | Resident] = dict(tables or {})
+        for name, select in (views or {}).items():
+            if resident is not None and name in resident:
+                frames[name] = Resident.union(resident[name], self._polars)
+            else:  # the bound shards, read as Arrow
+                frames[name] = self.storage.run(select)
         return self._run(sql, frames)
 
     def explain(self, sql: str, tables: Mapping[str, pa.Table]) -> str:
@@ -94,7 +103,7 @@ class PolarsEngine:
             raise ValueError(f"Polars cannot run this query: {self.last_fallback}")
         return str(lazy.explain())
 
-    def _run(self, sql: str, frames: dict[str, pa.Table]) -> pa.Table:
+    def _run(self, sql: str, frames: dict[str, pa.Table | Resident]) -> pa.Table:
         lazy = self._lazy(self._folded(sql, frames), frames, original=sql)
         if isinstance(lazy, pa.Table):  # it fell back to DuckDB
             return lazy
@@ -113,7 +122,7 @@ class PolarsEngine:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:
             return self._fall_back("duckdb", f"result types: {_first(error)}", sql, frames)
 
-    def _folded(self, sql: str, frames: dict[str, pa.Table]) -> str:
+    def _folded(self, sql: str, frames: dict[str, pa.Table | Resident]) -> str:
         """``sql`` with its uncorrelated scalar and IN subqueries run first (by this engine)
         and replaced by their values. Polars would join each back to the query as a one-row
         frame (an IN subquery's values imploded into a list), which the GPU engine pads
@@ -135,7 +144,9 @@ class PolarsEngine:
                 values[subquery] = value
         return with_values(sql, schema, values) if values else sql
 
-    def _lazy(self, sql: str, frames: dict[str, pa.Table], original: str | None = None) -> Any:
+    def _lazy(
+        self, sql: str, frames: dict[str, pa.Table | Resident], original: str | None = None
+    ) -> Any:
         """The Polars lazy frame of ``sql`` over ``frames``, or the answer DuckDB gave to
         ``original`` (default ``sql``) where Polars cannot take the query."""
         original = original or sql
@@ -151,20 +162,23 @@ class PolarsEngine:
             for name in read & frames.keys():  # only what the query reads goes to Polars
                 table = frames[name]
                 if columns is not None:  # unused columns (long strings above all) stay behind
-                    kept = [c for c in table.column_names if c in columns]
-                    table = table.select(kept or table.column_names[:1])  # keeps the rows
+                    kept = [c for c in table.schema.names if c in columns]
+                    table = table.select(kept or table.schema.names[:1])  # keeps the rows
                 used[name] = table
             query = polars_sql(sql, schema_key({n: t.schema for n, t in used.items()}))
         except sqlglot.errors.SqlglotError as error:
             return self._fall_back("duckdb", f"SQL not rewritable: {error}", original, frames)
-        polars_frames = {name: self._polars.from_arrow(table) for name, table in used.items()}
+        polars_frames = {
+            name: table.frame if isinstance(table, Resident) else self._polars.from_arrow(table)
+            for name, table in used.items()
+        }
         context = self._polars.SQLContext(frames=polars_frames, eager=False)
         try:
             return context.execute(query)
         except Exception as error:  # Polars' SQL front end refused it
             return self._fall_back("duckdb", f"Polars SQL: {_first(error)}", original, frames)
 
-    def _duckdb_schema(self, sql: str, frames: Mapping[str, pa.Table]) -> pa.Schema:
+    def _duckdb_schema(self, sql: str, frames: Mapping[str, pa.Table | Resident]) -> pa.Schema:
         """The names and types DuckDB gives ``sql`` over tables shaped like ``frames``
         (bound over empty tables once per query text and input schemas)."""
         key = (sql, tuple(sorted((n, str(t.schema)) for n, t in frames.items())))
@@ -179,16 +193,66 @@ class PolarsEngine:
         return schema
 
     def _fall_back(
-        self, where: str, reason: str, sql: str, frames: Mapping[str, pa.Table]
+        self, where: str, reason: str, sql: str, frames: Mapping[str, pa.Table | Resident]
     ) -> pa.Table:
         self._note(where, reason)
-        return self.storage.run(sql, frames)
+        tables = {n: f.table() if isinstance(f, Resident) else f for n, f in frames.items()}
+        return self.storage.run(sql, tables)
 
     def _note(self, where: str, reason: str) -> None:
         self._call.where = where
         with self._lock:
             self.fallbacks[where] += 1
             self.last_fallback = f"fell back to {where}: {reason}"
+
+
+class Resident:
+    """A table's rows as the engine's own frame (a Polars DataFrame; on a GPU worker, the
+    device's), with the Arrow schema they came with."""
+
+    def __init__(self, frame: Any, schema: pa.Schema) -> None:
+        self.frame = frame
+        self.schema = schema
+
+    @staticmethod
+    def union(parts: Sequence[Resident], polars: Any) -> Resident:
+        """One frame of a table's bound shards, in order (no copy: chunks side by side)."""
+        if len(parts) == 1:
+            return parts[0]
+        return Resident(polars.concat([p.frame for p in parts], rechunk=False), parts[0].schema)
+
+    def select(self, columns: list[str]) -> Resident:
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        return Resident(self.frame.select(columns), schema)
+
+    def table(self) -> pa.Table:
+        """The rows as Arrow again (a fallback to DuckDB reads them so)."""
+        return self.frame.to_arrow().cast(self.schema)
+
+
+class PolarsFrames:
+    """How the Polars engine keeps a shard on the CPU: as a Polars DataFrame built once from
+    the shard's rows and extended by its appends (the twin of the GPU's device frames,
+    sharing everything but where the rows live)."""
+
+    name = "polars"
+
+    def __init__(self) -> None:
+        import polars
+
+        self._polars = polars
+
+    def build(self, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Resident:
+        table = pa.Table.from_batches(list(batches), schema=schema)
+        return Resident(self._polars.from_arrow(table, rechunk=False), schema)
+
+    def extend(self, kept: Resident, tables: Sequence[pa.Table]) -> Resident:
+        added = [self._polars.from_arrow(t.cast(kept.schema), rechunk=False) for t in tables]
+        frame = self._polars.concat([kept.frame, *added], rechunk=False)
+        return Resident(frame, kept.schema)
+
+    def nbytes(self, kept: Resident) -> int:
+        return int(kept.frame.estimated_size())
 
 
 def conform(result: pa.Table, schema: pa.Schema) -> pa.Table:

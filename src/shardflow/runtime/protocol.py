@@ -109,6 +109,19 @@ class Host:
 
 
 @dataclass(frozen=True)
+class DeviceCache:
+    """The shards a worker keeps in its engine's memory (on the GPU of a GPU worker)."""
+
+    budget_bytes: int
+    """``device_cache_mb``: what the kept frames may take."""
+    bytes: int
+    shards: int
+    hit_rate: float
+    """Of the fragments' shard reads, those that found the shard kept (its new appends
+    added, where it had some)."""
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """A worker as ``db.cluster.nodes()`` and the metrics show it."""
 
@@ -128,6 +141,8 @@ class WorkerInfo:
     """The Ray node the worker runs on (empty for an in-process worker)."""
     pid: int = 0
     """The worker's process id on its host."""
+    device_cache: DeviceCache | None = None
+    """What the worker keeps in its engine's memory; None where it keeps nothing."""
 
 
 @dataclass(frozen=True)

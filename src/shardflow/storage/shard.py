@@ -8,10 +8,11 @@ row store: Arrow batches (:class:`ArrowRows`), or an engine's native table on a 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from shardflow.storage.shard_store import (
 )
 
 log = logging.getLogger(__name__)
+_IDENTS = itertools.count(1)
 
 FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
@@ -36,6 +38,9 @@ CHECKPOINT_BATCH_ROWS = 256_000
 """Rows a background checkpoint reads from a pinned snapshot at a time."""
 COMPACT_TAIL_BATCHES = 32
 """Small inserted batches are merged once this many pile up (scans of tiny batches are slow)."""
+RECENT_BYTES = 64 << 20
+"""Rows of the latest appends a shard keeps for the copies of it kept current by appends
+(:meth:`Shard.rows_since`): beyond this, such a copy is built again from the shard."""
 STAGE_ROWS = 122_880
 """Rows a load or a move's copy hands its row store at a time, at least: DuckDB's row group.
 An INSERT of fewer rows is copied once more at its commit (a unit of TPC-H lineitem staged
@@ -208,6 +213,14 @@ class Shard:
         """A checkpoint is being written in the background (see :meth:`_start_checkpoint`)."""
         self.fenced = False
         self.retired = False
+        self.ident = next(_IDENTS)
+        """Tells this shard from every other in this process (a shard built again, by a
+        move, a split or a failover, is another one)."""
+        self.keeps_recent = False
+        """Keep the rows of the latest appends (:meth:`rows_since`): a copy of the shard
+        elsewhere (its frame on a GPU) is kept current with them."""
+        self._recent: deque[tuple[int, pa.Table]] = deque()
+        self._recent_bytes = 0
 
     # -- life cycle ----------------------------------------------------------------------
     def recover(self, attempts: int = 5) -> None:
@@ -373,6 +386,8 @@ class Shard:
         self._wal_entries += len(written)
         for entry, table, buckets, present, lsn in admitted:
             self.lsn = lsn
+            if self.keeps_recent:
+                self._keep_recent(lsn, table)
             self._remember(entry.batch_id, present)
             if self._tap is not None:
                 self._tap.append(Change(lsn, entry.batch_id, table, buckets))
@@ -507,9 +522,35 @@ class Shard:
         while len(self._applied) > RECENT_BATCH_IDS:
             self._applied.popitem(last=False)
 
+    def _keep_recent(self, lsn: int, table: pa.Table) -> None:
+        self._recent.append((lsn, table))
+        self._recent_bytes += table.nbytes
+        while self._recent_bytes > RECENT_BYTES and self._recent:
+            self._recent_bytes -= self._recent.popleft()[1].nbytes
+
     # -- reads ---------------------------------------------------------------------------
     def snapshot(self) -> pa.Table:
         return self.data.read()
+
+    def rows_since(self, lsn: int) -> tuple[int, list[pa.Table] | None]:
+        """The shard's LSN now, and the rows appended after ``lsn`` (in order), taken
+        together: None where the rows kept (:attr:`keeps_recent`) no longer reach back
+        there (the copy is built again)."""
+        with self._lock:
+            if lsn == self.lsn:
+                return lsn, []
+            if lsn > self.lsn or not self._recent or self._recent[0][0] > lsn + 1:
+                return self.lsn, None
+            return self.lsn, [table for at, table in self._recent if at > lsn]
+
+    def pinned(self, batch_rows: int) -> tuple[int, BatchStream]:
+        """The shard's LSN now and a stream of exactly its rows now (read while appends go
+        on), taken together."""
+        with self._lock:
+            stream = getattr(self.data, "stream", None)
+            if stream is not None:
+                return self.lsn, stream(batch_rows)
+            return self.lsn, _OneBatch(self.data.read())
 
     @property
     def rows(self) -> int:

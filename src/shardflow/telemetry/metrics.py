@@ -50,6 +50,8 @@ class NodeGauges:
     spilled_bytes: int = 0
     memory_limit_bytes: int = 0
     suspect: bool = False
+    device_cache_bytes: int | None = None
+    device_cache_hit_rate: float | None = None
     """Suspect or failing: it gets no new shards and its shards move off."""
 
 
@@ -224,6 +226,14 @@ class ClusterCollector(Collector):
                 "failure_rate",
             ),
             "node_suspect": ("1 while the node is suspect or failing (being evacuated)", "suspect"),
+            "node_device_cache_bytes": (
+                "Shard frames kept in the engine's memory (the GPU's; device_cache_mb)",
+                "device_cache_bytes",
+            ),
+            "node_device_cache_hit_ratio": (
+                "Of the fragments' shard reads, those that found the shard kept",
+                "device_cache_hit_rate",
+            ),
         }
         for metric, (help_text, attribute) in per_node.items():
             family = GaugeMetricFamily(name(metric), help_text, labels=["node"])

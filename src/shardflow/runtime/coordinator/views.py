@@ -53,6 +53,8 @@ def gauges(controller: Controller) -> ClusterGauges:
                 capacity=capacities[node],
                 failure_rate=controller.health.rate(node, time.monotonic())[0],
                 suspect=node in controller.state.excluded,
+                device_cache_bytes=info.device_cache.bytes if info.device_cache else None,
+                device_cache_hit_rate=info.device_cache.hit_rate if info.device_cache else None,
             )
         )
     acted = Counter(

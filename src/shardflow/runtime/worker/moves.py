@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -109,6 +109,10 @@ class ShardHost(Protocol):
 
     def serve(self, catalog: Catalog) -> int:
         """Serve what ``catalog`` assigns this node."""
+        ...
+
+    def prewarm(self, shards: Iterable[Shard]) -> None:
+        """Keep the frames of shards about to be served, where the node keeps frames."""
         ...
 
 
@@ -356,10 +360,20 @@ class TargetSide:
             for shard in move.shards.values():
                 _physical(shard).compact()
             move.compacted = True
+            self._prewarm(move)
         since = dict(move.applied)
         nodes = _source_nodes(move.plan)
         replies = [link(node).changes(move_id, since) for node in nodes]  # all at once
         return sum(self._apply(move, reply.get()) for reply in replies)
+
+    def _prewarm(self, move: Import) -> None:
+        """Build the new shards' frames on the device now, while the sources still serve:
+        the first query after the switch finds them (only their last appends are added
+        then). A move never fails for it."""
+        try:
+            self.node.prewarm(move.shards.values())
+        except Exception as error:
+            log.warning("move %s: frames not built ahead: %s", move.plan.move_id, error)
 
     def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> FinalApplied:
         """Apply the last changes the fenced sources handed out; answer the rows applied and

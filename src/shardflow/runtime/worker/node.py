@@ -32,6 +32,7 @@ from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.errors import Moved, NodeFault, QueryError
 from shardflow.runtime.protocol import (
     REPLICA,
+    DeviceCache,
     FragmentStats,
     LoadReport,
     ReplicaInfo,
@@ -52,7 +53,9 @@ from shardflow.runtime.worker.profile import (
     kept_calibration,
     make_executor,
     node_profile,
+    resident_shards,
 )
+from shardflow.runtime.worker.resident import KeepsFrames
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.telemetry.calibration import calibrate, operator_mix
 from shardflow.telemetry.devices import NodeProfile, device_state, discover, memory_state
@@ -117,6 +120,8 @@ class WorkerNode:
         """Holds the shards (native tables) and runs fragments on the CPU."""
         self.executor = make_executor(self.engine, self.device, slowdown, settings.engine)
         """Runs fragments: the CPU engine, the GPU engine, or a simulated slower device."""
+        self.resident = resident_shards(self.executor, self.device, settings, self.memory_limit_mb)
+        """The shards kept in the engine's own memory (the GPU's), where it keeps any."""
         self.slowdown = slowdown
         self.profile = node_profile(node_id, self.device, self.executor, {}, slowdown)
         self.policy = CheckpointPolicy(
@@ -268,14 +273,22 @@ class WorkerNode:
                 self.release(shard)
         self._releasing = waiting
 
-    @staticmethod
-    def release(shard: Shard) -> None:
-        """Stop serving ``shard`` and free its rows. It is retired first, under its lock: an
-        append already in it finishes before the rows go, and one that still holds the shard
-        is told ``Moved`` (and re-routed) rather than writing into a dropped table."""
+    def release(self, shard: Shard) -> None:
+        """Stop serving ``shard`` and free its rows (and its kept frame). It is retired
+        first, under its lock: an append already in it finishes before the rows go, and one
+        that still holds the shard is told ``Moved`` (and re-routed) rather than writing into
+        a dropped table."""
         shard.retire()
+        if self.resident is not None:
+            self.resident.forget(shard)
         if isinstance(shard.data, NativeRows):
             shard.data.drop()
+
+    def prewarm(self, shards: Iterable[Shard]) -> None:
+        """Keep the frames of shards about to be served (a move's target, before the
+        switch), where this node keeps frames: the first query after finds them."""
+        if self.resident is not None:
+            self.resident.prewarm(shards)
 
     def _uid(self, catalog: Catalog, table: str) -> str | None:
         spec = catalog.tables.get(table)
@@ -421,6 +434,7 @@ class WorkerNode:
         with self.lock:
             views = self.views_for(bindings, epoch)
             reading = [(t, u) for t, units in bindings.items() for u in units]
+            bound = {t: [self.shards[(t, u)] for u in sorted(us)] for t, us in bindings.items()}
             self.readers.update(reading)
             self._running += 1
             if profile:
@@ -431,7 +445,7 @@ class WorkerNode:
             bytes_in += sum(t.nbytes for t in inputs.values())
         try:
             self._flaky_fault()
-            result = distinct_names(self.executor.run(sql, inputs, views))
+            result = distinct_names(self._run(sql, inputs, views, bound))
         except NodeFault:
             self._count(failed=True)
             raise
@@ -485,6 +499,21 @@ class WorkerNode:
             engine=engine,
             device=f"{self.profile.vendor} {self.profile.model}",
         )
+
+    def _run(
+        self,
+        sql: str,
+        inputs: Mapping[str, pa.Table],
+        views: Mapping[str, str],
+        bound: Mapping[str, list[Shard]],
+    ) -> pa.Table:
+        """Run a fragment with the node's engine: over the bound shards' kept frames where
+        the engine keeps them (each current to its shard's LSN), else over DuckDB."""
+        engine = self.executor
+        if self.resident is None or not isinstance(engine, KeepsFrames):
+            return engine.run(sql, inputs, views)
+        kept = {t: [self.resident.frame(s) for s in shards] for t, shards in bound.items()}
+        return engine.run(sql, inputs, views, kept)
 
     def _count(self, failed: bool) -> None:
         with self.lock:
@@ -540,6 +569,12 @@ class WorkerNode:
                 device_errors=device.errors,
             )
 
+    def _device_cache(self) -> DeviceCache | None:
+        if self.resident is None:
+            return None
+        kept = self.resident.stats()
+        return DeviceCache(kept.budget_bytes, kept.bytes, kept.shards, kept.hit_rate)
+
     def info(self) -> WorkerInfo:
         device = device_state(self.device)
         engine_bytes, spilled_bytes = self.engine.memory()
@@ -570,6 +605,7 @@ class WorkerNode:
                 engine_fallbacks=dict(getattr(self.executor, "fallbacks", {})),
                 last_fallback=str(getattr(self.executor, "last_fallback", "")),
                 pid=os.getpid(),
+                device_cache=self._device_cache(),
             )
         # which key indexes exist, asked of DuckDB once and outside the node's lock (a
         # fragment never waits on it); nothing is asked where no shard has one

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from shardflow.catalog import DataDir
+from shardflow.config import Settings
 from shardflow.engine import DuckDBEngine, Engine
 from shardflow.engine.simulated import SlowedEngine
+from shardflow.runtime.worker.resident import KeepsFrames, ResidentShards
 from shardflow.telemetry.calibration import OPERATORS, capacity
 from shardflow.telemetry.devices import (
     GPU_ENGINE,
@@ -49,6 +51,29 @@ def make_executor(
     if slowdown > 1:
         return SlowedEngine(executor, slowdown)
     return executor
+
+
+DEVICE_CACHE_SHARE = 0.5
+"""Of the device's memory (on a CPU: of the worker's memory limit), what the kept shard
+frames may take by default (``device_cache_mb`` = 0); the rest is the queries'."""
+
+
+def resident_shards(
+    executor: Engine, device: DeviceInfo, settings: Settings, memory_limit_mb: int
+) -> ResidentShards | None:
+    """The shard frames a worker keeps in its engine's memory, where its engine is Polars
+    (on the device for the GPU engine); None where fragments read their shards out of
+    DuckDB every time (DuckDB's own engine, a simulated slower device, or
+    ``device_cache_mb`` = -1)."""
+    if not isinstance(executor, KeepsFrames) or settings.device_cache_mb < 0:
+        return None
+    if settings.device_cache_mb:
+        budget = settings.device_cache_mb << 20
+    elif device.vendor != "cpu" and device.memory_bytes:
+        budget = int(device.memory_bytes * DEVICE_CACHE_SHARE)
+    else:
+        budget = int((memory_limit_mb << 20) * DEVICE_CACHE_SHARE)
+    return ResidentShards(executor.frames, budget, settings.test_fault_resident)
 
 
 def node_profile(

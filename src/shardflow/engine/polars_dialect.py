@@ -45,6 +45,7 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify_columns import qualify_columns
 from sqlglot.optimizer.scope import build_scope
+from sqlglot.optimizer.unnest_subqueries import unnest_subqueries
 from sqlglot.schema import MappingSchema
 
 SchemaKey = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
@@ -82,8 +83,82 @@ def polars_sql(sql: str, schema: SchemaKey = ()) -> str:
             # Polars folds min(-2) to -2 even over no rows, where DuckDB gives NULL
             raise sqlglot.errors.UnsupportedError(f"{aggregate.sql('duckdb')} of a constant")
     tree = _qualified(tree, schema)
+    tree = _join_filters(_decorrelated(tree))
     annotate_types(tree, schema=_mapping(schema), dialect="duckdb")
     return _exact(tree).sql(dialect="postgres")
+
+
+def _decorrelated(tree: exp.Expr) -> exp.Expr:
+    """Correlated subqueries joined to their query instead (SQLGlot's ``unnest_subqueries``:
+    a correlated scalar aggregate becomes a left join to the aggregate grouped by the
+    correlated columns), which Polars' SQL front end takes: it cannot resolve an outer
+    query's column inside a subquery (TPC-H Q2, Q17 fell back to DuckDB). A subquery
+    counting rows stays (``count`` over no rows is 0, the join would give NULL), as does
+    what the rewrite cannot take."""
+    root = build_scope(tree)
+    if root is None:
+        return tree
+    correlated = [s.expression for s in root.traverse() if s.is_correlated_subquery]
+    if not correlated or not all(_scalar_aggregate(q) for q in correlated):
+        return tree  # EXISTS and IN subqueries Polars takes as they are (TPC-H Q21, Q22)
+    try:
+        unnested = unnest_subqueries(tree.copy())
+    except sqlglot.errors.SqlglotError:
+        return tree
+    for select in unnested.find_all(exp.Select):  # the new joins see every table before
+        for join in select.args.get("joins") or ():  # them: ``a, b LEFT JOIN s ON a.k ..``
+            if not join.args.get("kind") and not join.side and join.args.get("on") is None:
+                join.set("kind", "CROSS")  # would bind s to b alone
+    return unnested
+
+
+def _scalar_aggregate(query: exp.Expr) -> bool:
+    """A subquery compared as one value, its one output an aggregate other than a count
+    (``x < (SELECT 0.2 * avg(q) FROM ... WHERE outer.k = k)``)."""
+    parent = query.parent
+    while isinstance(parent, exp.Paren | exp.Subquery):
+        parent = parent.parent
+    if not isinstance(query, exp.Select) or not isinstance(parent, exp.Binary):
+        return False
+    if isinstance(parent, exp.Connector) or len(query.expressions) != 1:
+        return False
+    output = query.expressions[0]
+    return output.find(exp.AggFunc) is not None and output.find(exp.Count) is None
+
+
+def _join_filters(tree: exp.Expr) -> exp.Expr:
+    """A left join's conditions on its joined table alone, taken into that table: ``LEFT
+    JOIN o ON c.k = o.k AND o.x NOT LIKE '%y%'`` reads ``LEFT JOIN (SELECT * FROM o WHERE
+    o.x NOT LIKE '%y%') AS o ON c.k = o.k`` (the same rows: the condition only decides
+    which of o's rows can match). Polars' SQL front end joins on equalities only (TPC-H
+    Q13 fell back to DuckDB)."""
+    for join in list(tree.find_all(exp.Join)):
+        table = join.this
+        condition = join.args.get("on")
+        if join.side != "LEFT" or not isinstance(table, exp.Table) or condition is None:
+            continue
+        name = table.alias_or_name
+        kept, moved = [], []
+        for part in _conjuncts(condition):
+            tables = {c.table for c in part.find_all(exp.Column)}
+            only_joined = tables == {name} and part.find(exp.Subquery) is None
+            (moved if only_joined and not isinstance(part, exp.EQ) else kept).append(part)
+        if not moved or not kept:
+            continue
+        inner = exp.select("*").from_(table.copy()).where(exp.and_(*moved))
+        join.set(
+            "this", exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(name)))
+        )
+        join.set("on", exp.and_(*kept))
+    return tree
+
+
+def _conjuncts(condition: exp.Expr) -> list[exp.Expr]:
+    if isinstance(condition, exp.And):
+        return [*_conjuncts(condition.this), *_conjuncts(condition.expression)]
+    if isinstance(condition, exp.Paren):
+        return _conjuncts(condition.this)
+    return [condition]
 
 
 def _mapping(schema: SchemaKey) -> MappingSchema:

@@ -119,6 +119,7 @@ class Settings:
             recently used dropped beyond it. 0: half the device's memory (half the worker's
             ``worker_memory_mb`` share on a CPU); -1: none (each fragment reads its shards
             out of DuckDB). DuckDB and the data directory stay the shards' source of truth.
+            The balancer counts it as capacity: no move takes a worker past it.
         node_failure_rate: a node failing more than this share of its operations
             (fragments and inserts that failed on it, missed health checks, device errors)
             over ``node_failure_window_s`` becomes *suspect*: it gets no new shards and its

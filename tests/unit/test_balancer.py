@@ -218,3 +218,55 @@ def test_a_unit_without_load_is_evacuated_too() -> None:
     decision = plan(nodes, units, SETTINGS, excluded=frozenset({"a"}))
     assert decision.measure == "load" and len(decision.actions) == 2
     assert all(isinstance(a, Move) and a.to == "b" for a in decision.actions)
+
+
+def test_no_move_fills_a_gpu_node_past_what_its_device_cache_keeps() -> None:
+    """A fast GPU node (capacity 4) with room for 6 shards of 64 MiB in its device cache
+    takes 6, not its load share of 16; the rest go to the CPU node, and the decision says
+    why the GPU node stays under its share once it is full."""
+    gpu = NodeState("gpu", 4.0, memory=6 * 64 * MiB)
+    nodes = [gpu, NodeState("cpu", 1.0), NodeState("old", 1.0)]
+    units = settle(nodes, units_on("old", 20, 0))
+    held = node_bytes(units)
+    assert held["gpu"] == 6 * 64 * MiB, held
+    assert held.get("cpu", 0) > 0
+    unbounded = settle([replace(gpu, memory=0), *nodes[1:]], units_on("old", 20, 0))
+    assert node_bytes(unbounded)["gpu"] > 6 * 64 * MiB  # the bound, not the load, stopped it
+
+
+def test_cold_shards_filling_a_device_cache_leave_room_for_no_more() -> None:
+    """The GPU node's load is low (its shards are cold), its device cache nearly full: it
+    takes one more shard, not the three its load share has room for."""
+    nodes = [
+        NodeState("gpu", 4.0, memory=4 * 64 * MiB),
+        NodeState("cpu", 1.0),
+        NodeState("old", 1.0),
+    ]
+    units = settle(nodes, units_on("gpu", 3, 0, load=0.0) + units_on("old", 10, 3))
+    assert node_bytes(units)["gpu"] == 4 * 64 * MiB
+
+
+def test_a_node_holding_more_than_its_device_cache_is_said_and_gets_nothing_more() -> None:
+    nodes = [NodeState("gpu", 1.0, memory=2 * 64 * MiB), NodeState("cpu", 1.0)]
+    units = units_on("gpu", 4, 0, load=0.0) + units_on("cpu", 12, 4, load=0.0)
+    decision = plan(nodes, units, SETTINGS)
+    assert "gpu holds 256 MiB of shards, its device cache keeps 128 MiB" in decision.reason
+    assert all(getattr(a, "to", None) != "gpu" for a in decision.actions)
+
+
+def test_an_evacuation_prefers_nodes_with_room_in_their_device_cache() -> None:
+    nodes = [
+        NodeState("a", 1.0),
+        NodeState("full", 1.0, memory=2 * 64 * MiB),
+        NodeState("roomy", 1.0, memory=100 * 64 * MiB),
+    ]
+    # "full" is the least loaded (its shards are cold), but its cache has room for one more
+    units = units_on("a", 3, 0) + units_on("full", 1, 3, load=0.0) + units_on("roomy", 6, 4)
+    decision = plan(nodes, units, SETTINGS, excluded=frozenset({"a"}))
+    assert [getattr(a, "to", None) for a in decision.actions] == ["full", "roomy", "roomy"]
+    # with no room anywhere the units still go (they must): to the least loaded
+    units = units_on("a", 3, 0) + units_on("full", 2, 3, load=0.05) + units_on("roomy", 6, 5)
+    nodes[2] = replace(nodes[2], memory=6 * 64 * MiB)
+    decision = plan(nodes, units, SETTINGS, excluded=frozenset({"a"}))
+    assert len(decision.actions) == 3 and "full" in {getattr(a, "to", "") for a in decision.actions}
+    assert "holds" in decision.reason

@@ -30,6 +30,9 @@ class NodeState:
     """Busy fraction over the last window (device utilisation where telemetry has it)."""
     speeds: Mapping[str, float] = field(default_factory=dict)
     """Throughput per calibrated operator relative to the median node (empty: unknown)."""
+    memory: int = 0
+    """Bytes of shards the node can keep in its engine's memory (a GPU worker's device
+    cache budget, ``device_cache_mb``; 0: no bound). No move takes a node past it."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,16 @@ def plan(
     total = sum(held.values())
     excluded = frozenset(n for n in excluded if n in capacity)
     serving = [n for n in capacity if n not in excluded]
-    serving_capacity = sum(capacity[n] for n in serving)
-    share = {n: total * capacity[n] / serving_capacity if n in serving else 0.0 for n in capacity}
+    memory = {n.node: n.memory for n in nodes if n.memory > 0}
+    stored: dict[str, int] = defaultdict(int)
+    for unit in units:
+        stored[unit.node] += unit.bytes
+    # a node's share is at most what its engine's memory keeps, at the cluster's average
+    # weight per byte: the rest is shared among the others
+    per_byte = total / max(sum(stored.values()), 1)
+    bound = {n: memory[n] * per_byte for n in serving if n in memory}
+    share = _shares(total, {n: capacity[n] for n in serving}, bound)
+    share.update({n: 0.0 for n in capacity if n not in serving})
     ratio = {n: (held[n] / share[n] if share[n] > 0 else 0.0) for n in capacity}
     spread = max((abs(ratio[n] - 1.0) for n in serving), default=0.0) if total > 0 else 0.0
     # any unit counts, also one without load (a table only written to)
@@ -156,11 +167,15 @@ def plan(
         and abs(total_load - previous_load) / previous_load > settings.load_swing
     )
 
+    full = _beyond_memory(memory, stored)
+
     free = [u for u in units if u.unit_id not in busy]
     if evacuating and serving:  # first of all; splits, merges and balancing come after
         leaving = [u for u in free if u.node in excluded]
-        moves = _evacuate(leaving, excluded, capacity, held, share, settings, weight)
+        room = _Room(memory, stored)
+        moves = _evacuate(leaving, excluded, capacity, held, share, settings, weight, room)
         why = f"{len(moves)} move(s): evacuating suspect node(s) " + ", ".join(evacuating)
+        why = "; ".join([why, *_beyond_memory(memory, room.stored)])
         projected = {n: held[n] / share[n] for n in serving if share[n] > 0}
         return Decision(tuple(moves), why, measure, spread, total_load, projected)
     free = [u for u in free if u.node not in excluded]
@@ -197,6 +212,7 @@ def plan(
             settings.max_moves - len(actions),
             set(hot),
             waiting,
+            _Room(memory, stored),
         )
         actions += moves
         if moves:
@@ -215,6 +231,7 @@ def plan(
             f"{measure}/capacity spread {spread:.0%} > {settings.tolerance:.0%}, but no move"
             " brings a node closer to its share"
         )
+    reasons += full  # said on every decision while it lasts: nothing here moves it back
     reason = "; ".join(reasons) if reasons else "balanced"
     return Decision(tuple(actions), reason, measure, spread, total_load, projected)
 
@@ -241,6 +258,59 @@ def _weight(
     return load_for_mix if speeds else load
 
 
+def _shares(
+    total: float, capacity: Mapping[str, float], bound: Mapping[str, float]
+) -> dict[str, float]:
+    """``total`` shared in proportion to capacity, no node's share above its ``bound``: what
+    a bounded node cannot take goes to the others, again in proportion to capacity. Where
+    every node is bounded and the total exceeds the bounds, the excess is shared too."""
+    share: dict[str, float] = {}
+    left, open_nodes = total, dict(capacity)
+    while open_nodes:
+        weight = sum(open_nodes.values())
+        capped = {
+            n: bound[n]
+            for n, c in open_nodes.items()
+            if n in bound and left * c / weight > bound[n]
+        }
+        if not capped:
+            share.update({n: left * c / weight for n, c in open_nodes.items()})
+            return share
+        share.update(capped)
+        left -= sum(capped.values())
+        for node in capped:
+            del open_nodes[node]
+    weight = sum(capacity.values())
+    return {n: share[n] + left * c / weight for n, c in capacity.items()} if weight else share
+
+
+class _Room:
+    """The bytes of shards each node holds, against what its engine's memory keeps."""
+
+    def __init__(self, memory: Mapping[str, int], stored: Mapping[str, int]) -> None:
+        self.memory = memory
+        self.stored = dict(stored)
+
+    def fits(self, unit: UnitState, node: str) -> bool:
+        bound = self.memory.get(node, 0)
+        return bound <= 0 or self.stored.get(node, 0) + unit.bytes <= bound
+
+    def move(self, unit: UnitState, src: str, dst: str) -> None:
+        self.stored[src] = self.stored.get(src, 0) - unit.bytes
+        self.stored[dst] = self.stored.get(dst, 0) + unit.bytes
+
+
+def _beyond_memory(memory: Mapping[str, int], stored: Mapping[str, int]) -> list[str]:
+    """A note per node holding more bytes of shards than its engine's memory keeps (its
+    least recently read shards are built again when read)."""
+    return [
+        f"{node} holds {stored.get(node, 0) / 2**20:.0f} MiB of shards, its device cache keeps"
+        f" {bound / 2**20:.0f} MiB (device_cache_mb)"
+        for node, bound in sorted(memory.items())
+        if stored.get(node, 0) > bound
+    ]
+
+
 def _evacuate(
     units: Sequence[UnitState],
     excluded: frozenset[str],
@@ -249,18 +319,24 @@ def _evacuate(
     share: dict[str, float],
     settings: BalancerSettings,
     weight: Weight,
+    room: _Room,
 ) -> list[Action]:
     """Move units off excluded nodes, the most loaded first, each to the serving node
-    furthest below its share (room or not: the units must go), within the move limit.
-    ``held`` is updated as if the moves were done."""
+    furthest below its share (room or not: the units must go; a node whose engine's memory
+    has room for the unit first), within the move limit. ``held`` and ``room`` are updated
+    as if the moves were done."""
     serving = [n for n in capacity if n not in excluded and share[n] > 0]
     moves: list[Action] = []
     for unit in sorted(units, key=lambda u: (-weight(u, u.node), u.unit_id)):
         if len(moves) >= settings.max_moves or not serving:
             break
-        dst = min(serving, key=lambda n: ((held[n] + weight(unit, n)) / share[n], n))
+        dst = min(
+            serving,
+            key=lambda n: (not room.fits(unit, n), (held[n] + weight(unit, n)) / share[n], n),
+        )
         held[unit.node] -= weight(unit, unit.node)
         held[dst] += weight(unit, dst)
+        room.move(unit, unit.node, dst)
         moves.append(Move(unit.unit_id, dst, unit.bytes, f"evacuate suspect node {unit.node}"))
     return moves
 
@@ -326,8 +402,10 @@ def _moves(
     budget: int,
     hot: set[str],
     waiting: set[str],
+    room: _Room,
 ) -> tuple[list[Action], dict[str, float]]:
-    """Moves only what brings nodes back into the band, carrying the most load per byte.
+    """Moves only what brings nodes back into the band, carrying the most load per byte,
+    never to a node whose engine's memory has no room for the unit.
 
     Every node above the band (or hot) sheds, densest units first, to the least loaded
     nodes, which may fill up to just under the top of the band; a dense unit too heavy for
@@ -353,6 +431,7 @@ def _moves(
         on_node[src].remove(unit)
         load[src] -= weight(unit, src)
         load[dst] += weight(unit, dst)
+        room.move(unit, src, dst)
         actions.append(Move(unit.unit_id, dst, unit.bytes, f"{src} out of balance"))
 
     def splittable(unit: UnitState) -> bool:
@@ -372,7 +451,8 @@ def _moves(
                 heapq.heappush(sinks, (ratio(node), node))  # stale entry: refresh it
                 continue
             skipped.append((current, node))
-            if node != exclude and share[node] * top - load[node] >= weight(unit, node):
+            has_room = share[node] * top - load[node] >= weight(unit, node)
+            if node != exclude and has_room and room.fits(unit, node):
                 found = node
                 break
         for entry in skipped:
@@ -423,8 +503,12 @@ def _moves(
                 spare = load[src] - share[src] * (1 - aim)
                 if load[dst] >= goal or len(actions) >= budget or spare <= 0:
                     break
-                room = share[dst] * top - load[dst]
-                if weight(unit, dst) <= room and weight(unit, src) <= spare:
+                space = share[dst] * top - load[dst]
+                if (
+                    weight(unit, dst) <= space
+                    and weight(unit, src) <= spare
+                    and room.fits(unit, dst)
+                ):
                     move(unit, src, dst)
     projected = {n: ratio(n) for n in nodes}
     return actions, projected

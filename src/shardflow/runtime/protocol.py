@@ -166,6 +166,9 @@ class LoadReport:
     """Of those, the ones the node failed (not the caller's errors: bad SQL, wrong types)."""
     device_errors: int | None = None
     """The device's uncorrectable error count (None: no such telemetry)."""
+    memory_budget: int = 0
+    """Bytes of shards the worker keeps in its engine's memory at most (its device cache
+    budget; 0: it keeps none, no bound)."""
 
 
 @dataclass(frozen=True)

@@ -172,3 +172,20 @@ def test_a_frame_that_skips_appends_is_caught(tmp_path: Path) -> None:
     finally:
         local.close()
     assert problems, "frames that miss appended rows went unnoticed"
+
+
+def test_the_balancer_knows_what_each_device_cache_keeps(tmp_path: Path) -> None:
+    """Each worker reports its cache's budget with its load; a node holding more shard
+    bytes than that is said on every decision (``rebalance()``'s reason)."""
+    local = LocalCluster(tmp_path / "data", engine="polars", device_cache_mb=1)
+    try:
+        local.create_table("events", events(0, 20 * ROWS), "id")
+        assert_serves(local, events(0, 20 * ROWS))
+        node = local.catalog.nodes[0]
+        report = local.workers.get(node).node.load_report()
+        assert report.memory_budget == 1 << 20
+        assert sum(report.unit_bytes.values()) > 1 << 20
+        reason = local.session.rebalance(True)["reason"]
+        assert f"{node} holds" in reason and "device cache keeps 1 MiB" in reason, reason
+    finally:
+        local.close()

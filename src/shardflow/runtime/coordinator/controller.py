@@ -339,7 +339,13 @@ class Controller:
             # the device's own utilisation where telemetry has it, else the busy fraction
             utilization = max(busy, device) if device is not None else busy
             nodes.append(
-                balancer.NodeState(node, 1.0, utilization=utilization, speeds=speeds[node])
+                balancer.NodeState(
+                    node,
+                    1.0,
+                    utilization=utilization,
+                    speeds=speeds[node],
+                    memory=report.memory_budget,
+                )
             )
             for group in catalog.groups.values():
                 for unit in group.units:

@@ -567,6 +567,7 @@ class WorkerNode:
                 operations=self._operations,
                 failures=self._failures,
                 device_errors=device.errors,
+                memory_budget=self.resident.budget_bytes if self.resident is not None else 0,
             )
 
     def _device_cache(self) -> DeviceCache | None:

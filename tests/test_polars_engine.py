@@ -4,6 +4,9 @@ run falls back to DuckDB, saying so."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -359,3 +362,23 @@ def test_correlated_aggregates_and_left_join_filters_run_on_polars_as_duckdb_ans
         assert engine.run(sql, tables).to_pylist() == expected.to_pylist(), sql
         if sql in runs_on_polars:
             assert not engine.fallbacks, (sql, engine.last_fallback)
+
+
+def test_the_gpu_bench_runs_its_resident_path_on_the_cpu(tmp_path: Path) -> None:
+    """``bench/gpu.py --resident --cpu``: the path the device run takes, over frames kept in
+    Polars' memory, with its last line as the device run prints it."""
+    bench = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+    args = ["--sf", "0.01", "--cpu", "--resident", "--repeat", "1", "--queries", "1,2,13,17"]
+    done = subprocess.run(
+        [sys.executable, str(bench), *args, "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    pattern = r"gpu_ratio_warm=[\d.]+ gpu_ratio_cold=[\d.]+ answers_equal=(\d+)/4 fallbacks=(\d+) "
+    match = re.fullmatch(pattern + r"cache_build_s=[\d.]+", last)
+    assert match is not None, done.stdout
+    assert match.groups() == ("4", "0"), done.stdout

@@ -46,7 +46,8 @@ class Settings:
         wal_checkpoint_entries: write-ahead log entries a shard keeps before folding them
             into a new Parquet base.
         wal_checkpoint_bytes: log bytes a shard keeps before a checkpoint.
-        plan_cache_size: distributed plans a session keeps per catalog version, by shape
+        plan_cache_size: distributed plans a session keeps per catalog's tables (moves,
+            splits and merges keep them), by shape
             (queries differing only in compared constants share one) and by query text.
         fast_lane: a query part whose result comes back to the session and whose inputs,
             if any, the session holds (a point lookup on the distribution key, partials the

@@ -78,13 +78,14 @@ class PolarsEngine:
     def run(
         self,
         sql: str,
-        tables: Mapping[str, pa.Table] | None = None,
+        tables: Mapping[str, pa.Table | Resident] | None = None,
         views: Mapping[str, str] | None = None,
         resident: Mapping[str, Sequence[Resident]] | None = None,
     ) -> pa.Table:
-        """``sql`` over ``tables`` and the bound shards: read out of DuckDB as Arrow
-        (``views``), or, for the tables in ``resident``, the frames kept of their shards
-        (no copy out of DuckDB, nor into the engine's memory)."""
+        """``sql`` over ``tables`` (Arrow, or frames kept in the engine's memory) and the
+        bound shards: read out of DuckDB as Arrow (``views``), or, for the tables in
+        ``resident``, the frames kept of their shards (no copy out of DuckDB, nor into the
+        engine's memory)."""
         self._call.where = ""
         frames: dict[str, pa.Table | Resident] = dict(tables or {})
         for name, select in (views or {}).items():

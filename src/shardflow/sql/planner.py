@@ -172,7 +172,7 @@ def _whole_on_one_node(sql: str, read: list[TableSpec], catalog: Catalog) -> Dis
         sql,
         "shards",
         WHOLE,
-        reason=f"every shard it reads is on {nodes.pop()}",
+        reason="every shard it reads is on one node",
         group=group.group_id,
         tables=tuple(spec.name for spec in distributed),
     )

@@ -24,7 +24,9 @@ from shardflow.errors import (
 )
 from shardflow.runtime.client.session import Session
 from shardflow.runtime.inprocess import LocalBackend, LocalCoordinator, LocalWorkers
+from shardflow.runtime.query import planning
 from shardflow.runtime.query.fragments import WorkerCalls
+from shardflow.sql.plan import WHOLE
 from tests.support.local_cluster import ROWS, LocalCluster, events, orders
 
 NATIONS = pa.table({"nid": pa.array(range(7), pa.int64()), "name": [f"n{i}" for i in range(7)]})
@@ -167,3 +169,42 @@ def test_closing_the_session_ends_a_call_that_is_retrying(cluster: LocalCluster)
     assert not caller.is_alive()
     assert [type(e) for e in outcome] == [ClosedError], outcome
     assert time.monotonic() - started < session.settings.retry_deadline_s
+
+
+def test_plans_outlive_moves_splits_and_merges_not_new_tables(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan names no node: the queries after a move, a split or a merge are bound to the
+    plans made before (not planned again), and still answer right. A new table, or a group
+    gathered onto one node (its queries then run whole there), is planned anew."""
+    for query in QUERIES:
+        cluster.session.query(query)
+    planned: list[str] = []
+    real = planning.plan_query
+
+    def counting(sql: str, *args: object) -> object:
+        planned.append(sql)
+        return real(sql, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planning, "plan_query", counting)
+    first, second, *_ = cluster.units("events")
+    target = next(n for n in cluster.catalog.nodes if n not in (first.node, second.node))
+    assert cluster.migrate(first.unit_id, target)["phase"] == "done"
+    assert cluster.split(second.unit_id)["phase"] == "done"
+    for query in QUERIES:
+        answer, _ = cluster.session.query(query)
+        assert answer.to_pylist() == oracle(rows_of(cluster), query), query
+    assert planned == [], "queries were planned again after a move and a split"
+
+    cluster.session.create_table("more", NATIONS, None, True, None)
+    for query in QUERIES:
+        cluster.session.query(query)
+    assert planned == list(QUERIES)
+    planned.clear()
+    for unit in cluster.units("events"):  # every unit onto one node
+        if unit.node != target:
+            assert cluster.migrate(unit.unit_id, target)["phase"] == "done"
+    answer, report = cluster.session.query(QUERIES[2])
+    assert planned == [QUERIES[2]]
+    assert [s.strategy for s in report.stages] == [WHOLE]
+    assert answer.to_pylist() == oracle(rows_of(cluster), QUERIES[2])

@@ -9,6 +9,7 @@ conformance gate use it over in-process shards, so both take the same fallbacks.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -96,11 +97,27 @@ _UNSHAPED: Literal["unshaped"] = "unshaped"
 """A shape whose plan depends on its constants: its queries are kept by exact text."""
 
 
+def plan_basis(catalog: Catalog) -> tuple[object, ...]:
+    """What a plan depends on in the catalog: its tables (names, schemas, kinds, groups,
+    sizes), the bucket count, and which groups have all their units on one node (their
+    queries run whole there). Not which node owns which unit: a plan names no node, units
+    are bound where it runs, so a move, split or merge leaves every plan standing (the
+    first query after a move is not planned again)."""
+    whole = sorted(
+        group_id
+        for group_id, group in catalog.groups.items()
+        if len({unit.node for unit in group.units}) == 1
+    )
+    tables = tuple(sorted(catalog.tables.items()))
+    return (catalog.n_buckets, tables, tuple(whole))
+
+
 class PlanCache:
-    """Plans kept per catalog version: by shape (:mod:`shardflow.sql.shapes`), so a query
-    that differs from an earlier one only in the constants it compares with is bound to
-    that one's plan without being parsed, planned or bound in DuckDB again; and by exact
-    text for the rest. Each map keeps at most ``size`` entries (least recently used go)."""
+    """Plans kept per :func:`plan_basis` of the catalog: by shape
+    (:mod:`shardflow.sql.shapes`), so a query that differs from an earlier one only in the
+    constants it compares with is bound to that one's plan without being parsed, planned
+    or bound in DuckDB again; and by exact text for the rest. Each map keeps at most
+    ``size`` entries (least recently used go)."""
 
     def __init__(self, binder: Binder, size: int) -> None:
         self.binder = binder
@@ -108,6 +125,27 @@ class PlanCache:
         self._lock = threading.Lock()
         self._exact: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
         self._shapes: OrderedDict[tuple[object, int], _Shaped | str] = OrderedDict()
+        self._basis: tuple[int, int] = (-1, -1)
+        """The last catalog version seen and the number of its plan basis."""
+        self._bases: OrderedDict[tuple[object, ...], int] = OrderedDict()
+        self._numbered = itertools.count()
+
+    def _basis_of(self, catalog: Catalog) -> int:
+        """The number of ``catalog``'s :func:`plan_basis`: the same for every version with
+        the same basis (worked out once per version, not per query)."""
+        version, number = self._basis
+        if version == catalog.version:
+            return number
+        basis = plan_basis(catalog)
+        with self._lock:
+            if basis not in self._bases:
+                self._bases[basis] = next(self._numbered)
+            self._bases.move_to_end(basis)
+            number = self._bases[basis]
+            while len(self._bases) > self.size:  # a forgotten basis is numbered anew
+                self._bases.popitem(last=False)
+            self._basis = (catalog.version, number)
+        return number
 
     def plan(self, sql: str, catalog: Catalog) -> PlannedQuery:
         """``sql``'s plan against ``catalog``, from the cache when it can be."""
@@ -115,7 +153,7 @@ class PlanCache:
         shape = shape_of(sql) if isinstance(sql, str) else None
         if shape is None or not shape.values:
             return self._planned(sql, catalog)
-        key = (shape.key, catalog.version)
+        key = (shape.key, self._basis_of(catalog))
         entry = self._get(self._shapes, key)
         if isinstance(entry, _Shaped):
             bound = entry.template.bind(shape, sql, catalog)
@@ -134,11 +172,11 @@ class PlanCache:
         :func:`answer`); the queries of its shape are planned one by one from now on."""
         shape = shape_of(sql) if isinstance(sql, str) else None
         if shape is not None and shape.values:
-            self._put(self._shapes, (shape.key, catalog.version), _UNSHAPED)
-        self._put(self._exact, (sql, catalog.version), planned)
+            self._put(self._shapes, (shape.key, self._basis_of(catalog)), _UNSHAPED)
+        self._put(self._exact, (sql, self._basis_of(catalog)), planned)
 
     def _planned(self, sql: str, catalog: Catalog) -> PlannedQuery:
-        key = (sql, catalog.version)
+        key = (sql, self._basis_of(catalog))
         cached = self._get(self._exact, key)
         if cached is not None:
             return cached

@@ -83,7 +83,12 @@ def pack_tree(tree: Path, out: Path, part_bytes: int = PART_BYTES) -> list[Path]
 def unpack(parts: Path, to: Path) -> None:
     """The folder ``pack_tree`` packed, from its parts under ``parts``, into ``to`` (which
     is replaced); nothing is extracted unless every part is the one the manifest names."""
-    manifest = json.loads((parts / MANIFEST).read_text())
+    try:
+        manifest = json.loads((parts / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CarryError(f"{parts / MANIFEST} is missing: carry it with the parts") from None
+    except ValueError as error:
+        raise CarryError(f"{parts / MANIFEST} is not the manifest packed: {error}") from None
     problems = []
     for entry in manifest["parts"]:
         part = parts / entry["name"]
@@ -115,7 +120,10 @@ def extra_pins(extra: str) -> list[str]:
     import tomllib
 
     project = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    return list(tomllib.loads(project.read_text())["project"]["optional-dependencies"][extra])
+    extras = tomllib.loads(project.read_text())["project"]["optional-dependencies"]
+    if extra not in extras:
+        raise CarryError(f"shardflow has no extra {extra!r} (it has {', '.join(sorted(extras))})")
+    return list(extras[extra])
 
 
 def install(pins: list[str], python: str, into: Path) -> None:
@@ -126,7 +134,8 @@ def install(pins: list[str], python: str, into: Path) -> None:
     pip = [sys.executable, "-m", "pip", "install", "--target", str(into), "--only-binary=:all:"]
     pip += [arg for tag in PLATFORMS for arg in ("--platform", tag)]
     pip += ["--python-version", python, "--quiet"]
-    subprocess.run([*pip, *pins], check=True)
+    if subprocess.run([*pip, *pins], check=False).returncode != 0:
+        raise CarryError(f"pip could not install {' '.join(pins)} (its message is above)")
 
 
 def leave_out(into: Path, name: str) -> int:
@@ -160,12 +169,12 @@ def leave_out(into: Path, name: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    pack = commands.add_parser("pack", help="download, install and cut into parts (here)")
-    pack.add_argument("--extra", default="gpu-cu13")
-    pack.add_argument("--python", default="3.12", help="the GPU machine's Python")
-    pack.add_argument("--out", type=Path, default=Path(".carry"))
-    pack.add_argument("--part-mb", type=int, default=PART_BYTES >> 20)
-    pack.add_argument(
+    packing = commands.add_parser("pack", help="download, install and cut into parts (here)")
+    packing.add_argument("--extra", default="gpu-cu13")
+    packing.add_argument("--python", default="3.12", help="the GPU machine's Python")
+    packing.add_argument("--out", type=Path, default=Path(".carry"))
+    packing.add_argument("--part-mb", type=int, default=PART_BYTES >> 20)
+    packing.add_argument(
         "--exclude",
         action="append",
         default=[],
@@ -176,13 +185,17 @@ def main() -> None:
     take.add_argument("--parts", type=Path, default=Path(".carry"))
     take.add_argument("--to", type=Path, default=Path(".gpu-stack"))
     args = parser.parse_args()
-    if args.command == "unpack":
-        try:
+    try:
+        if args.command == "unpack":
             unpack(args.parts, args.to)
-        except CarryError as error:
-            sys.exit(f"cannot unpack: {error}")
-        print(f"unpacked into {args.to}: run with PYTHONPATH={args.to}")
-        return
+            print(f"unpacked into {args.to}: run with PYTHONPATH={args.to}")
+        else:
+            pack_extra(args)
+    except CarryError as error:
+        sys.exit(f"cannot {args.command}: {error}")
+
+
+def pack_extra(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as staging:
         install(extra_pins(args.extra), args.python, Path(staging))
         for name in args.exclude:

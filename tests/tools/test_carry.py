@@ -96,3 +96,13 @@ def test_a_distribution_left_out_takes_its_files_and_nothing_else(
     assert not (into / "nvidia").exists() and outside.exists()
     with pytest.raises(carry.CarryError, match="not among"):
         carry.leave_out(into, "nvidia-cublas")
+
+
+def test_parts_without_their_manifest_are_refused_saying_so(
+    packed: tuple[Path, Path], tmp_path: Path, carry: ModuleType
+) -> None:
+    _, parts = packed
+    (parts / "manifest.json").unlink()
+    with pytest.raises(carry.CarryError, match="manifest.json is missing"):
+        carry.unpack(parts, tmp_path / "there")
+    assert not (tmp_path / "there").exists()

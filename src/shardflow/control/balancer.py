@@ -167,8 +167,6 @@ def plan(
         and abs(total_load - previous_load) / previous_load > settings.load_swing
     )
 
-    full = _beyond_memory(memory, stored)
-
     free = [u for u in units if u.unit_id not in busy]
     if evacuating and serving:  # first of all; splits, merges and balancing come after
         leaving = [u for u in free if u.node in excluded]
@@ -231,7 +229,8 @@ def plan(
             f"{measure}/capacity spread {spread:.0%} > {settings.tolerance:.0%}, but no move"
             " brings a node closer to its share"
         )
-    reasons += full  # said on every decision while it lasts: nothing here moves it back
+    # said on every decision while it lasts: no move here takes a node back under it
+    reasons += _beyond_memory(memory, stored)
     reason = "; ".join(reasons) if reasons else "balanced"
     return Decision(tuple(actions), reason, measure, spread, total_load, projected)
 

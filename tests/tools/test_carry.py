@@ -103,6 +103,6 @@ def test_parts_without_their_manifest_are_refused_saying_so(
 ) -> None:
     _, parts = packed
     (parts / "manifest.json").unlink()
-    with pytest.raises(carry.CarryError, match="manifest.json is missing"):
+    with pytest.raises(carry.CarryError, match=r"manifest\.json is missing"):
         carry.unpack(parts, tmp_path / "there")
     assert not (tmp_path / "there").exists()

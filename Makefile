@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint browser bench conformance clean
+.PHONY: demo test lint browser redis bench conformance clean
 CHROMIUM := /usr/bin/chromium
 
 $(STAMP): pyproject.toml
@@ -34,7 +34,19 @@ browser:
 		|| echo "could not install chromium: the browser tests will be skipped"; \
 	fi
 
-test: lint browser
+# The clusters that survive their head keep its state in Debian's redis-server: installed
+# here the same way (CI sets SHARDFLOW_REQUIRE_REDIS=1: without it those tests fail there).
+REDIS := /usr/bin/redis-server
+redis:
+	@if [ ! -x $(REDIS) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's redis-server for the head fault-tolerance tests"; \
+		apt-get install -y --no-install-recommends redis-server >/dev/null 2>&1 \
+		|| { apt-get update >/dev/null 2>&1 \
+		     && apt-get install -y --no-install-recommends redis-server >/dev/null 2>&1; } \
+		|| echo "could not install redis-server: the head fault-tolerance tests will be skipped"; \
+	fi
+
+test: lint browser redis
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # DuckDB's sqllogictest corpus (../shared/peer-sql, or $$SHARDFLOW_PEER_SQL) on a real

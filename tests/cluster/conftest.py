@@ -4,6 +4,7 @@ not kill or restart anything (those start clusters of their own)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -31,6 +32,21 @@ def chromium(tmp_path: Path) -> Iterator[Chromium]:
     browser = Chromium(tmp_path / "chromium")
     yield browser
     browser.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> str:
+    """Debian's redis-server, for the clusters that survive their head (``--ha``)."""
+    found = shutil.which("redis-server")
+    if found is None:
+        missing = (
+            "redis-server is missing: install Debian's redis-server (sudo apt-get install "
+            "redis-server; `make test` does so where it runs as root)"
+        )
+        if os.environ.get("SHARDFLOW_REQUIRE_REDIS") == "1":  # CI: the tests must run
+            pytest.fail(f"{missing}, and SHARDFLOW_REQUIRE_REDIS=1")
+        pytest.skip(missing)
+    return found
 
 
 def listening_sockets() -> set[str]:

@@ -4,6 +4,7 @@ all on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,7 +33,7 @@ from shardflow.cli.common import (
     status,
     write,
 )
-from shardflow.errors import Error, MoveRefusedError
+from shardflow.errors import ConfigError, Error, MoveRefusedError
 
 if TYPE_CHECKING:
     from shardflow.tools.localcluster import LocalNode
@@ -197,17 +198,43 @@ def cluster_up(
     data_dir: ServiceDir = Path(".shardflow"),
     object_store_mb: Annotated[int, typer.Option(min=64, help="Object store per node.")] = 256,
     assignments: Sets = None,
+    ha: Annotated[
+        bool,
+        typer.Option(
+            "--ha",
+            help="Survive the loss of the head: its state is kept in Redis (one started here "
+            "on loopback with a password of its own, unless --redis names one) and the head "
+            "is started again when it dies.",
+        ),
+    ] = False,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT of a Redis for the head's state (with --ha); its password is read "
+            "from SHARDFLOW_REDIS_PASSWORD.",
+        ),
+    ] = None,
 ) -> None:
     """Start a head node and NODES data nodes, then shardflow on them (one worker each)."""
+    from shardflow.tools.localcluster import Redis
+    from shardflow.tools.raynode import PASSWORD_VARIABLE
+
     local = local_cluster(data_dir)
+    store = None
+    if redis is not None:
+        if ":" not in redis:
+            raise ConfigError(f"--redis wants HOST:PORT, not {redis!r}")
+        store = Redis(redis, os.environ.get(PASSWORD_VARIABLE, ""))
     console.print(f"starting a head and {nodes} data node(s) on 127.0.0.1, one at a time")
 
     def started(node: LocalNode) -> None:
         what = "the head (no shards)" if node.head else "a data node"
         console.print(f"  Ray node {node.name} started: {what}, pid {node.pid}")
 
-    local.up(nodes, object_store_mb, started)
+    local.up(nodes, object_store_mb, started, ha=ha or store is not None, redis=store)
     console.print(f"Ray cluster up at {local.address}: head + {nodes} data nodes")
+    if local.ha is not None:
+        console.print(f"the head keeps its state in Redis at {local.ha.redis}: it survives loss")
     console.print("starting shardflow on it: a worker on every data node")
     try:
         with status.status("starting shardflow"):
@@ -232,6 +259,9 @@ def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
         name = node.name + (" (head)" if node.head else "")
         view.add_row(name, str(node.pid), "running" if node.alive else "gone", node.node_id[:12])
     console.print(view)
+    if local.ha is not None:
+        back = "running" if local.head_process() is not None else "starting again"
+        console.print(f"head: survives its loss (state in Redis at {local.ha.redis}; {back})")
     with attach(local.address, data_dir) as db:
         nodes = db.cluster.nodes()
         view = Table("node", "Ray node", "host", "alive", "shards", "rows", "engine")
@@ -280,8 +310,15 @@ def cluster_remove_node(
     deadline: Annotated[float, typer.Option(help="Seconds the drain may take.")] = 300.0,
 ) -> None:
     """Take a data node away: drained first (Ray drains it; shardflow moves its shards off
-    live before the deadline), or killed outright."""
+    live before the deadline), or killed outright. The head of a cluster up with --ha can
+    be killed (--kill): it is started again, and the cluster serves meanwhile."""
     local = local_cluster(data_dir)
+    if node == "head" and kill:
+        started = time.monotonic()
+        local.wait_head(local.kill_head())
+        back = time.monotonic() - started
+        console.print(f"Ray node head killed; it runs again after {back:.1f}s")
+        return
     with attach(local.address, data_dir) as db:
         nodes = db.cluster.nodes()
         by_shardflow = {n.node_id: n.ray_node_name for n in nodes}

@@ -38,6 +38,9 @@ LOST = "lost"
 RESULTS = "results"
 """A kill target: a node holding fragment results a query has not read yet."""
 RESULT_HOLD_S = 3.0
+HEAD = "head"
+"""A kill target: the Ray head (GCS) of a cluster started with ``--ha``; its keeper starts it
+again, and the workers and the coordinator serve meanwhile."""
 HELD_SQL = f"SELECT id, pad FROM {BIG} WHERE id % 3 = 0"
 """Fragment results of a few hundred KB each: kept in the workers' object stores (small
 ones travel inside the reply and cannot be lost with a node)."""
@@ -237,8 +240,14 @@ def wait_served(db: Database, lost_ray_node: str, started: float) -> float:
 
 
 def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
-    """Kill a Ray node (``ray-2``, or ``coordinator``: the node the coordinator runs on)
-    with SIGKILL; returns its name and Ray node id."""
+    """Kill a Ray node (``ray-2``, ``coordinator``: the node the coordinator runs on, or
+    ``head``) with SIGKILL; returns its name and Ray node id. A killed head is back (its
+    keeper started it again) when this returns."""
+    if target == HEAD:
+        head = local.head_process()
+        killed = local.kill_head()
+        local.wait_head(killed, RECOVERY_TIMEOUT_S)
+        return HEAD, head[1] if head is not None else ""
     if target in ("coordinator", MID_MOVE, RESULTS):
         host = db.cluster.coordinator_host()
         if target == RESULTS:  # the node holding most of the big table, not the coordinator's
@@ -437,7 +446,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grow", type=int, default=0, help="Ray nodes to add first")
     parser.add_argument("--drain", action="append", default=[], help="a Ray node to drain")
     parser.add_argument(
-        "--kill", action="append", default=[], help=f"ray-N, coordinator, {MID_MOVE} or {RESULTS}"
+        "--kill",
+        action="append",
+        default=[],
+        help=f"ray-N, coordinator, {MID_MOVE}, {RESULTS} or {HEAD} (a cluster up with --ha)",
     )
     parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
     parser.add_argument(

@@ -4,13 +4,22 @@ each its own process group (raylet, object store, workers), all bound to 127.0.0
 What runs is recorded in ``<data dir>/local-cluster/cluster.json`` so that later commands
 (``shardflow cluster status``, ``add-node``, ``remove-node``, ``down``) find it. Nodes are
 stopped by the process ids recorded there, never by name.
+
+A cluster started with ``ha`` survives its head: the head keeps the cluster's state in Redis
+(one started here on loopback with a password of its own, or one the caller names), a keeper
+process starts the head again when it dies, at the same GCS port, and the running actors
+serve meanwhile (Ray's GCS fault tolerance).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,13 +29,37 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shardflow.catalog.lease import process_running
+from shardflow.config import LOOPBACK
 from shardflow.errors import ConfigError
+from shardflow.tools.raynode import PASSWORD_VARIABLE
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, so that their exit status is collected)."""
 STATE_FOLDER = "local-cluster"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+REDIS_SERVER = "redis-server"
+PASSWORD_FILE = "redis.password"
+
+
+@dataclass(frozen=True)
+class Redis:
+    """A Redis server for the head's state: ``address`` (host:port) and its password."""
+
+    address: str
+    password: str
+
+
+@dataclass(frozen=True)
+class HighAvailability:
+    """How the head of an ``ha`` cluster comes back: its Redis (``redis_pid`` when this
+    cluster started it), its key prefix there, the GCS port and Ray's folder for the head."""
+
+    redis: str
+    namespace: str
+    port: int
+    temp_dir: str
+    redis_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,9 +99,32 @@ class LocalRayCluster:
     def _save(self, address: str, nodes: list[LocalNode], next_index: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.state_file.with_suffix(".partial")
-        state = {"address": address, "next_index": next_index, "nodes": [asdict(n) for n in nodes]}
+        state: dict[str, object] = {
+            "address": address,
+            "next_index": next_index,
+            "nodes": [asdict(n) for n in nodes],
+        }
+        ha = self._ha_if_recorded()
+        if ha is not None:
+            state["ha"] = asdict(ha)
         partial.write_text(json.dumps(state, indent=2))
         partial.replace(self.state_file)
+
+    def _ha_if_recorded(self) -> HighAvailability | None:
+        try:
+            recorded = json.loads(self.state_file.read_text()).get("ha")
+        except FileNotFoundError:
+            recorded = self._pending_ha
+        return HighAvailability(**recorded) if recorded else None
+
+    _pending_ha: dict[str, object] | None = None
+    """The ``ha`` part of a cluster being started (before its state is first saved)."""
+
+    @property
+    def ha(self) -> HighAvailability | None:
+        """How the head comes back, for a cluster started with ``ha`` (else None)."""
+        self._load()
+        return self._ha_if_recorded()
 
     @property
     def running(self) -> bool:
@@ -84,7 +140,20 @@ class LocalRayCluster:
         return str(self._load()["address"])
 
     def nodes(self) -> list[LocalNode]:
-        return [LocalNode(**n) for n in self._load()["nodes"]]  # type: ignore[attr-defined]
+        nodes = [LocalNode(**n) for n in self._load()["nodes"]]  # type: ignore[attr-defined]
+        head = self.head_process()
+        if head is None:
+            return nodes
+        return [dataclasses.replace(n, node_id=head[1]) if n.head else n for n in nodes]
+
+    def head_process(self) -> tuple[int, str] | None:
+        """The process id and Ray node id of the head of an ``ha`` cluster as it runs now
+        (its keeper starts it again when it dies), or None while it is down."""
+        try:
+            started = json.loads((self.folder / "head.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return int(started["pid"]), str(started["node_id"])
 
     def node(self, name: str) -> LocalNode:
         for node in self.nodes():
@@ -99,8 +168,12 @@ class LocalRayCluster:
         data_nodes: int,
         object_store_mb: int = 256,
         started: Callable[[LocalNode], None] | None = None,
+        ha: bool = False,
+        redis: Redis | None = None,
     ) -> None:
-        """Start the head and ``data_nodes`` data nodes (``started`` is told of each)."""
+        """Start the head and ``data_nodes`` data nodes (``started`` is told of each). With
+        ``ha`` the head survives: its state is kept in ``redis`` (else in a Redis server
+        started here, on loopback, with a password of its own) and a keeper restarts it."""
         if data_nodes < 1:
             raise ConfigError("a local cluster needs at least 1 data node")
         if self.running:
@@ -108,10 +181,33 @@ class LocalRayCluster:
                 f"a local cluster runs for {self.folder.parent} already, at {self.address} "
                 "(`shardflow cluster down` stops it)"
             )
+        if redis is not None and not ha:
+            raise ConfigError("a Redis for the head's state is used with --ha")
         self.folder.mkdir(parents=True, exist_ok=True)
-        head = self._start("head", None, object_store_mb, data=False)
+        self.state_file.unlink(missing_ok=True)
+        self._pending_ha = None
+        password = ""
+        if ha:
+            redis = redis if redis is not None else self._start_redis()
+            password = redis.password
+            place = tempfile.mkdtemp(prefix="sf-head-")  # short: Ray's socket paths are in it
+            self._pending_ha = asdict(
+                HighAvailability(
+                    redis=redis.address,
+                    namespace=f"shardflow-{secrets.token_hex(6)}",
+                    port=_free_port(),
+                    temp_dir=place,
+                    redis_pid=self._redis_pid,  # 0: the caller's Redis
+                )
+            )
+        try:
+            head = self._start("head", None, object_store_mb, data=False, password=password)
+        except BaseException:
+            self._stop_redis()
+            raise
         address = json.loads((self.folder / "head.json").read_text())["gcs_address"]
         self._save(str(address), [head], 1)
+        self._pending_ha = None
         if started is not None:
             started(head)
         try:
@@ -140,6 +236,89 @@ class LocalRayCluster:
         self._save(self.address, [*self.nodes(), node], index)
         return node
 
+    # -- the head's Redis ---------------------------------------------------------------
+    _redis_pid = 0
+
+    def _start_redis(self) -> Redis:
+        """Start Debian's ``redis-server`` on loopback for the head's state: a port of its
+        own, a password made here (in a file only this user reads), nothing saved to disk
+        (the cluster's state lives as long as the cluster does)."""
+        binary = shutil.which(REDIS_SERVER)
+        if binary is None:
+            raise ConfigError(
+                "--ha keeps the head's state in Redis, and redis-server is not installed "
+                "(Debian: apt-get install redis-server), or name one with --redis HOST:PORT"
+            )
+        password = secrets.token_urlsafe(24)
+        port = _free_port()
+        config = self.folder / "redis.conf"
+        config.touch(mode=0o600)
+        config.write_text(
+            f"bind {LOOPBACK}\nport {port}\nrequirepass {password}\nprotected-mode yes\n"
+            f'save ""\nappendonly no\ndir {self.folder}\n'
+        )
+        secret = self.folder / PASSWORD_FILE
+        secret.touch(mode=0o600)
+        secret.write_text(password)
+        with open(self.folder / "redis.log", "ab") as log:
+            process = subprocess.Popen(
+                [binary, str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _children[process.pid] = process
+        self._redis_pid = process.pid
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection((LOOPBACK, port), timeout=1.0).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    _stop(process.pid)
+                    raise ConfigError(
+                        f"Redis did not start; see {self.folder / 'redis.log'}"
+                    ) from None
+                time.sleep(0.05)
+        return Redis(f"{LOOPBACK}:{port}", password)
+
+    def _stop_redis(self) -> None:
+        pid = self._redis_pid
+        if not pid and self.state_file.exists():
+            ha = self._ha_if_recorded()
+            pid = ha.redis_pid if ha is not None else 0
+        if pid:
+            _stop(pid)
+            _reap(pid)
+        self._redis_pid = 0
+
+    # -- the head of an ha cluster ------------------------------------------------------
+    def kill_head(self) -> int:
+        """SIGKILL the head of an ``ha`` cluster and every process of it at once, as a
+        machine that dies (its keeper starts it again); returns the killed process id."""
+        if self.ha is None:
+            raise ConfigError(
+                "this cluster was started without --ha: losing its head loses the cluster "
+                "(`shardflow cluster down`)"
+            )
+        head = self.head_process()
+        if head is None:
+            raise ConfigError("the head is down already (its keeper is starting it again)")
+        _kill_tree(head[0])
+        return head[0]
+
+    def wait_head(self, killed: int, timeout: float = START_TIMEOUT_S) -> str:
+        """Wait until the head killed as process ``killed`` runs again; its new node id."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            head = self.head_process()
+            if head is not None and head[0] != killed:
+                return head[1]
+            time.sleep(0.05)
+        raise TimeoutError(f"the head did not come back within {timeout:g}s")
+
     def _start(
         self,
         name: str,
@@ -147,6 +326,7 @@ class LocalRayCluster:
         object_store_mb: int,
         data: bool,
         hide: str | None = None,
+        password: str = "",
     ) -> LocalNode:
         info = self.folder / f"{name}.json"
         if hide is not None and info.absolute().is_relative_to(Path(hide).absolute()):
@@ -168,6 +348,11 @@ class LocalRayCluster:
         command += ["--address", address] if address else ["--head"]
         if data:
             command.append("--data")
+        ha = self._ha_if_recorded() if address is None else None
+        if ha is not None:
+            command += ["--keep", "--redis", ha.redis, "--namespace", ha.namespace]
+            command += ["--port", str(ha.port), "--temp-dir", ha.temp_dir]
+        environment = dict(os.environ, **({PASSWORD_VARIABLE: password} if password else {}))
         if hide is not None:  # an empty folder over `hide`, in this node's own mount namespace
             mount = 'mount -t tmpfs shardflow-hidden "$0" && exec "$@"'
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
@@ -178,6 +363,7 @@ class LocalRayCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=environment,
                 start_new_session=True,  # its own process group: stopped as one node
             )
         _children[process.pid] = process
@@ -200,6 +386,9 @@ class LocalRayCluster:
         """Stop a data node: gracefully (its processes are told to stop), or with ``kill``
         every process of it at once with SIGKILL, as a machine that dies."""
         node = self.node(name)
+        if node.head and kill and self.ha is not None:
+            self.kill_head()
+            return node
         if node.head:
             raise ConfigError("the head node holds the Ray cluster; `shardflow cluster down`")
         if kill:
@@ -217,11 +406,23 @@ class LocalRayCluster:
             nodes = self.nodes()
         except ConfigError:
             return
+        ha = self._ha_if_recorded()
         for node in sorted(nodes, key=lambda n: n.head):
             _stop(node.pid)
+        if ha is not None:
+            self._stop_redis()
+            shutil.rmtree(ha.temp_dir, ignore_errors=True)
+            (self.folder / PASSWORD_FILE).unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
         for pid in list(_children):  # also nodes another process removed (killed)
             _reap(pid)
+
+
+def _free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
 
 
 def descendants(pid: int) -> list[int]:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray._common import utils as ray_utils
 from ray._private import ray_constants
 from ray._private import worker as ray_worker
 
@@ -61,6 +62,9 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     if is_loopback(address):  # a cluster of this machine (`shardflow cluster up`)
         _pin_to_loopback()
         kwargs["_node_ip_address"] = LOOPBACK
+        # a node in Ray's own folder: the head of a cluster that survives its head has a
+        # folder of its own, and a driver on it would die with it
+        kwargs["_temp_dir"] = ray_utils.get_default_ray_temp_dir()  # type: ignore[no-untyped-call]
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as error:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from shardflow.config import LOOPBACK
@@ -59,6 +60,17 @@ def enable_token_auth() -> None:
     auth.ensure_token_if_auth_enabled(create_token_if_missing=True)
 
 
+@dataclass(frozen=True)
+class GcsStore:
+    """Where the head keeps the cluster's state, so that a head started again takes the
+    cluster back (Ray's GCS fault tolerance): a Redis server, the password it wants, and the
+    key prefix of this cluster (several clusters may share one Redis)."""
+
+    address: str
+    password: str
+    namespace: str
+
+
 def start_node(
     head: bool,
     address: str | None,
@@ -66,7 +78,16 @@ def start_node(
     object_store_memory: int,
     resources: dict[str, float],
     labels: dict[str, str],
+    store: GcsStore | None = None,
+    port: int | None = None,
+    temp_dir: str | None = None,
 ) -> Any:
+    """Start a Ray node. A head may be given its GCS ``port`` (a head started again must
+    be found where it was) and a ``temp_dir`` (Ray's folder) of its own: Ray attaches a
+    driver to the head first among the nodes of the driver's folder, and drivers on this
+    machine must outlive a head that dies. Other nodes keep Ray's default folder (by
+    default they would take the head's)."""
+    from ray._common.utils import get_default_ray_temp_dir
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
@@ -84,8 +105,17 @@ def start_node(
     }
     if head:
         params["_system_config"] = FAST_FAILURE_DETECTION
+        params |= {"gcs_server_port": port, "temp_dir": temp_dir}
+        if store is not None:  # Ray reads the store's address and prefix from the environment
+            os.environ["RAY_REDIS_ADDRESS"] = store.address
+            os.environ["RAY_external_storage_namespace"] = store.namespace
+            params["redis_password"] = store.password
     else:
-        params |= {"gcs_address": address, "include_log_monitor": False}
+        params |= {
+            "gcs_address": address,
+            "include_log_monitor": False,
+            "temp_dir": temp_dir or get_default_ray_temp_dir(),  # type: ignore[no-untyped-call]
+        }
     ray_params = RayParams(**params)
     if not head:
         ray_params.dashboard_agent_listen_port = None  # any free port, not the head's

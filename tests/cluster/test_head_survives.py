@@ -1,0 +1,88 @@
+"""The Ray head of a cluster started with ``shardflow cluster up --ha`` is SIGKILLed (its
+whole process tree) under an inserter and two checked readers: its keeper starts it again
+at the same address, its state comes back from Redis, the workers and the coordinator serve
+meanwhile, and no client operation fails. A node that joins afterwards proves the new head
+runs the cluster (Ray's GCS answers again).
+
+With its protection off (``SHARDFLOW_TEST_HEAD_FORGETS=1``: the head starts again without its
+Redis, as a head without fault tolerance would) this test fails: the data nodes cannot join
+the new head's cluster and die, and the clients' operations fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardflow.tools.localcluster import LocalRayCluster
+from tests.cluster.test_multinode import SHARDFLOW, non_loopback_sockets, our_pids, run
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def ha_cluster(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[Path]:
+    data_dir = tmp_path_factory.mktemp("ha") / "data"
+    out = run(*SHARDFLOW, "cluster", "up", "--ha", "--nodes", "2", "--data-dir", str(data_dir),
+              "--object-store-mb", "128")  # fmt: skip
+    assert "survives" in out, out
+    try:
+        yield data_dir
+    finally:
+        run(*SHARDFLOW, "cluster", "down", "--data-dir", str(data_dir), timeout=120)
+    assert not (data_dir / "local-cluster" / "redis.password").exists()
+
+
+def test_the_head_is_killed_under_load_and_nothing_fails(ha_cluster: Path) -> None:
+    local = LocalRayCluster(ha_cluster)
+    ha = local.ha
+    assert ha is not None and ha.redis.startswith("127.0.0.1:") and ha.redis_pid
+    head_before = local.head_process()
+    assert head_before is not None
+    drill = subprocess.Popen(
+        [sys.executable, "-m", "shardflow.tools.drill", "--address", local.address,
+         "--data-dir", str(ha_cluster), "--rows", "5000", "--moves", "4",
+         "--kill", "head", "--rejoin", "ray-7"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    off_loopback: list[str] = []
+    try:
+        while drill.poll() is None:  # Redis and the restarted head too: loopback only
+            off_loopback += non_loopback_sockets(our_pids(local, drill.pid, ha.redis_pid))
+            time.sleep(1.0)
+        out, err = drill.communicate(timeout=60)
+    finally:
+        if drill.poll() is None:
+            drill.kill()
+            drill.wait()
+    assert drill.returncode == 0, err[-4000:]
+    report = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert report["failures"] == [] and report["failed_ops"] == 0, report["failures"]
+    assert report["wrong_answers"] == 0
+    assert report["lost_rows"] == 0 and report["duplicated_rows"] == 0
+    assert report["lost"] == ["head"] and len(report["recovery_s"]) == 1
+    assert report["queries"] > 0 and report["inserts"] > 0
+    assert len(report["joined"]) == 1  # a worker started on a node that joined the new head
+    head_after = local.head_process()
+    assert head_after is not None and head_after[0] != head_before[0]
+    assert off_loopback == []
+    status = run(*SHARDFLOW, "cluster", "status", "--data-dir", str(ha_cluster))
+    assert "head: survives its loss" in status and "health: ok" in status, status
+    assert "ray-7" in status
+
+
+def test_the_head_of_a_cluster_without_ha_is_not_killed_by_accident(ha_cluster: Path) -> None:
+    """``remove-node head --kill`` is for a head that comes back; a head without Redis is
+    refused with the way to stop the cluster instead (checked on a cluster record)."""
+    plain = LocalRayCluster(ha_cluster.parent / "plain")
+    plain.folder.mkdir(parents=True)
+    state = json.loads(LocalRayCluster(ha_cluster).state_file.read_text())
+    state.pop("ha")
+    plain.state_file.write_text(json.dumps(state))
+    with pytest.raises(Exception, match="without --ha"):
+        plain.kill_head()

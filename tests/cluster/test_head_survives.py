@@ -86,3 +86,20 @@ def test_the_head_of_a_cluster_without_ha_is_not_killed_by_accident(ha_cluster: 
     plain.state_file.write_text(json.dumps(state))
     with pytest.raises(Exception, match="without --ha"):
         plain.kill_head()
+
+
+def test_ha_without_a_redis_says_what_to_install(tmp_path: Path) -> None:
+    """No redis-server on the PATH: a clear error, and nothing is left running."""
+    environment = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [*SHARDFLOW, "cluster", "up", "--ha", "--data-dir", str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=120, env=environment,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "apt-get install redis-server" in done.stderr + done.stdout
+    assert not LocalRayCluster(tmp_path / "d").running
+    done = subprocess.run(
+        [*SHARDFLOW, "cluster", "up", "--redis", "no-port", "--data-dir", str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "HOST:PORT" in done.stderr + done.stdout

@@ -154,6 +154,13 @@ def test_the_head_serves_flight_sql_with_the_operator_token_and_balancer_setting
     settings = Settings().with_text(sets)  # as shardflow serve reads them
     assert settings.migration_bandwidth_mb_s == 500 and settings.balance_interval_s == 5
     assert head["rayStartParams"]["num-cpus"] == "0"  # the head holds no shards
+    tolerance = ray_cluster["spec"]["gcsFaultToleranceOptions"]  # the head survives its loss
+    assert tolerance["redisAddress"] == "analytics-redis.analytics.svc:6379"
+    assert tolerance["externalStorageNamespace"] == "analytics-analytics"
+    assert tolerance["redisPassword"]["valueFrom"]["secretKeyRef"]["name"] == "analytics-redis"
+    plain = copy.deepcopy(sample())
+    del plain["spec"]["head"]["faultTolerance"]
+    assert "gcsFaultToleranceOptions" not in render(cluster_spec(plain))[0]["spec"]
     assert service["spec"]["ports"][0]["port"] == 8815
     with_tls = copy.deepcopy(sample())
     with_tls["spec"]["tlsSecret"] = "analytics-tls"

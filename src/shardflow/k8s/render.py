@@ -78,6 +78,10 @@ class ClusterSpec:
     operator_token_secret: str = ""
     head_cpu: str = "2"
     head_memory: str = "8Gi"
+    redis_address: str | None = None
+    """The Redis keeping the head's state (``spec.head.faultTolerance``); None: the head's
+    loss ends the cluster."""
+    redis_password_secret: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     """shardflow settings of ``spec.balancer``, by shardflow's names."""
 
@@ -131,6 +135,8 @@ def cluster_spec(body: Mapping[str, Any]) -> ClusterSpec:
         operator_token_secret=str(spec.get("operatorTokenSecret") or f"{name}-operator-token"),
         head_cpu=str(head.get("cpu", "2")),
         head_memory=str(head.get("memory", "8Gi")),
+        redis_address=(head.get("faultTolerance") or {}).get("redisAddress"),
+        redis_password_secret=(head.get("faultTolerance") or {}).get("redisPasswordSecret"),
         settings={BALANCER_SETTINGS[k]: v for k, v in sorted(balancer.items())},
     )
 
@@ -192,23 +198,38 @@ def labels(spec: ClusterSpec) -> dict[str, str]:
 def ray_cluster(
     spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]]
 ) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "rayVersion": RAY_VERSION,
+        "authOptions": {"mode": "token"},  # Ray's token authentication stays on
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": "0", "dashboard-host": "127.0.0.1"},
+            "template": _head_pod(spec),
+        },
+        "workerGroupSpecs": [
+            _worker_group(spec, g, sorted(workers_to_delete.get(g.name, ()))) for g in spec.groups
+        ],
+    }
+    if spec.redis_address:
+        cluster["gcsFaultToleranceOptions"] = _fault_tolerance(spec)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
-        "spec": {
-            "rayVersion": RAY_VERSION,
-            "authOptions": {"mode": "token"},  # Ray's token authentication stays on
-            "headGroupSpec": {
-                "rayStartParams": {"num-cpus": "0", "dashboard-host": "127.0.0.1"},
-                "template": _head_pod(spec),
-            },
-            "workerGroupSpecs": [
-                _worker_group(spec, g, sorted(workers_to_delete.get(g.name, ())))
-                for g in spec.groups
-            ],
-        },
+        "spec": cluster,
     }
+
+
+def _fault_tolerance(spec: ClusterSpec) -> dict[str, Any]:
+    """KubeRay's GCS fault tolerance: the head keeps the cluster's state in Redis, under a
+    prefix of this cluster's own (several clusters may share one Redis)."""
+    options: dict[str, Any] = {
+        "redisAddress": spec.redis_address,
+        "externalStorageNamespace": f"{spec.namespace}-{spec.name}",
+    }
+    if spec.redis_password_secret:
+        secret = {"name": spec.redis_password_secret, "key": "password"}
+        options["redisPassword"] = {"valueFrom": {"secretKeyRef": secret}}
+    return options
 
 
 def flight_service(spec: ClusterSpec) -> dict[str, Any]:

@@ -102,6 +102,12 @@ class ClusterError(Error):
     """The cluster could not serve the request (workers unreachable past the retry deadline)."""
 
 
+class StorageError(Error):
+    """The data directory refused a write: its file system is full or read-only. Nothing of
+    the operation was kept (an insert was not acknowledged); the same operation succeeds
+    once the storage takes writes again, without a restart."""
+
+
 class ClosedError(Error):
     """The database was closed: calls in flight when ``close()`` ran, and every call after,
     end with this. Call ``shardflow.connect()`` again."""

@@ -25,7 +25,8 @@ class LocalCluster:
     def __init__(self, data_dir: Path, nodes: int = 3, **settings: Any) -> None:
         # tables of a few rows still get a unit per worker (tests move them)
         settings.setdefault("initial_shard_bytes", 0)
-        self.settings = Settings(auto_balance=False, retry_deadline_s=30, **settings)
+        settings.setdefault("retry_deadline_s", 30)
+        self.settings = Settings(auto_balance=False, **settings)
         self.data_dir = str(data_dir)
         self.backend = LocalBackend(self.data_dir, self.settings, nodes)
         self.session = Session(self.backend)

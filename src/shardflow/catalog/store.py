@@ -8,7 +8,9 @@ the reader takes the highest complete version. Local writes are fsync'ed before 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import posixpath
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from shardflow.catalog.model import Catalog
-from shardflow.errors import OwnershipLostError
+from shardflow.errors import OwnershipLostError, StorageError
 
 KEEP_VERSIONS = 5
 LEASE_FILE = "owner.json"
@@ -113,11 +115,17 @@ class DataDir:
         caller syncs the folder (:meth:`sync_dir`) before relying on the file."""
         if fenced:
             self.check_owner()
-        if self.local:
-            write_local_durable(path, data, sync=sync, sync_dir=sync_dir)
-            return
-        with self.fs.open_output_stream(path) as out:
-            out.write(data)
+        try:
+            if self.local:
+                write_local_durable(path, data, sync=sync, sync_dir=sync_dir)
+                return
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+        except OSError as error:
+            refused = storage_refused(error, self.uri)
+            if refused is None:
+                raise
+            raise refused from error
 
     def sync_dir(self, path: str) -> None:
         """Make the files created under ``path`` durable in its listing (local disks; other
@@ -152,18 +160,39 @@ class DataDir:
             pass
 
 
+NO_ROOM = {errno.ENOSPC: "full", errno.EDQUOT: "over its quota", errno.EROFS: "read-only"}
+"""The errors of a file system that takes no writes now, and what they mean."""
+
+
+def storage_refused(error: OSError, where: str) -> StorageError | None:
+    """``error`` as a :class:`StorageError` if the storage refused the write (full,
+    over quota, read-only); None for any other error."""
+    state = NO_ROOM.get(error.errno or 0)
+    if state is None:
+        return None
+    return StorageError(
+        f"the data directory {where} is {state} ({os.strerror(error.errno or 0)}): nothing "
+        "of this write was kept; it succeeds again once the storage takes writes"
+    )
+
+
 def write_local_durable(
     path: str, data: bytes, *, sync: bool = True, sync_dir: bool = True
 ) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        if sync:
-            os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            if sync:
+                os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: no partial file is left to hold its space
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if sync and sync_dir:
         fsync_dir(directory)
 

@@ -6,7 +6,9 @@ view with the table's name, so fragments run as written."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -119,7 +121,7 @@ class DuckDBEngine:
         # (one INSERT waited 2-6 s): the compactor does it on a thread of its own instead
         self._database.execute(f"SET checkpoint_threshold = '{NO_AUTO_CHECKPOINT}'")
         self._ddl = threading.Lock()
-        self.compactor = Compactor(self._database, compact_after_bytes)
+        self.compactor = Compactor(self._database, compact_after_bytes, temp_directory)
 
     def memory(self) -> tuple[int, int]:
         """(bytes DuckDB holds in memory, bytes it has spilled to its temp directory)."""
@@ -389,9 +391,15 @@ class Compactor:
     as its own new rows take. Bulk work holds a database back (:meth:`hold`: a load while
     it stages, a move's copy until it is served), for at most :data:`DEFER_AT_MOST_S`."""
 
-    def __init__(self, database: duckdb.DuckDBPyConnection, after_bytes: int) -> None:
+    def __init__(
+        self,
+        database: duckdb.DuckDBPyConnection,
+        after_bytes: int,
+        spill_folder: str | None = None,
+    ) -> None:
         self._database = database
         self.after_bytes = after_bytes
+        self._spill_folder = spill_folder
         self._pending: dict[str, int] = {}
         """Bytes appended since the last checkpoint, per database."""
         self._holds: dict[int, tuple[frozenset[str], float]] = {}
@@ -494,7 +502,24 @@ class Compactor:
                 del self._pending[database]
             self._checkpoint(database)
 
+    def _room_to_compact(self) -> bool:
+        """Whether the spill folder's disk has :data:`COMPACT_ROOM_BYTES` free: a checkpoint
+        that cannot offload a block there invalidates the shard's in-memory database, which
+        then serves nothing until the worker restarts (seen with a full spill disk)."""
+        if self._spill_folder is None:
+            return True
+        folder = os.path.abspath(self._spill_folder)
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)  # DuckDB makes the folder when it first spills
+        try:
+            return shutil.disk_usage(folder).free >= COMPACT_ROOM_BYTES
+        except OSError:
+            return True
+
     def _checkpoint(self, database: str) -> None:
+        if not self._room_to_compact():  # its new rows stay as they are, uncompressed
+            log.info("compaction of %s skipped: the spill folder's disk is nearly full", database)
+            return
         started = time.monotonic()
         try:
             cursor = self._database.cursor()
@@ -507,6 +532,10 @@ class Compactor:
             return
         self.runs += 1
         log.debug("compacted %s in %.2f s", database, time.monotonic() - started)
+
+
+COMPACT_ROOM_BYTES = 64 << 20
+"""Free space a compaction wants on the spill folder's disk (see ``_room_to_compact``)."""
 
 
 def query_error(error: duckdb.Error) -> QueryError:

@@ -10,6 +10,7 @@ A worker that starts rebuilds every shard the catalog assigns to it from durable
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import logging
 import os
@@ -66,6 +67,16 @@ NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)
 """Errors of the node rather than of the query (a failing disk, an engine fault): the
 fragment is tried again, and the node's failure rate counts them. Running out of memory is
 the query's size, not the node's health: it is not among them."""
+
+
+NO_ROOM_MESSAGES = ("No space left on device", "Disk quota exceeded")
+
+
+def _out_of_room(error: BaseException) -> bool:
+    """Whether ``error`` says a disk is full (DuckDB's IO errors carry the system's text)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(message in str(error) for message in NO_ROOM_MESSAGES)
 
 
 _CONSTANTS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
@@ -450,6 +461,12 @@ class WorkerNode:
             self._count(failed=True)
             raise
         except NODE_ERRORS as error:  # the node's failure, not the query's: try again
+            if _out_of_room(error):  # its spill folder's disk is full: the query's size
+                self._count(failed=False)
+                raise QueryError(
+                    f"a fragment of the query found no room to spill on {self.node_id} "
+                    f"(the disk of local_dir is full): {str(error).strip()}"
+                ) from None
             self._count(failed=True)
             raise NodeFault(f"{self.node_id} failed a fragment: {error}") from None
         except duckdb.OutOfMemoryException as error:  # the query's size: say which limit

@@ -1,0 +1,116 @@
+"""Full and failing disks, on real small file systems this test mounts (tmpfs with a size
+limit; root only) under a real in-process cluster: inserts past a full or read-only data
+directory are refused with a ``StorageError`` and nothing acknowledged is lost or half
+written; once there is room again writes resume without a restart. A worker whose spill
+folder fills up fails the query, not itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from shardflow.errors import QueryError, StorageError
+from tests.support.local_cluster import LocalCluster, events
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 8 MiB, unmounted after the test."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "sf-test", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _fill(cluster: LocalCluster, start: int) -> tuple[int, StorageError]:
+    """Insert batches until the storage refuses one; the first id not acknowledged."""
+    for _ in range(1000):
+        try:
+            cluster.insert("events", events(start, 2000))
+        except StorageError as error:
+            return start, error
+        start += 2000
+    raise AssertionError("the disk never filled up")
+
+
+def _assert_holds(cluster: LocalCluster, rows: int) -> None:
+    answer = cluster.sql("SELECT count(*) AS n, sum(id) AS s, count(DISTINCT id) AS d FROM events")
+    assert answer.to_pylist() == [{"n": rows, "s": rows * (rows - 1) // 2, "d": rows}]
+
+
+def _partial_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".tmp-" in p.name]
+
+
+def test_inserts_past_a_full_disk_are_refused_and_resume_when_space_returns(
+    small_disk: Path,
+) -> None:
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (2 << 20))  # what the operator frees later
+    cluster = LocalCluster(small_disk / "data", nodes=2)
+    try:
+        cluster.create_table("events", events(0, 1000), "id")
+        acked, error = _fill(cluster, 1000)
+        assert "is full" in str(error) and "nothing of this write was kept" in str(error)
+        _assert_holds(cluster, acked)  # every acknowledged row, none of the refused one
+        assert _partial_files(small_disk) == []
+        with pytest.raises(StorageError):  # still full: refused again, still nothing kept
+            cluster.insert("events", events(acked, 2000))
+        _assert_holds(cluster, acked)
+        filler.unlink()  # room again: writes resume, no restart
+        cluster.insert("events", events(acked, 2000))
+        _assert_holds(cluster, acked + 2000)
+    finally:
+        cluster.close()
+
+
+def test_a_read_only_data_directory_refuses_writes_and_takes_them_again(
+    small_disk: Path,
+) -> None:
+    cluster = LocalCluster(small_disk / "data", nodes=2)
+    try:
+        cluster.create_table("events", events(0, 1000), "id")
+        cluster.insert("events", events(1000, 1000))
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+        try:
+            with pytest.raises(StorageError, match="read-only"):
+                cluster.insert("events", events(2000, 1000))
+            _assert_holds(cluster, 2000)  # reads go on
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+        cluster.insert("events", events(2000, 1000))
+        _assert_holds(cluster, 3000)
+    finally:
+        cluster.close()
+
+
+def test_a_full_spill_folder_fails_the_query_not_the_worker(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    cluster = LocalCluster(
+        tmp_path / "data", nodes=1, worker_memory_mb=24, local_dir=str(small_disk),
+        retry_deadline_s=10,
+    )  # fmt: skip
+    try:
+        rows = 200_000
+        ids = pa.array(range(rows), pa.int64())
+        words = pa.array([f"{i:x}" * 8 for i in range(rows)])
+        cluster.create_table("t", pa.table({"id": ids, "s": words}), "id")
+        spilling = "SELECT count(*) FROM (SELECT DISTINCT s || id::VARCHAR || s AS w FROM t)"
+        with pytest.raises(QueryError, match="node-0"):
+            cluster.sql(spilling)
+        load = cluster.session.node_loads()["node-0"]  # not counted against the node
+        assert load.health == "healthy" and load.failure_rate == 0.0
+        assert cluster.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": rows}]
+    finally:
+        cluster.close()

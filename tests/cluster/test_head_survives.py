@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shardflow.tools.localcluster import LocalRayCluster
-from tests.cluster.test_multinode import SHARDFLOW, non_loopback_sockets, our_pids, run
+from tests.cluster.test_multinode import SHARDFLOW, run, run_drill
 
 pytestmark = pytest.mark.cluster
 
@@ -44,24 +43,18 @@ def test_the_head_is_killed_under_load_and_nothing_fails(ha_cluster: Path) -> No
     assert ha is not None and ha.redis.startswith("127.0.0.1:") and ha.redis_pid
     head_before = local.head_process()
     assert head_before is not None
-    drill = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.tools.drill", "--address", local.address,
-         "--data-dir", str(ha_cluster), "--rows", "5000", "--moves", "4",
-         "--kill", "head", "--rejoin", "ray-7"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    off_loopback: list[str] = []
-    try:
-        while drill.poll() is None:  # Redis and the restarted head too: loopback only
-            off_loopback += non_loopback_sockets(our_pids(local, drill.pid, ha.redis_pid))
-            time.sleep(1.0)
-        out, err = drill.communicate(timeout=60)
-    finally:
-        if drill.poll() is None:
-            drill.kill()
-            drill.wait()
-    assert drill.returncode == 0, err[-4000:]
-    report = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    report, _, off_loopback = run_drill(
+        local,
+        "--rows",
+        "5000",
+        "--moves",
+        "4",
+        "--kill",
+        "head",
+        "--rejoin",
+        "ray-7",
+        watch=(ha.redis_pid,),  # Redis and the restarted head too: loopback only
+    )
     assert report["failures"] == [] and report["failed_ops"] == 0, report["failures"]
     assert report["wrong_answers"] == 0
     assert report["lost_rows"] == 0 and report["duplicated_rows"] == 0
@@ -74,6 +67,24 @@ def test_the_head_is_killed_under_load_and_nothing_fails(ha_cluster: Path) -> No
     status = run(*SHARDFLOW, "cluster", "status", "--data-dir", str(ha_cluster))
     assert "head: survives its loss" in status and "health: ok" in status, status
     assert "ray-7" in status
+
+
+def test_a_seeded_nemesis_kills_pauses_and_loses_the_head_and_nothing_fails(
+    ha_cluster: Path,
+) -> None:
+    """A short seeded schedule (the same every run): every fault kind of the nemesis, and
+    its last line says nothing failed, was lost, doubled or read stale."""
+    local = LocalRayCluster(ha_cluster)
+    report, out, off_loopback = run_drill(
+        local, "--rows", "5000", "--moves", "0", "--nemesis", "kill,pause,head",
+        "--faults", "3", "--seed", "6",
+    )  # fmt: skip
+    assert sorted(f.split()[0] for f in report["faults"]) == ["head", "kill", "pause"]
+    last = out.splitlines()[-1]
+    assert last.startswith("faults=3 failed_ops=0 lost=0 dup=0 stale_reads=0 "), out[-2000:]
+    assert report["failures"] == [] and report["wrong_answers"] == 0
+    assert max(report["fault_recovery_s"]) < 120 and off_loopback == []
+    assert len(report["joined"]) == 1  # a node joined after the killed one
 
 
 def test_the_head_of_a_cluster_without_ha_is_not_killed_by_accident(ha_cluster: Path) -> None:

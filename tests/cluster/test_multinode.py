@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,6 +93,33 @@ def non_loopback_sockets(pids: set[int]) -> list[str]:
     return bad
 
 
+def run_drill(
+    local: LocalRayCluster, *args: str, watch: tuple[int, ...] = ()
+) -> tuple[dict[str, Any], str, list[str]]:
+    """Run the drill (``args``) in a process of its own against ``local``; returns its
+    report, its output, and the sockets off loopback that the cluster, the drill or the
+    processes ``watch`` had meanwhile (the loopback proof, while the cluster serves and
+    heals)."""
+    drill = subprocess.Popen(
+        [sys.executable, "-m", "shardflow.tools.drill", "--address", local.address,
+         "--data-dir", local.data_dir, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    off_loopback: list[str] = []
+    try:
+        while drill.poll() is None:
+            off_loopback += non_loopback_sockets(our_pids(local, drill.pid, *watch))
+            time.sleep(1.0)
+        out, err = drill.communicate(timeout=60)
+    finally:
+        if drill.poll() is None:
+            drill.kill()
+            drill.wait()
+    assert drill.returncode == 0, err[-4000:]
+    report = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    return report, out, off_loopback
+
+
 def _host(address: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
 
@@ -119,25 +147,10 @@ def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:
     lost node's name. No client operation fails, no
     row is lost or doubled, every answer matches DuckDB's, and the returning node joins as
     a new node."""
-    drill = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.tools.drill", "--address", cluster.address,
-         "--data-dir", str(cluster.data_dir), "--rows", "10000", "--grow", "2",
-         "--moves", "20", "--drain", "ray-1", "--kill", "results", "--kill", "coordinator-mid-move",
-         "--rejoin", "lost"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    report, out, off_loopback = run_drill(
+        cluster.local, "--rows", "10000", "--grow", "2", "--moves", "20", "--drain", "ray-1",
+        "--kill", "results", "--kill", "coordinator-mid-move", "--rejoin", "lost",
     )  # fmt: skip
-    off_loopback: list[str] = []
-    try:
-        while drill.poll() is None:  # the loopback proof, while the cluster serves and heals
-            off_loopback += non_loopback_sockets(our_pids(cluster.local, drill.pid))
-            time.sleep(1.0)
-        out, err = drill.communicate(timeout=60)
-    finally:
-        if drill.poll() is None:
-            drill.kill()
-            drill.wait()
-    assert drill.returncode == 0, err[-4000:]
-    report = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     assert "drill_events" in out.splitlines()[-1] and "stay in" in out.splitlines()[-1], out[-500:]
     assert report["failures"] == []
     assert report["failed_ops"] == 0 and report["wrong_answers"] == 0

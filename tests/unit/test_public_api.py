@@ -28,6 +28,7 @@ def test_exported_members() -> None:
         "SchemaMismatchError",
         "Settings",
         "SqlSyntaxError",
+        "StorageError",
         "TableError",
         "TableExistsError",
         "UnknownColumnError",

@@ -5,12 +5,22 @@ cluster took to serve every shard again after each loss.
 
 ``python -m shardflow.tools.drill --address A --data-dir D --moves 20 --kill ray-2`` runs it
 against the local cluster of ``shardflow cluster up``; ``bench/cluster.py`` wraps it.
+
+With ``--nemesis kill,pause,head --faults N --seed S`` it plays a seeded schedule of faults
+under the same checked workload — a data node SIGKILLed (a new one joins after), a data
+node SIGSTOPped for a while, the head SIGKILLed (a cluster up with ``--ha``) — prints each
+fault with its recovery time, and as its last line
+``faults=N failed_ops=F lost=L dup=D stale_reads=S max_recovery_s=R``
+(``bench/nemesis.py`` wraps it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
+import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +31,8 @@ import pyarrow as pa
 
 from shardflow.api import Database, connect
 from shardflow.errors import Error, MigrationError, MoveRefusedError
-from shardflow.tools.localcluster import LocalRayCluster
+from shardflow.runtime.ray.local import attached_node
+from shardflow.tools.localcluster import LocalRayCluster, descendants
 
 EVENTS = "drill_events"
 FACTS = "drill_facts"
@@ -48,6 +59,12 @@ HELD_ROWS = len(range(0, BIG_ROWS, 3))
 BATCH = 25
 RECOVERY_TIMEOUT_S = 120.0
 TABLES = (FACTS, EVENTS, BIG)
+NEMESIS_KINDS = ("kill", "pause", HEAD)
+"""The faults the nemesis plays (network partitions, full disks and flaky workers are
+tested apart; see the README's durability section)."""
+PAUSE_S = 2.0
+"""How long a paused node stays stopped: under the 3 s in which Ray declares a node dead,
+so that it comes back as itself (a longer pause is a node loss)."""
 """The tables the drill makes in the data directory (once: later drills reuse them)."""
 
 
@@ -73,6 +90,19 @@ class DrillReport:
     """Query reruns because results the query had not read yet were lost with a node."""
     interrupted_moves: list[str] = field(default_factory=list)
     """How each move cut short by the loss of the coordinator's node ended."""
+    stale_reads: int = 0
+    """Counts that missed rows acknowledged before the count started (or went down)."""
+    faults: list[str] = field(default_factory=list)
+    """The nemesis's faults, each with its recovery time."""
+    fault_recovery_s: list[float] = field(default_factory=list)
+
+    def nemesis_line(self) -> str:
+        worst = max(self.fault_recovery_s, default=0.0)
+        return (
+            f"faults={len(self.faults)} failed_ops={self.failed_ops} lost={self.lost_rows} "
+            f"dup={self.duplicated_rows} stale_reads={self.stale_reads} "
+            f"max_recovery_s={worst:.2f}"
+        )
 
     def line(self) -> str:
         worst = max(self.recovery_s, default=0.0)
@@ -112,10 +142,15 @@ class Workload:
     """An inserter of unique ids, a reader that counts them (the count never goes down) and
     a reader whose answers are checked against DuckDB."""
 
-    def __init__(self, db: Database, expected: list[dict[str, Any]], next_id: int) -> None:
+    def __init__(
+        self, db: Database, expected: list[dict[str, Any]], next_id: int, initial: int = 0
+    ) -> None:
         self.db = db
         self.expected = expected
         self.next_id = next_id
+        self.initial = initial
+        """Rows of the events table before the drill: a count never reads fewer than these
+        and the rows acknowledged before it started."""
         self.acked: list[int] = []
         self.report = DrillReport()
         self.stop = threading.Event()
@@ -147,15 +182,16 @@ class Workload:
     def _count(self) -> None:
         last = 0
         while not self.stop.is_set():
+            floor = max(last, self.initial + len(self.acked))  # acknowledged before it starts
             try:
                 count = self.db.sql(f"SELECT count(*) FROM {EVENTS}")[0][0].as_py()
             except Exception as error:
                 self._failed("count", error)
                 continue
             self.report.queries += 1
-            if count < last:
-                self.report.wrong_answers += 1
-                self._failed("count", AssertionError(f"the count went down: {last} -> {count}"))
+            if count < floor:
+                self.report.stale_reads += 1
+                self._failed("count", AssertionError(f"a stale read: {count} rows, {floor} known"))
             last = count
             self.stop.wait(0.05)
 
@@ -398,13 +434,17 @@ def run_drill(
     kills: list[str] | tuple[str, ...] = (),
     rejoins: list[str] | tuple[str, ...] = (),
     settle_s: float = 2.0,
+    nemesis: list[str] | tuple[str, ...] = (),
+    faults: int = 0,
+    seed: int = 0,
 ) -> DrillReport:
     """Under load: ``grow`` new Ray nodes join, ``moves`` shards move live, the Ray nodes
     in ``drains`` are drained and stopped, those in ``kills`` are SIGKILLed one after the
-    other, and Ray nodes named ``rejoins`` start again."""
+    other, and Ray nodes named ``rejoins`` start again; then the nemesis plays ``faults``
+    faults of the ``nemesis`` kinds, chosen with ``seed``."""
     expected, next_id = prepare(db, rows)
     initial = db.sql(f"SELECT count(*) FROM {EVENTS}")[0][0].as_py()
-    with Workload(db, expected, next_id) as load:
+    with Workload(db, expected, next_id, initial) as load:
         time.sleep(settle_s / 2)
         for _ in range(grow):
             rejoin(db, local, None, load.report)
@@ -426,6 +466,8 @@ def run_drill(
             time.sleep(settle_s)
         for name in rejoins:  # "lost": the first node this drill killed
             rejoin(db, local, lost[0] if name == LOST and lost else name, load.report)
+        if faults:
+            play_nemesis(db, local, nemesis, faults, seed, load.report, settle_s)
         time.sleep(settle_s)
     report = load.report
     got = db.sql(f"SELECT id FROM {EVENTS} WHERE id >= {next_id}").column("id").to_pylist()
@@ -435,6 +477,68 @@ def run_drill(
     report.lost_rows += max(0, initial - kept)  # rows from before the drill
     report.duplicated_rows += max(0, kept - initial)
     return report
+
+
+def play_nemesis(
+    db: Database,
+    local: LocalRayCluster,
+    kinds: list[str] | tuple[str, ...],
+    faults: int,
+    seed: int,
+    report: DrillReport,
+    settle_s: float,
+) -> None:
+    """Play ``faults`` faults, one after another, each of a kind drawn from ``kinds`` with
+    ``seed``: each is printed with the seconds until every shard answered again."""
+    unknown = sorted(set(kinds) - set(NEMESIS_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"nemesis kinds are {', '.join(NEMESIS_KINDS)}, not {unknown or kinds}")
+    if HEAD in kinds and local.ha is None:
+        raise ValueError("the head fault needs a cluster that survives it (cluster up --ha)")
+    rng = random.Random(seed)
+    driver = attached_node()  # never the node this drill's own driver rides on
+    schedule = [rng.choice(sorted(kinds)) for _ in range(faults)]  # then the victims
+    for index, kind in enumerate(schedule):
+        victims = [n for n in local.nodes() if not n.head and n.node_id != driver]
+        started = time.monotonic()
+        if kind == HEAD:
+            target, _ = kill(db, local, HEAD)
+            recovery = wait_served(db, "", started)
+        elif kind == "kill":
+            node = rng.choice(victims)
+            target, ray_node = kill(db, local, node.name)
+            report.lost.append(target)
+            recovery = wait_served(db, ray_node, started)
+            rejoin(db, local, None, report)  # as many nodes as before: a new one joins
+        else:
+            node = rng.choice(victims)
+            target = node.name
+            pause(node.pid, PAUSE_S)
+            recovery = wait_served(db, "", started)
+        report.faults.append(f"{kind} {target}")
+        report.fault_recovery_s.append(recovery)
+        print(f"fault {index + 1}/{faults}: {kind} {target}: served again after "
+              f"{recovery:.2f}s", flush=True)  # fmt: skip
+        time.sleep(settle_s)
+
+
+def pause(pid: int, seconds: float) -> None:
+    """SIGSTOP a node (its process and every process below it) for ``seconds``."""
+    pids = [pid, *descendants(pid)]
+    for target in pids:
+        _signal(target, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        for target in pids:
+            _signal(target, signal.SIGCONT)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -453,6 +557,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
     parser.add_argument(
+        "--nemesis",
+        default=",".join(NEMESIS_KINDS),
+        help=f"the kinds of fault the nemesis plays, comma-separated ({', '.join(NEMESIS_KINDS)})",
+    )
+    parser.add_argument("--faults", type=int, default=0, help="faults the nemesis plays")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the nemesis")
+    parser.add_argument(
         "--drop-tables", action="store_true", help="drop the drill's tables when it is done"
     )
     args = parser.parse_args(argv)
@@ -470,6 +581,9 @@ def main(argv: list[str] | None = None) -> None:
             drains=args.drain,
             kills=args.kill,
             rejoins=args.rejoin,
+            nemesis=[k for k in args.nemesis.split(",") if k],
+            faults=args.faults,
+            seed=args.seed,
         )
         if args.drop_tables:
             for name in TABLES:
@@ -484,6 +598,8 @@ def main(argv: list[str] | None = None) -> None:
             "drill: --drop-tables drops them when it is done, `shardflow drop NAME` later",
             flush=True,
         )
+    if args.faults:  # the nemesis's line, last
+        print(report.nemesis_line(), flush=True)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,12 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     return False
 
 
+def attached_node() -> str:
+    """The Ray node id whose raylet this process's driver is attached to ("" when it has
+    not joined Ray): a drill must not kill the node its own driver rides on."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 def leave_ray() -> None:
     """Disconnect this process from the Ray cluster it joined (not one it started: that
     stops with its last database), a command being done with it: Ray's own exit handler

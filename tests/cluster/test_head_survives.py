@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from shardflow.flightsql import wire as fsql
 from shardflow.tools.localcluster import LocalRayCluster
 from tests.cluster.test_multinode import SHARDFLOW, run, run_drill
 
@@ -114,3 +115,51 @@ def test_ha_without_a_redis_says_what_to_install(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0 and "HOST:PORT" in done.stderr + done.stdout
+
+
+def test_two_doors_a_client_goes_on_when_its_door_dies(ha_cluster: Path) -> None:
+    """Two Flight SQL replicas (``shardflow serve --address``) serve the cluster; a client
+    given both addresses inserts and queries while the replica it uses is SIGKILLed: no
+    operation fails, every acknowledged row is there once, and a bearer token one replica
+    issued is taken by the other."""
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    import shardflow
+    from tests.service.conftest import PASSWORDS, add_users, start_service
+
+    local = LocalRayCluster(ha_cluster)
+    add_users(ha_cluster)
+    doors = [start_service(ha_cluster, "--address", local.address, workers=None) for _ in "ab"]
+    try:
+        one = flight.FlightClient(doors[0].uri)
+        header = one.authenticate_basic_token("alice", PASSWORDS["alice"])
+        catalogs = flight.FlightDescriptor.for_command(
+            fsql.pack(fsql.new("CommandGetCatalogs"))
+        )  # the token of one door, at the other
+        flight.FlightClient(doors[1].uri).get_flight_info(
+            catalogs, flight.FlightCallOptions(headers=[header])
+        )
+        one.close()
+        with shardflow.connect(
+            f"{doors[0].uri},{doors[1].uri}", user="olga", password=PASSWORDS["olga"]
+        ) as db:
+            db.create_table("doors", pa.table({"id": pa.array([], pa.int64())}),
+                            distributed_by="id")  # fmt: skip
+            acked: list[int] = []
+            for step in range(40):
+                if step == 15:
+                    doors[0].process.kill()  # the door in use dies
+                    doors[0].process.wait()
+                ids = list(range(step * 10, step * 10 + 10))
+                db.insert("doors", pa.table({"id": pa.array(ids, pa.int64())}))
+                acked += ids
+                count = db.sql("SELECT count(*) AS n FROM doors").to_pylist()
+                assert count == [{"n": len(acked)}]
+            assert db.addresses[db._at] == doors[1].uri  # it went on at the other door
+            got = db.sql("SELECT id FROM doors ORDER BY id").column("id").to_pylist()
+            assert got == acked
+            db.drop_table("doors")
+    finally:
+        for door in doors:
+            door.stop()

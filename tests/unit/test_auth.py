@@ -264,6 +264,28 @@ def test_bearer_tokens_are_bounded() -> None:
         TokenIssuer(ttl_s=0)
 
 
+def test_signed_bearer_tokens_are_taken_by_every_holder_of_the_key(tmp_path: Path) -> None:
+    """Two replicas of the service (two stores over one data directory): a token one of them
+    issued is taken by the other; a changed token, another key or a late one is not."""
+    key = store(tmp_path).signing_key()
+    assert store(tmp_path).signing_key() == key  # made once, read after
+    assert stat.S_IMODE(os.stat(tmp_path / "auth" / "signing.key").st_mode) == 0o600
+    clock = FakeClock(1000.0)
+    one = TokenIssuer(ttl_s=10.0, clock=clock, key=key)
+    other = TokenIssuer(ttl_s=10.0, clock=clock, key=store(tmp_path).signing_key())
+    ada = Principal("ada", "writer", "user")
+    token = one.issue(ada)
+    assert other.resolve(token) == ada and len(other) == 0  # nothing kept
+    body, mac = token.rsplit(".", 1)
+    forged = body.replace(body[-4:], "AAAA") + "." + mac
+    assert other.resolve(forged) is None
+    assert other.resolve(token[:-2]) is None and other.resolve("sfb1.x.y") is None
+    assert TokenIssuer(ttl_s=10.0, clock=clock, key=b"another key").resolve(token) is None
+    assert TokenIssuer(ttl_s=10.0, clock=clock).resolve(token) is None  # unsigned issuer
+    clock.now += 10.0
+    assert other.resolve(token) is None  # expired
+
+
 def test_audit_log_records_and_filters(tmp_path: Path) -> None:
     log = AuditLog(tmp_path)
     assert log.entries() == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -48,6 +49,27 @@ def _error(error: Exception) -> Exception:
     if isinstance(error, flight.FlightUnavailableError):
         return errors.ClusterError(f"the service is unreachable: {text}")
     return errors.ClusterError(text)
+
+
+UNREACHABLE = ("Connection refused", "Socket closed", "Connection reset", "failed to connect")
+"""What gRPC says when the door a call went to is gone (besides FlightUnavailableError)."""
+
+
+def _unreachable(error: Exception) -> bool:
+    """Whether ``error`` says the service's door is gone, not that the call failed there."""
+    if isinstance(error, flight.FlightUnavailableError):
+        return True
+    return isinstance(error, flight.FlightError) and any(t in str(error) for t in UNREACHABLE)
+
+
+def doors(uri: str) -> list[str]:
+    """The addresses of ``"grpc://a:1,grpc://b:2"`` (or ``"grpc://a:1,b:2"``: the first
+    one's scheme for the rest)."""
+    parts = [p.strip() for p in uri.split(",")]
+    if not all(parts):
+        raise ConfigError(f"an empty address in {uri!r}")
+    scheme = parts[0].split("://", 1)[0]
+    return [p if "://" in p else f"{scheme}://{p}" for p in parts]
 
 
 class RemoteCluster:
@@ -124,32 +146,74 @@ class RemoteDatabase:
         if user is not None and not password:
             raise ConfigError("user= needs password=")
         self.uri = uri
+        self.addresses = doors(uri)
+        """The service's replicas, tried in turn: when the one in use stops answering, a
+        call goes on at the next (``"grpc://a:8815,grpc://b:8815"``)."""
         self.last_report = None
-        kwargs: dict[str, Any] = {}
+        self._user, self._password, self._token = user, password, token
+        self._tls: dict[str, Any] = {}
         if tls_root_certs is not None:
-            kwargs["tls_root_certs"] = tls_root_certs
-        try:
-            self._client: flight.FlightClient | None = flight.FlightClient(uri, **kwargs)
-            if token is not None:
-                header = (b"authorization", f"Bearer {token}".encode())
-                self._options = flight.FlightCallOptions(headers=[header])
-                self._client.get_flight_info(
-                    flight.FlightDescriptor.for_command(fsql.pack(fsql.new("CommandGetCatalogs"))),
-                    self._options,
-                )
-            else:
-                header = self._client.authenticate_basic_token(user, password)
-                self._options = flight.FlightCallOptions(headers=[header])
-        except (flight.FlightError, pa.ArrowException) as error:
-            raise _error(error) from None
+            self._tls["tls_root_certs"] = tls_root_certs
+        self._client: flight.FlightClient | None = None
+        self._at = 0
+        self._connect()
         self.cluster = RemoteCluster(self)
 
+    def _open(self, address: str) -> tuple[flight.FlightClient, flight.FlightCallOptions]:
+        """A client of one door, signed in."""
+        client = flight.FlightClient(address, **self._tls)
+        try:
+            if self._token is not None:
+                header = (b"authorization", f"Bearer {self._token}".encode())
+                options = flight.FlightCallOptions(headers=[header])
+                client.get_flight_info(
+                    flight.FlightDescriptor.for_command(fsql.pack(fsql.new("CommandGetCatalogs"))),
+                    options,
+                )
+            else:
+                assert self._user is not None and self._password is not None
+                header = client.authenticate_basic_token(self._user, self._password)
+                options = flight.FlightCallOptions(headers=[header])
+        except BaseException:
+            client.close()
+            raise
+        return client, options
+
+    def _connect(self) -> None:
+        """Sign in at the first door that answers, from the one in use on; a refused
+        sign-in is said at once (every door has the same accounts)."""
+        failure: Exception | None = None
+        for step in range(len(self.addresses)):
+            at = (self._at + step) % len(self.addresses)
+            try:
+                self._client, self._options = self._open(self.addresses[at])
+            except flight.FlightUnauthenticatedError as error:
+                raise _error(error) from None
+            except (flight.FlightError, pa.ArrowException) as error:
+                failure = error
+                continue
+            self._at = at
+            return
+        assert failure is not None
+        raise _error(failure) from None
+
     def _call(self, call: Callable[[flight.FlightClient], T]) -> T:
+        """``call`` at the door in use; if that door is gone, once more at the next one
+        that answers (an insert carries a batch id: it lands once either way)."""
         client = self._client
         if client is None:
             raise ClosedError("the connection is closed; call shardflow.connect() again")
         try:
             return call(client)
+        except (flight.FlightError, pa.ArrowException) as error:
+            if len(self.addresses) == 1 or not _unreachable(error):
+                raise _error(error) from None
+        self._at += 1  # the door in use is gone: the next one
+        client.close()
+        self._connect()
+        assert self._client is not None
+        try:
+            return call(self._client)
         except (flight.FlightError, pa.ArrowException) as error:
             raise _error(error) from None
 
@@ -229,7 +293,8 @@ class RemoteDatabase:
     ) -> int:
         """Append rows, durable before this returns; the same ``batch_id`` again keeps
         each row once."""
-        options = {"shardflow.batch_id": batch_id} if batch_id else {}
+        # a batch id of its own, so that an insert sent again at another door lands once
+        options = {"shardflow.batch_id": batch_id or uuid.uuid4().hex}
         return self._ingest(name, _as_table(data), "append", options)
 
     def drop_table(self, name: str) -> None:

@@ -25,9 +25,11 @@ disk, so a server sees ``shardflow user add`` at its next handshake, without a r
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -51,6 +53,8 @@ TOKEN_PREFIX = "sft_"
 # Bounds the issuer's memory (about 300 bytes a token, so some 30 MB) against a flood of
 # handshakes; the oldest sessions are the ones that lose their token.
 MAX_LIVE_TOKENS = 100_000
+SIGNED_PREFIX = "sfb1."
+"""Bearer tokens signed with the data directory's key (valid on every replica)."""
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -341,6 +345,24 @@ class AuthStore:
                 raise ConfigError(f"no service token {name!r}; `shardflow token list` shows them")
             self._tokens.write(kept)
 
+    def signing_key(self) -> bytes:
+        """The key that signs bearer tokens, made once per data directory (in
+        ``auth/signing.key``, readable by this user only): every replica of the service
+        serving the directory accepts the tokens any of them issued."""
+        path = self.dir / "signing.key"
+        with self._writing():
+            try:
+                return bytes.fromhex(path.read_text().strip())
+            except FileNotFoundError:
+                pass
+            key = secrets.token_bytes(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(key.hex() + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            return key
+
     def principal_for_token(self, token: str) -> Principal | None:
         """The account of a service token; None if unknown, revoked or expired."""
         if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
@@ -360,6 +382,11 @@ def _expired(record: Mapping[str, Any], now: float) -> bool:
 class TokenIssuer:
     """Bearer tokens handed out after a password handshake, each valid for ``ttl_s``.
 
+    Without a ``key`` they are random and kept in this process's memory; with one they
+    carry whom they were issued to and when they expire, signed (HMAC-SHA256) with the
+    key, so that any process holding the key accepts them (the service's replicas) and
+    none of them keeps any. Signed tokens expire by the wall clock.
+
     >>> issuer = TokenIssuer(ttl_s=60.0)
     >>> token = issuer.issue(Principal("ada", "reader", "user"))
     >>> issuer.resolve(token)
@@ -371,21 +398,25 @@ class TokenIssuer:
     def __init__(
         self,
         ttl_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         max_live: int = MAX_LIVE_TOKENS,
+        key: bytes | None = None,
     ) -> None:
         if not ttl_s > 0:
             raise ConfigError(f"a bearer token's lifetime must be positive, not {ttl_s}")
         if max_live < 1:
             raise ConfigError(f"a token issuer must hold at least one token, not {max_live}")
         self.ttl_s = ttl_s
-        self._clock = clock
+        self._key = key
+        self._clock = clock or (time.time if key is not None else time.monotonic)
         self._max_live = max_live
         # In issue order, which with one ttl and a monotonic clock is also expiry order.
         self._live: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def issue(self, principal: Principal) -> str:
+        if self._key is not None:
+            return self._signed(principal)
         token = secrets.token_urlsafe(32)
         with self._lock:
             now = self._clock()
@@ -401,6 +432,8 @@ class TokenIssuer:
 
     def resolve(self, token: str) -> Principal | None:
         """Whom ``token`` was issued to; None when it is unknown or expired."""
+        if self._key is not None:
+            return self._verified(token)
         with self._lock:
             entry = self._live.get(token)
             if entry is None:
@@ -411,10 +444,38 @@ class TokenIssuer:
                 return None
             return principal
 
+    def _signed(self, principal: Principal) -> str:
+        expires = round(self._clock() + self.ttl_s, 3)
+        claims = {"n": principal.name, "r": principal.role, "k": principal.kind, "e": expires}
+        body = _b64(json.dumps(claims, separators=(",", ":")).encode())
+        return f"{SIGNED_PREFIX}{body}.{self._mac(body)}"
+
+    def _mac(self, body: str) -> str:
+        assert self._key is not None
+        return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
+
+    def _verified(self, token: str) -> Principal | None:
+        if not isinstance(token, str) or not token.startswith(SIGNED_PREFIX):
+            return None
+        body, _, mac = token[len(SIGNED_PREFIX) :].partition(".")
+        if not hmac.compare_digest(mac.encode(), self._mac(body).encode()):
+            return None
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            principal = Principal(str(claims["n"]), str(claims["r"]), str(claims["k"]))
+            expires = float(claims["e"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return principal if expires > self._clock() else None
+
     def __len__(self) -> int:
         """Tokens held, expired ones not yet dropped included."""
         with self._lock:
             return len(self._live)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def _jsonable(value: Any) -> Any:

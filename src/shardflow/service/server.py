@@ -303,7 +303,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self.options = options
         self.store = AuthStore(data_dir)
         self.audit = AuditLog(data_dir)
-        self.issuer = TokenIssuer(options.token_ttl_s)
+        # signed with the data directory's key: every replica takes every replica's tokens
+        self.issuer = TokenIssuer(options.token_ttl_s, key=self.store.signing_key())
         self._answers = _Expiring(MAX_PENDING_RESULTS)
         self._prepared = _Expiring(MAX_PREPARED)
         factory = AuthMiddlewareFactory(self.store, self.issuer, self._auth_failed)
@@ -564,6 +565,15 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         ingests ask this often; a table made a moment ago elsewhere shows once it refreshes)."""
         return self.db.table_names()
 
+    def _made_elsewhere(self, name: str) -> bool:
+        """Whether ``name``, unknown to the routing snapshot, was made meanwhile through
+        another door (a replica of this service, a session of its own): asks afresh."""
+        try:
+            self.db.schema(name)  # refreshes the snapshot where it lacks the table
+        except UnknownTableError:
+            return False
+        return True
+
     # -- prepared statements ------------------------------------------------------------
     def _sql_action(self, principal: Principal, kind: str, body: bytes) -> list[flight.Result]:
         name, command = fsql.unpack(body)
@@ -630,7 +640,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         options = dict(command.options)
         batch_id = options.get("shardflow.batch_id") or secrets.token_hex(16)
         definition = command.table_definition_options
-        exists = name in self._table_names()
+        exists = name in self._table_names() or self._made_elsewhere(name)
         if exists and definition.if_exists in (fsql.IF_EXISTS["FAIL"], 0):
             raise TableExistsError(
                 f"table {name} exists (ingest mode 'create'): ingest with mode 'append' to add "

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ray._common.utils import get_default_ray_temp_dir
 
 from shardflow.flightsql import wire as fsql
+from shardflow.runtime.ray.local import _folder_beside_head
 from shardflow.tools.localcluster import LocalRayCluster
 from tests.cluster.test_multinode import SHARDFLOW, run, run_drill
 
@@ -44,6 +46,8 @@ def test_the_head_is_killed_under_load_and_nothing_fails(ha_cluster: Path) -> No
     assert ha is not None and ha.redis.startswith("127.0.0.1:") and ha.redis_pid
     head_before = local.head_process()
     assert head_before is not None
+    # drivers of this machine join through the data nodes' folder, never on the head
+    assert _folder_beside_head(local.address) == get_default_ray_temp_dir()
     report, _, off_loopback = run_drill(
         local,
         "--rows",

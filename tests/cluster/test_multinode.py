@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shardflow.runtime.ray.local import _folder_beside_head
 from shardflow.runtime.ray.membership import JOIN_INTERVAL_S
 from shardflow.tools.localcluster import LocalRayCluster, descendants
 
@@ -136,6 +137,7 @@ def test_service_outlives_its_command_and_pins_one_worker_per_ray_node(cluster: 
     assert all("127.0.0.1" in r and " yes " in r for r in rows), out
     assert "health: ok" in out
     assert non_loopback_sockets(our_pids(cluster.local)) == []
+    assert _folder_beside_head(cluster.address) is None  # its head shares the folder: Ray's way
 
 
 def test_moves_and_whole_node_losses_under_load(cluster: Running) -> None:

@@ -62,14 +62,43 @@ def start_ray(address: str | None, settings: Settings) -> bool:
     if is_loopback(address):  # a cluster of this machine (`shardflow cluster up`)
         _pin_to_loopback()
         kwargs["_node_ip_address"] = LOOPBACK
-        # a node in Ray's own folder: the head of a cluster that survives its head has a
-        # folder of its own, and a driver on it would die with it
-        kwargs["_temp_dir"] = ray_utils.get_default_ray_temp_dir()  # type: ignore[no-untyped-call]
+        folder = _folder_beside_head(address)
+        if folder is not None:  # Ray would attach this driver to the head, and it would
+            kwargs["_temp_dir"] = folder  # die with a head that dies (cluster up --ha)
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {error}") from None
     return False
+
+
+def _folder_beside_head(address: str) -> str | None:
+    """Ray's folder of this machine's data nodes of the cluster at ``address``, where its
+    head has a folder of its own (a cluster that survives its head), else None. Ray attaches
+    a driver to the head first among the raylets of the driver's folder; naming the data
+    nodes' folder keeps drivers off the head. Read from the raylets' command lines (Linux:
+    /proc), so that a cluster started with a folder of its own is joined as Ray would."""
+    head: set[str] = set()
+    others: set[str] = set()
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as raw:
+                arguments = raw.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not arguments[0].endswith("raylet") or f"--gcs-address={address}" not in arguments:
+            continue
+        folders = [a.split("=", 1)[1] for a in arguments if a.startswith("--temp_dir=")]
+        if folders:
+            (head if "--head" in arguments else others).update(folders[:1])
+    if not head or not others or head & others:
+        return None
+    default = str(ray_utils.get_default_ray_temp_dir())  # type: ignore[no-untyped-call]
+    return default if default in others else sorted(others)[0]
 
 
 def attached_node() -> str:

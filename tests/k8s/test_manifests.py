@@ -158,6 +158,19 @@ def test_the_head_serves_flight_sql_with_the_operator_token_and_balancer_setting
     assert tolerance["redisAddress"] == "analytics-redis.analytics.svc:6379"
     assert tolerance["externalStorageNamespace"] == "analytics-analytics"
     assert tolerance["redisPassword"]["valueFrom"]["secretKeyRef"]["name"] == "analytics-redis"
+    groups = {g["groupName"]: g for g in ray_cluster["spec"]["workerGroupSpecs"]}
+    door_pod = groups["cpu"]["template"]  # door: true, a replica of Flight SQL on each pod
+    assert door_pod["metadata"]["labels"]["shardflow.io/door"] == "true"
+    replica = door_pod["spec"]["containers"][1]
+    assert replica["name"] == "shardflow-serve"
+    assert replica["command"][3] == "analytics-head-svc.analytics.svc.cluster.local:6379"
+    shared = {"name": "ray-tmp", "mountPath": "/tmp/ray"}  # its driver finds the raylet
+    assert all(shared in c["volumeMounts"] for c in door_pod["spec"]["containers"])
+    assert len(groups["h200"]["template"]["spec"]["containers"]) == 1  # no door there
+    assert "shardflow.io/door" not in groups["h200"]["template"]["metadata"]["labels"]
+    assert head["template"]["metadata"]["labels"]["shardflow.io/door"] == "true"
+    assert service["spec"]["selector"] == {"ray.io/cluster": "analytics",
+                                           "shardflow.io/door": "true"}  # fmt: skip
     plain = copy.deepcopy(sample())
     del plain["spec"]["head"]["faultTolerance"]
     assert "gcsFaultToleranceOptions" not in render(cluster_spec(plain))[0]["spec"]

@@ -61,6 +61,8 @@ class NodeGroup:
     memory: str = "16Gi"
     node_selector: Mapping[str, str] = field(default_factory=dict)
     image: str | None = None
+    door: bool = False
+    """Its pods also serve Flight SQL (replicas of the door behind the one Service)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ class ClusterSpec:
     @property
     def flight_service(self) -> str:
         return f"{self.name}-flight"
+
+    @property
+    def head_address(self) -> str:
+        """The Ray head's GCS as pods other than the head reach it (KubeRay's head Service)."""
+        return f"{self.name}-head-svc.{self.namespace}.svc.cluster.local:6379"
 
     @property
     def flight_address(self) -> str:
@@ -172,6 +179,7 @@ def _group(group: Mapping[str, Any], index: int) -> NodeGroup:
         memory=str(resources.get("memory", "16Gi")),
         node_selector=dict(group.get("nodeSelector") or {}),
         image=group.get("image"),
+        door=bool(group.get("door", False)),
     )
 
 
@@ -185,6 +193,13 @@ def render(
     manifests = [ray_cluster(spec, workers_to_delete or {}), flight_service(spec)]
     fresh: list[dict[str, Any]] = json.loads(json.dumps(manifests))  # no shared parts: no
     return fresh  # YAML aliases, and a change to one place changes only that place
+
+
+DOOR_LABEL = "shardflow.io/door"
+"""On the pods that serve Flight SQL: the Service's selector."""
+RAY_TMP_VOLUME = {"name": "ray-tmp", "emptyDir": {}}
+RAY_TMP_MOUNT = {"name": "ray-tmp", "mountPath": "/tmp/ray"}
+"""Ray's folder (its raylet's sockets), shared by the Ray container and a door beside it."""
 
 
 def labels(spec: ClusterSpec) -> dict[str, str]:
@@ -233,7 +248,8 @@ def _fault_tolerance(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def flight_service(spec: ClusterSpec) -> dict[str, Any]:
-    """The cluster-internal door to Flight SQL on the head pod (Ray's own ports get none)."""
+    """The cluster-internal door to Flight SQL: every pod that serves it (the head, and the
+    pods of groups with ``door``), behind one address (Ray's own ports get none)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -244,16 +260,17 @@ def flight_service(spec: ClusterSpec) -> dict[str, Any]:
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": {"ray.io/cluster": spec.name, "ray.io/node-type": "head"},
+            "selector": {"ray.io/cluster": spec.name, DOOR_LABEL: "true"},
             "ports": [{"name": "flight", "port": spec.flight_port, "targetPort": spec.flight_port}],
         },
     }
 
 
-def serve_command(spec: ClusterSpec) -> list[str]:
-    """``shardflow serve`` on the head pod, attached to the Ray head beside it."""
+def serve_command(spec: ClusterSpec, address: str = "127.0.0.1:6379") -> list[str]:
+    """``shardflow serve`` beside a Ray node: on the head pod attached to the head beside
+    it, on a door pod to the head through its Service (a driver on its own pod's raylet)."""
     command = [
-        "shardflow", "serve", "--address", "127.0.0.1:6379", "--data-dir", spec.data_path,
+        "shardflow", "serve", "--address", address, "--data-dir", spec.data_path,
         "--flight-port", str(spec.flight_port), "--host", "0.0.0.0",
         "--operator-token-file", f"{OPERATOR_TOKEN_DIR}/token",
     ]  # fmt: skip
@@ -277,17 +294,38 @@ def _data_volume(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str
     return [volume], [{"name": "data", "mountPath": spec.data_path}]
 
 
-def _head_pod(spec: ClusterSpec) -> dict[str, Any]:
-    volumes, mounts = _data_volume(spec)
-    volumes.append({"name": "operator-token", "secret": {"secretName": spec.operator_token_secret}})
-    serve_mounts = [*mounts, {"name": "operator-token", "mountPath": OPERATOR_TOKEN_DIR,
-                              "readOnly": True}]  # fmt: skip
+def _door(
+    spec: ClusterSpec, image: str, address: str, mounts: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``shardflow serve`` container of a pod that serves Flight SQL (restarted by the
+    kubelet until the Ray node beside it answers), and the volumes it adds to the pod: the
+    operator's token, the TLS certificate, and Ray's folder shared with the Ray container
+    (a driver reaches its raylet through the sockets there)."""
+    volumes = [
+        {"name": "operator-token", "secret": {"secretName": spec.operator_token_secret}},
+    ]
+    token = {"name": "operator-token", "mountPath": OPERATOR_TOKEN_DIR, "readOnly": True}
+    serve_mounts = [*mounts, RAY_TMP_MOUNT, token]
     if spec.tls_secret:
         volumes.append({"name": "tls", "secret": {"secretName": spec.tls_secret}})
         serve_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    container = {
+        "name": "shardflow-serve",
+        "image": image,
+        "command": serve_command(spec, address),
+        "ports": [{"name": "flight", "containerPort": spec.flight_port}],
+        "readinessProbe": {"tcpSocket": {"port": spec.flight_port}, "periodSeconds": 5},
+        "volumeMounts": serve_mounts,
+    }
+    return container, [RAY_TMP_VOLUME, *volumes]
+
+
+def _head_pod(spec: ClusterSpec) -> dict[str, Any]:
+    volumes, mounts = _data_volume(spec)
+    door, door_volumes = _door(spec, spec.image, "127.0.0.1:6379", mounts)
     resources = {"cpu": spec.head_cpu, "memory": spec.head_memory}
     return {
-        "metadata": {"labels": labels(spec)},
+        "metadata": {"labels": {**labels(spec), DOOR_LABEL: "true"}},
         "spec": {
             "containers": [
                 {
@@ -295,21 +333,11 @@ def _head_pod(spec: ClusterSpec) -> dict[str, Any]:
                     "image": spec.image,
                     "resources": {"requests": resources, "limits": resources},
                     "env": _environment(),
-                    "volumeMounts": mounts,
+                    "volumeMounts": [*mounts, RAY_TMP_MOUNT],
                 },
-                {  # the service: restarted by the kubelet until the Ray head answers
-                    "name": "shardflow-serve",
-                    "image": spec.image,
-                    "command": serve_command(spec),
-                    "ports": [{"name": "flight", "containerPort": spec.flight_port}],
-                    "readinessProbe": {
-                        "tcpSocket": {"port": spec.flight_port},
-                        "periodSeconds": 5,
-                    },
-                    "volumeMounts": serve_mounts,
-                },
+                door,
             ],
-            "volumes": volumes,
+            "volumes": [*volumes, *door_volumes],
         },
     }
 
@@ -327,6 +355,23 @@ def _worker_group(spec: ClusterSpec, group: NodeGroup, to_delete: list[str]) -> 
         pod["tolerations"] = [{"key": gpu, "operator": "Exists", "effect": "NoSchedule"}]
     if group.node_selector:
         pod["nodeSelector"] = dict(group.node_selector)
+    image = group.image or spec.image
+    containers: list[dict[str, Any]] = [
+        {
+            "name": "ray-worker",
+            "image": image,
+            "resources": {"requests": requests, "limits": limits},
+            "env": _environment(),
+            "volumeMounts": mounts,
+        }
+    ]
+    pod_labels = {**labels(spec), "shardflow.io/device-class": group.device_class}
+    if group.door:  # a replica of the Flight SQL door on every pod of the group
+        door, door_volumes = _door(spec, image, spec.head_address, mounts)
+        containers[0]["volumeMounts"] = [*mounts, RAY_TMP_MOUNT]
+        containers.append(door)
+        volumes = [*volumes, *door_volumes]
+        pod_labels[DOOR_LABEL] = "true"
     worker = {
         "groupName": group.name,
         "replicas": group.replicas,
@@ -336,22 +381,8 @@ def _worker_group(spec: ClusterSpec, group: NodeGroup, to_delete: list[str]) -> 
         "resources": {DATA_NODE_RESOURCE: "1"},
         "labels": {"shardflow.io/device-class": group.device_class},
         "template": {
-            "metadata": {
-                "labels": {**labels(spec), "shardflow.io/device-class": group.device_class}
-            },
-            "spec": {
-                "containers": [
-                    {
-                        "name": "ray-worker",
-                        "image": group.image or spec.image,
-                        "resources": {"requests": requests, "limits": limits},
-                        "env": _environment(),
-                        "volumeMounts": mounts,
-                    }
-                ],
-                "volumes": volumes,
-                **pod,
-            },
+            "metadata": {"labels": pod_labels},
+            "spec": {"containers": containers, "volumes": volumes, **pod},
         },
     }
     if to_delete:

@@ -136,7 +136,8 @@ class Settings:
             shards again.
         test_flaky_node: for tests only, off ("") by default. "node-1=0.05" makes worker
             node-1 fail that share of its fragments (evenly spread: one in 20 here) with a
-            retryable error, as a dying device would.
+            retryable error, as a dying device would; a Ray node's name ("ray-flaky=0.2")
+            makes every worker that starts on that Ray node do so.
         test_fault_move_copy: for tests only, off ("") by default. "drop_row" or
             "change_value" makes the target of every live move remove one row from, or
             change one value in, its copy once the copy is stored, so that the move's

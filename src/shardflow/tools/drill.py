@@ -6,10 +6,12 @@ cluster took to serve every shard again after each loss.
 ``python -m shardflow.tools.drill --address A --data-dir D --moves 20 --kill ray-2`` runs it
 against the local cluster of ``shardflow cluster up``; ``bench/cluster.py`` wraps it.
 
-With ``--nemesis kill,pause,head --faults N --seed S`` it plays a seeded schedule of faults
-under the same checked workload — a data node SIGKILLed (a new one joins after), a data
-node SIGSTOPped for a while, the head SIGKILLed (a cluster up with ``--ha``) — prints each
-fault with its recovery time, and as its last line
+With ``--nemesis kill,pause,head,flaky --faults N --seed S`` it plays a seeded schedule of
+faults under the same checked workload — a data node SIGKILLed (a new one joins after), a
+data node SIGSTOPped for a while, the head SIGKILLed (a cluster up with ``--ha``), a node
+whose worker fails a share of its fragments joining (a service started with
+``test_flaky_node="ray-flaky=SHARE"``) — prints each fault with its recovery time, and as
+its last line
 ``faults=N failed_ops=F lost=L dup=D stale_reads=S max_recovery_s=R``
 (``bench/nemesis.py`` wraps it).
 """
@@ -17,6 +19,7 @@ fault with its recovery time, and as its last line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -59,9 +62,13 @@ HELD_ROWS = len(range(0, BIG_ROWS, 3))
 BATCH = 25
 RECOVERY_TIMEOUT_S = 120.0
 TABLES = (FACTS, EVENTS, BIG)
-NEMESIS_KINDS = ("kill", "pause", HEAD)
-"""The faults the nemesis plays (network partitions, full disks and flaky workers are
-tested apart; see the README's durability section)."""
+FLAKY = "flaky"
+FLAKY_NODE = "ray-flaky"
+"""The Ray node a flaky fault starts: its worker fails a share of its fragments where the
+service runs with ``test_flaky_node="ray-flaky=SHARE"`` (``bench/nemesis.py`` does)."""
+NEMESIS_KINDS = ("kill", "pause", HEAD, FLAKY)
+"""The faults the nemesis plays (network partitions and full disks are tested apart; see
+the README's durability section)."""
 PAUSE_S = 2.0
 """How long a paused node stays stopped: under the 3 s in which Ray declares a node dead,
 so that it comes back as itself (a longer pause is a node loss)."""
@@ -495,6 +502,11 @@ def play_nemesis(
         raise ValueError(f"nemesis kinds are {', '.join(NEMESIS_KINDS)}, not {unknown or kinds}")
     if HEAD in kinds and local.ha is None:
         raise ValueError("the head fault needs a cluster that survives it (cluster up --ha)")
+    if FLAKY in kinds and not db.settings.test_flaky_node.startswith(f"{FLAKY_NODE}="):
+        raise ValueError(
+            f"the flaky fault needs the service started with test_flaky_node="
+            f'"{FLAKY_NODE}=SHARE" (bench/nemesis.py starts it so)'
+        )
     rng = random.Random(seed)
     driver = attached_node()  # never the node this drill's own driver rides on
     schedule = [rng.choice(sorted(kinds)) for _ in range(faults)]  # then the victims
@@ -504,6 +516,9 @@ def play_nemesis(
         if kind == HEAD:
             target, _ = kill(db, local, HEAD)
             recovery = wait_served(db, "", started)
+        elif kind == FLAKY:
+            target = FLAKY_NODE
+            recovery = flaky_node(db, local, report)
         elif kind == "kill":
             node = rng.choice(victims)
             target, ray_node = kill(db, local, node.name)
@@ -520,6 +535,42 @@ def play_nemesis(
         print(f"fault {index + 1}/{faults}: {kind} {target}: served again after "
               f"{recovery:.2f}s", flush=True)  # fmt: skip
         time.sleep(settle_s)
+
+
+def possible_faults(db: Database, local: LocalRayCluster) -> list[str]:
+    """The nemesis's kinds this cluster can take: the head's loss where it survives it, a
+    flaky node where the service knows the flaky node's name."""
+    kinds = ["kill", "pause"]
+    if local.ha is not None:
+        kinds.append(HEAD)
+    if db.settings.test_flaky_node.startswith(f"{FLAKY_NODE}="):
+        kinds.append(FLAKY)
+    return kinds
+
+
+def flaky_node(db: Database, local: LocalRayCluster, report: DrillReport) -> float:
+    """A Ray node whose worker fails a share of its fragments joins; returns the seconds
+    from its first shard until it was found suspect and held none (its shards moved off
+    live), then it is stopped."""
+    rejoin(db, local, FLAKY_NODE, report)
+    member = report.joined[-1]
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    try:
+        # small tables give a new node no shard by themselves: it is given two the
+        # workload reads, as the balancer gives a new node its share of big ones
+        for shard in [s for s in db.cluster.shards().to_pylist() if s["table"] == EVENTS][:2]:
+            with contextlib.suppress(MoveRefusedError):  # refused or rolled back: one fewer
+                db.cluster.migrate(str(shard["shard"]), member)
+        first_shard = time.monotonic()
+        while time.monotonic() < deadline:
+            info = next((n for n in db.cluster.nodes() if n.node_id == member), None)
+            if info is not None and not info.shards and info.health != "healthy":
+                return time.monotonic() - first_shard
+            time.sleep(0.1)
+        raise TimeoutError(f"{member} on {FLAKY_NODE} was not evacuated within "
+                           f"{RECOVERY_TIMEOUT_S:g}s")  # fmt: skip
+    finally:
+        local.remove_node(FLAKY_NODE)
 
 
 def pause(pid: int, seconds: float) -> None:
@@ -558,8 +609,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rejoin", action="append", default=[], help=f"a Ray node name, or {LOST}")
     parser.add_argument(
         "--nemesis",
-        default=",".join(NEMESIS_KINDS),
-        help=f"the kinds of fault the nemesis plays, comma-separated ({', '.join(NEMESIS_KINDS)})",
+        default="",
+        help=f"the kinds of fault the nemesis plays, comma-separated ({', '.join(NEMESIS_KINDS)}); "
+        "default: every kind the cluster can take",
     )
     parser.add_argument("--faults", type=int, default=0, help="faults the nemesis plays")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the nemesis")
@@ -581,7 +633,7 @@ def main(argv: list[str] | None = None) -> None:
             drains=args.drain,
             kills=args.kill,
             rejoins=args.rejoin,
-            nemesis=[k for k in args.nemesis.split(",") if k],
+            nemesis=[k for k in args.nemesis.split(",") if k] or possible_faults(db, local),
             faults=args.faults,
             seed=args.seed,
         )

@@ -254,6 +254,7 @@ class WorkerService:
             owner=owner,
             slowdown=slowdown,
             gpu_index=int(gpus[0]) if gpus else None,
+            host_name=self.host.name,
         )
         kept = self.node.kept_calibration()
         if kept is not None:  # a known kind of node: serves calibrated, measures nothing

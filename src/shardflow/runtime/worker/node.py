@@ -114,7 +114,9 @@ class WorkerNode:
         slowdown: float = 1.0,
         gpu_index: int | None = None,
         owner: OwnerToken | None = None,
+        host_name: str = "",
     ) -> None:
+        """``host_name``: the name of the machine (Ray node) it runs on, if it has one."""
         self.node_id = node_id
         self.data_dir = DataDir.resolve(data_dir, owner)
         """Writes only while ``owner`` owns the data directory (None: unchecked, in tests)."""
@@ -170,7 +172,8 @@ class WorkerNode:
         self._failures = 0
         """Operations run and failed by the node (the failure rate's counts)."""
         flaky = settings.flaky_node()
-        self._flaky_share = flaky[1] if flaky is not None and flaky[0] == node_id else 0.0
+        named = flaky is not None and flaky[0] in (node_id, host_name or node_id)
+        self._flaky_share = flaky[1] if flaky is not None and named else 0.0
         self._flaky_count = 0
         if catalog is not None:
             self.sync(catalog)

@@ -204,6 +204,8 @@ class LocalRayCluster:
             head = self._start("head", None, object_store_mb, data=False, password=password)
         except BaseException:
             self._stop_redis()
+            if self._pending_ha is not None:
+                shutil.rmtree(str(self._pending_ha["temp_dir"]), ignore_errors=True)
             raise
         address = json.loads((self.folder / "head.json").read_text())["gcs_address"]
         self._save(str(address), [head], 1)

@@ -123,8 +123,8 @@ class LocalRayCluster:
     @property
     def ha(self) -> HighAvailability | None:
         """How the head comes back, for a cluster started with ``ha`` (else None)."""
-        self._load()
-        return self._ha_if_recorded()
+        recorded = self._load().get("ha")
+        return HighAvailability(**recorded) if isinstance(recorded, dict) else None
 
     @property
     def running(self) -> bool:

@@ -386,7 +386,8 @@ class WorkerNode:
                 raise Moved(f"{table}#{unit}", epoch)
             try:
                 lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
-            except OSError:  # a full or failing disk: the node's failure (the caller retries)
+            except OSError:  # a failing disk: the node's failure (the caller retries); a
+                # full or read-only one is a StorageError, the storage's state, not the node's
                 self._count(failed=True)
                 raise
         self._count(failed=False)

@@ -223,6 +223,29 @@ class Shard:
         self._recent_bytes = 0
 
     # -- life cycle ----------------------------------------------------------------------
+    def claim(self, node: str, epoch: int | None, *, recovering: bool = False) -> None:
+        """Become the shard's one writer (``ShardStore.claim``): a shard about to be
+        recovered (``recovering``) claims it first, and :meth:`recover` records the LSN it
+        reaches; a new shard, or a move's copy taking over, records its LSN now."""
+        self.store.claim(node, epoch, None if recovering else self.lsn)
+
+    def claim_again(self, node: str) -> None:
+        """Hold the shard again after a move that was to take it over rolled back (its
+        target had claimed it), unless a copy given it at a later epoch holds it now."""
+        claimed = self.store.claimed
+        holders = self.store.holders()
+        if claimed is not None and (not holders or holders[-1].token != claimed.token):
+            self.claim(node, claimed.epoch)
+
+    def check_held(self) -> None:
+        """Raise ``Moved`` once another copy holds the shard (a read must not miss what
+        that copy acknowledged); the shard then takes no more writes either."""
+        try:
+            self.store.check_claim("reads")
+        except Moved:
+            self.retired = True
+            raise
+
     def recover(self, attempts: int = 5) -> None:
         """Rebuild from durable storage (retrying while a writer checkpoints under us)."""
         for attempt in range(attempts):
@@ -239,6 +262,7 @@ class Shard:
             self._applied = OrderedDict(recovered.applied)
             self._wal_entries = recovered.wal_entries
             self._wal_bytes = recovered.wal_bytes
+        self.store.settle_claim(recovered.lsn)
 
     def stage(self, table: pa.Table) -> None:
         """Load rows into a new shard, streaming them into memory and into the base being
@@ -377,7 +401,12 @@ class Shard:
                     )
                     written.append((lsn, entry.batch_id, size))
                 self.store.sync_dir()  # one directory sync for the whole group
+                self.store.check_claim("writes")  # acknowledged only while this copy holds it
             self.data.append(pa.concat_tables([table for _, table, *_ in admitted]))
+        except Moved:  # another copy holds the shard now: its recovery listed these entries
+            # (it serves them) or leaves them out; deleting them could take rows it serves
+            self.retired = True
+            raise
         except Exception:  # nothing of the group is applied: its log entries go too
             for lsn, batch_id, _ in written:
                 self.store.discard_wal(lsn, batch_id)

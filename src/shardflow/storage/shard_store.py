@@ -3,19 +3,39 @@
 Layout under ``<data dir>/tables/<table uid>/<shard>/``::
 
     base-<lsn>.parquet            every row up to and including log sequence number <lsn>
-    wal-<lsn>-<batch id>.arrow    one acknowledged insert; durable before it is acknowledged
+    wal-<lsn>-<batch id>[.<holder>].arrow
+                                  one acknowledged insert; durable before it is acknowledged
+                                  (<holder>: the token of the copy that logged it)
+    holder.json                   the copies that claimed to write the shard, the last one
+                                  its writer now (see below)
 
 Each entry is its own file, written whole and renamed into place (or put as one object on
 an object store), so recovery never sees a torn entry. A checkpoint writes a new base and
 only then deletes the entries and the older base it covers: a crash at any point leaves a
 state from which :meth:`ShardStore.recover` rebuilds every acknowledged row exactly once.
+
+**One writer per shard, fenced by its epoch.** A copy of the shard that is to write it (a
+worker given the shard by the catalog, a move's target) first *claims* it: it adds itself
+to ``holder.json`` with the routing epoch that gave it the shard, and only then lists the
+folder to recover; once recovered it records the LSN it reached (``start_lsn``). A copy
+acknowledges an insert only after its log entry is durable *and* the holder record still
+names it, and a checkpoint takes effect only under the same check; a read is refused once
+another copy holds the shard. So a worker cut off from the coordinator, whose shards were
+given to others meanwhile, takes no write and serves no read for them: its entry was
+either listed by the new holder (and is served there) or came after the listing, and then
+it was not acknowledged and recovery leaves it out (an entry of an older holder past a
+later holder's ``start_lsn``). The cluster's lease (``catalog/lease.py``) fences whole
+clusters; this fences copies of one shard.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardflow.catalog.store import DataDir, fsync_dir
+from shardflow.errors import Moved
 
 RECENT_BATCH_IDS = 4096
 """How many insert batch ids a shard remembers (and persists) to make retries idempotent."""
@@ -30,6 +51,34 @@ RECENT_BATCH_IDS = 4096
 Applied = dict[str, list[int] | None]
 """Per recent insert batch id, the buckets of it this shard holds (None: all of it). Kept per
 bucket because a split or merge can bring rows of one batch together from several shards."""
+
+
+HOLDER_FILE = "holder.json"
+HOLDERS_KEPT = 16
+"""Claims a shard's holder record keeps (older ones name no entry recovery can still see:
+a checkpoint since has covered them, or they are in every later holder's recovered part)."""
+UNFENCED_VARIABLE = "SHARDFLOW_TEST_UNFENCED"
+"""Tests only: a comma list of the per-shard fences switched off — ``writes`` (an insert is
+acknowledged without the check), ``reads``, ``checkpoints`` and ``recovery`` (an older
+holder's late entries are recovered) — whose tests must then fail."""
+
+
+def unfenced(what: str) -> bool:
+    """Whether the test-only hook switched the fence of ``what`` off."""
+    return what in os.environ.get(UNFENCED_VARIABLE, "").split(",")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A copy of a shard that claimed to write it."""
+
+    node: str
+    epoch: int
+    """The routing epoch of the catalog that gave it the shard."""
+    token: str
+    """Tells this copy from any other, on the same node too (a worker started again)."""
+    start_lsn: int | None = None
+    """The LSN it recovered to; None until it has."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +102,77 @@ class ShardStore:
         self.table_uid = table_uid
         self.folder = shard_folder(data_dir, table_uid, shard)
         data_dir.fs.create_dir(self.folder, recursive=True)
+        self.claimed: Holder | None = None
+        """This copy's claim to write the shard (None: it claimed none, and checks none)."""
+        self._still_ours: tuple[int, int, int] | None = None
+        """The holder file (inode, change time, size) last found to name this copy."""
+
+    # -- the shard's one writer ------------------------------------------------------------
+    def claim(self, node: str, epoch: int | None, start_lsn: int | None = None) -> Holder:
+        """Make this copy the shard's writer, before it lists the folder (:meth:`recover`):
+        any copy that wrote it before is refused at its next check. ``epoch`` is the
+        routing epoch that gave ``node`` the shard; a claim made at a lower epoch than the
+        holder's is refused (``Moved``: a stale catalog). None succeeds the holder at its
+        epoch (a move's target, its source fenced already)."""
+        holders = self.holders()
+        if holders and epoch is not None and holders[-1].epoch > epoch:
+            raise Moved(f"{self.folder} (held by {holders[-1].node})", epoch)
+        if epoch is None:
+            epoch = holders[-1].epoch if holders else 0
+        claim = Holder(node, epoch, secrets.token_hex(8), start_lsn)
+        self._write_holders([*holders, claim])
+        self.claimed = claim
+        return claim
+
+    def settle_claim(self, lsn: int) -> None:
+        """Record the LSN this copy recovered to (recovery leaves out what older holders
+        logged after it); refused (``Moved``) if another copy claimed the shard since."""
+        if self.claimed is None:
+            return
+        holders = self.holders()
+        if not holders or holders[-1].token != self.claimed.token:
+            raise self._lost(holders)
+        self.claimed = dataclasses.replace(self.claimed, start_lsn=lsn)
+        self._write_holders([*holders[:-1], self.claimed])
+
+    def check_claim(self, what: str) -> None:
+        """Raise ``Moved`` unless this copy still holds the shard (it claimed none: no
+        check). ``what`` names the fence (writes, reads, checkpoints) for the test hook. A
+        local holder file unchanged since it was last found ours is not read again."""
+        if self.claimed is None or unfenced(what):
+            return
+        path = self._path(HOLDER_FILE)
+        stamp = None
+        if self._dir.local:
+            try:
+                found = os.stat(path)
+            except FileNotFoundError:
+                raise self._lost([]) from None
+            stamp = (found.st_ino, found.st_ctime_ns, found.st_size)
+            if stamp == self._still_ours:
+                return
+        holders = self.holders()
+        if not holders or holders[-1].token != self.claimed.token:
+            raise self._lost(holders)
+        self._still_ours = stamp
+
+    def holders(self) -> list[Holder]:
+        """The claims on the shard, oldest first (the last one holds it)."""
+        try:
+            record = json.loads(self._dir.read(self._path(HOLDER_FILE)))
+        except FileNotFoundError:
+            return []
+        return [Holder(**h) for h in record["holders"]]
+
+    def _write_holders(self, holders: list[Holder]) -> None:
+        record = {"holders": [dataclasses.asdict(h) for h in holders[-HOLDERS_KEPT:]]}
+        self._dir.write_atomic(self._path(HOLDER_FILE), json.dumps(record).encode())
+        self._still_ours = None
+
+    def _lost(self, holders: list[Holder]) -> Moved:
+        assert self.claimed is not None
+        now = f"held by {holders[-1].node} at epoch {holders[-1].epoch}" if holders else "dropped"
+        return Moved(f"{self.folder} ({now})", self.claimed.epoch)
 
     def append_wal(
         self,
@@ -74,7 +194,7 @@ class ShardStore:
             writer.write_table(table)
         payload = sink.getvalue().to_pybytes()
         self._dir.write_atomic(
-            self._path(f"wal-{lsn:012d}-{batch_id}.arrow"), payload, sync_dir=sync_dir
+            self._path(self._entry_name(lsn, batch_id)), payload, sync_dir=sync_dir
         )
         return len(payload)
 
@@ -82,9 +202,16 @@ class ShardStore:
         """Remove a log entry that was written but not acknowledged (best effort: its group
         failed), so that a restart does not bring back rows the client was told failed."""
         try:
-            self._dir.delete(self._path(f"wal-{lsn:012d}-{batch_id}.arrow"))
+            self._dir.delete(self._path(self._entry_name(lsn, batch_id)))
         except OSError:
             pass
+
+    def _entry_name(self, lsn: int, batch_id: str) -> str:
+        """A log entry's file name: with the token of the copy that holds the shard, so
+        that two copies never write one file (a retry of one batch, logged under one LSN
+        by a cut-off copy and by its new holder)."""
+        holder = f".{self.claimed.token}" if self.claimed is not None else ""
+        return f"wal-{lsn:012d}-{batch_id}{holder}.arrow"
 
     def sync_dir(self) -> None:
         """Make the files written in this shard's folder so far part of its durable listing."""
@@ -126,16 +253,19 @@ class ShardStore:
             tables.append(table.replace_schema_metadata(None).cast(schema))
         wal_entries = 0
         wal_bytes = 0
+        superseded = _superseded(self.holders())
         for name in sorted(n for n in names if n.startswith("wal-") and n.endswith(".arrow")):
             entry_lsn = _lsn_of(name)
             if entry_lsn is None or entry_lsn <= lsn:
                 continue
+            batch_id, writer = _entry_of(name)
+            if entry_lsn > superseded.get(writer, entry_lsn) and not unfenced("recovery"):
+                continue  # logged by a holder after a later one took over: never acknowledged
             payload = self._dir.read(self._path(name))
             with pa.ipc.open_stream(io.BytesIO(payload)) as reader:
                 entry = reader.read_all()
             tables.append(entry.replace_schema_metadata(None).cast(schema))
             buckets = json.loads((entry.schema.metadata or {}).get(b"shardflow.buckets", b"null"))
-            batch_id = name[len("wal-000000000000-") : -len(".arrow")]
             applied[batch_id] = merge_buckets(applied.get(batch_id, []), buckets)
             lsn = entry_lsn
             wal_entries += 1
@@ -175,8 +305,9 @@ class BaseWriter:
     def finish(self, applied: Mapping[str, list[int] | None]) -> None:
         recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
         self.writer.add_key_value_metadata({"shardflow.applied": json.dumps(recent)})
-        try:
-            self.store._dir.check_owner()  # the base takes effect below: only while we own it
+        try:  # the base takes effect below: only while our cluster owns the directory and
+            self.store._dir.check_owner()  # this copy still holds the shard (else it would
+            self.store.check_claim("checkpoints")  # delete the new holder's log entries)
         except Exception:
             self.abandon()
             raise
@@ -193,11 +324,34 @@ class BaseWriter:
         self.store._dir.delete(self.target, fenced=False)
 
 
+def _superseded(holders: list[Holder]) -> dict[str, int]:
+    """Per holder's token, the LSN past which its entries are not the shard's: the lowest
+    ``start_lsn`` of the holders that claimed the shard after it."""
+    limits: dict[str, int] = {}
+    lowest: int | None = None
+    for holder in reversed(holders):
+        if lowest is not None:
+            limits[holder.token] = lowest
+        if holder.start_lsn is not None:
+            lowest = holder.start_lsn if lowest is None else min(lowest, holder.start_lsn)
+    return limits
+
+
 def merge_buckets(held: list[int] | None, more: list[int] | None) -> list[int] | None:
     """Buckets of a batch held after adding ``more`` (None stands for every bucket)."""
     if held is None or more is None:
         return None
     return sorted(set(held) | set(more))
+
+
+def _entry_of(name: str) -> tuple[str, str]:
+    """A log entry's batch id and the token of the holder that logged it ("" if none)."""
+    found = _ENTRY.fullmatch(name)
+    assert found is not None, name
+    return found["batch"], found["holder"] or ""
+
+
+_ENTRY = re.compile(r"wal-\d{12}-(?P<batch>.+?)(?:\.(?P<holder>[0-9a-f]{16}))?\.arrow")
 
 
 def _lsn_of(name: str) -> int | None:

@@ -233,6 +233,7 @@ class SourceSide:
             stream.close()
         for shard in export.shards.values():
             shard.end_export()
+            shard.claim_again(self.node.node_id)  # its target may have claimed it already
             shard.unfence()
 
     def retire(self, move_id: str) -> None:
@@ -400,6 +401,8 @@ class TargetSide:
                 self.promoted.popitem(last=False)
             move.release_compaction()
             for key, shard in move.shards.items():
+                if move.shares_files:  # it takes over the source's log: the fenced source
+                    shard.claim(node.node_id, None)  # writes no more
                 shard.writer = True  # from the switch on, this copy logs the inserts
                 node.shards[key] = shard
 
@@ -432,7 +435,10 @@ class TargetSide:
         for table in node.catalog.group_tables(plan.group):
             spec = node.catalog.table(table)
             for unit_id, _, _ in mine:
-                shards[(table, unit_id)] = node.new_shard(spec, str(unit_id), writer=writes)
+                shard = node.new_shard(spec, str(unit_id), writer=writes)
+                if writes:  # a split's or a merge's new unit: files of its own
+                    shard.claim(node.node_id, node.catalog.epoch)
+                shards[(table, unit_id)] = shard
         # the compactor leaves the new shards alone while they are built: the copy
         # compacts them itself once its rows are in, and catch-up and fence never wait
         held = node.engine.compactor.hold(_physical(shard).physical for shard in shards.values())

@@ -233,23 +233,40 @@ class WorkerNode:
             for table, unit_id in sorted(wanted - set(self.shards)):
                 if self.target.building(table, unit_id):
                     continue  # built by a move in progress, served once it switches
-                spec = catalog.table(table)
-                shard = self.new_shard(spec, str(unit_id), writer=True)
-                shard.recover()
-                self.shards[(table, unit_id)] = shard
-                changed.add(table)
+                shard = self._take(catalog, table, str(unit_id), writer=True)
+                if shard is not None:
+                    self.shards[(table, unit_id)] = shard
+                    changed.add(table)
+            primary = self._is_primary(catalog)
             for spec in catalog.replicated_tables():
                 if spec.name not in self.replicas:
-                    shard = self.new_shard(spec, REPLICA, writer=self._is_primary(catalog))
-                    shard.recover()
-                    self.replicas[spec.name] = shard
-                    changed.add(spec.name)
+                    shard = self._take(catalog, spec.name, REPLICA, writer=primary)
+                    if shard is not None:
+                        self.replicas[spec.name] = shard
+                        changed.add(spec.name)
             for shard in self.replicas.values():
-                shard.writer = self._is_primary(catalog)
+                if primary and not shard.writer:  # the log's writer from now on
+                    shard.claim(self.node_id, catalog.epoch)
+                shard.writer = primary
             for table in changed:
                 self.refresh_view(table)
             self.catalog = catalog
             return catalog.version
+
+    def _take(self, catalog: Catalog, table: str, name: str, *, writer: bool) -> Shard | None:
+        """A shard ``catalog`` gives this node, rebuilt from storage; a writer claims it
+        first (any copy that wrote it before is fenced). None where a copy given it at a
+        later epoch holds it: this node's catalog is older than that copy's."""
+        shard = self.new_shard(catalog.table(table), name, writer=writer)
+        try:
+            if writer:
+                shard.claim(self.node_id, catalog.epoch, recovering=True)
+            shard.recover()
+        except Moved as held:
+            log.warning("%s: not served here: %s", self.node_id, held)
+            self.release(shard)
+            return None
+        return shard
 
     def refresh_view(self, table: str) -> None:
         """The view named ``table`` reads this node's copy of a replicated table (dropped
@@ -328,6 +345,9 @@ class WorkerNode:
                 }
             else:
                 shards = {u: self.new_shard(spec, str(u), writer=True) for u in unit_ids}
+            for shard in shards.values():
+                if shard.writer:
+                    shard.claim(self.node_id, self.catalog.epoch)
             self.loading[spec.name] = shards
 
     def stage(self, table: str, parts: Mapping[int | str, pa.Table]) -> int:
@@ -427,6 +447,7 @@ class WorkerNode:
                 for unit in units:
                     if (table, unit) not in self.shards:
                         raise Moved(f"{table}#{unit}", epoch)
+                    self.shards[(table, unit)].check_held()
                 views[table] = " UNION ALL ".join(
                     f"SELECT * FROM {self._ref(self.shards[(table, u)])}" for u in sorted(units)
                 )

@@ -4,8 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint browser redis bench conformance clean
-CHROMIUM := /usr/bin/chromium
+.PHONY: demo test lint tools bench conformance clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,31 +21,26 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The console and profile-page tests drive Debian's headless Chromium: installed here where
-# this user may (root, with apt-get); elsewhere those two tests are skipped, saying how to get
-# it (CI sets SHARDFLOW_REQUIRE_BROWSER=1: there they fail instead).
-browser:
-	@if [ ! -x $(CHROMIUM) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's chromium for the browser tests"; \
-		apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
-		|| { apt-get update >/dev/null 2>&1 \
-		     && apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; } \
-		|| echo "could not install chromium: the browser tests will be skipped"; \
-	fi
+# Some tests need Debian packages beside Python: the console and profile-page tests drive
+# headless Chromium, the clusters that survive their head keep its state in redis-server, the
+# partition tests cut links with iptables in network namespaces. Installed here where this
+# user may (root, with apt-get); elsewhere those tests are skipped, saying how to get them
+# (CI sets SHARDFLOW_REQUIRE_BROWSER, _REDIS and _NETNS to 1: there they fail instead).
+DEBIAN_TOOLS := /usr/bin/chromium:chromium /usr/bin/redis-server:redis-server \
+	/usr/sbin/iptables:iptables /usr/bin/nsenter:util-linux /usr/sbin/ip:iproute2
+tools:
+	@for pair in $(DEBIAN_TOOLS); do \
+		path=$${pair%%:*}; package=$${pair##*:}; \
+		if [ ! -x $$path ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's $$package for the tests that need it"; \
+			apt-get install -y --no-install-recommends $$package >/dev/null 2>&1 \
+			|| { apt-get update >/dev/null 2>&1 \
+			     && apt-get install -y --no-install-recommends $$package >/dev/null 2>&1; } \
+			|| echo "could not install $$package: the tests that need it will be skipped"; \
+		fi; \
+	done
 
-# The clusters that survive their head keep its state in Debian's redis-server: installed
-# here the same way (CI sets SHARDFLOW_REQUIRE_REDIS=1: without it those tests fail there).
-REDIS := /usr/bin/redis-server
-redis:
-	@if [ ! -x $(REDIS) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's redis-server for the head fault-tolerance tests"; \
-		apt-get install -y --no-install-recommends redis-server >/dev/null 2>&1 \
-		|| { apt-get update >/dev/null 2>&1 \
-		     && apt-get install -y --no-install-recommends redis-server >/dev/null 2>&1; } \
-		|| echo "could not install redis-server: the head fault-tolerance tests will be skipped"; \
-	fi
-
-test: lint browser redis
+test: lint tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # DuckDB's sqllogictest corpus (../shared/peer-sql, or $$SHARDFLOW_PEER_SQL) on a real

@@ -15,6 +15,7 @@ import pytest
 
 import shardflow
 from shardflow import tpch
+from shardflow.tools import netns
 from tests.support.chromium import CHROMIUM, Chromium
 
 
@@ -47,6 +48,17 @@ def redis_server() -> str:
             pytest.fail(f"{missing}, and SHARDFLOW_REQUIRE_REDIS=1")
         pytest.skip(missing)
     return found
+
+
+@pytest.fixture(scope="session")
+def network_namespaces() -> None:
+    """Root, iproute2, iptables and nsenter, for clusters in network namespaces."""
+    why = netns.available()
+    if why is not None:
+        missing = f"a cluster in network namespaces cannot run here: {why}"
+        if os.environ.get("SHARDFLOW_REQUIRE_NETNS") == "1":  # CI: the tests must run
+            pytest.fail(f"{missing}, and SHARDFLOW_REQUIRE_NETNS=1")
+        pytest.skip(missing)
 
 
 def listening_sockets() -> set[str]:

@@ -94,24 +94,43 @@ def non_loopback_sockets(pids: set[int]) -> list[str]:
     return bad
 
 
+def off_the_network(local: LocalRayCluster) -> list[str]:
+    """In a cluster in network namespaces, the connections of its namespaces with an
+    address neither on loopback nor in the cluster's own network (none elsewhere)."""
+    network = local.network
+    if network is None:
+        return []
+    ours = (f"{network.subnet}.", "127.")
+    return [
+        f"{member}: {mine} -> {peer}"
+        for member, mine, peer in network.sockets()
+        if not all(_host(a).startswith(ours) for a in (mine, peer))
+    ]
+
+
 def run_drill(
     local: LocalRayCluster, *args: str, watch: tuple[int, ...] = ()
 ) -> tuple[dict[str, Any], str, list[str]]:
-    """Run the drill (``args``) in a process of its own against ``local``; returns its
-    report, its output, and the sockets off loopback that the cluster, the drill or the
-    processes ``watch`` had meanwhile (the loopback proof, while the cluster serves and
+    """Run the drill (``args``) in a process of its own against ``local`` (in its clients'
+    namespace, for a cluster in network namespaces); returns its report, its output, and
+    the sockets off loopback (or off the cluster's own network) that the cluster, the drill
+    or the processes ``watch`` had meanwhile (the proof, while the cluster serves and
     heals)."""
     drill = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.tools.drill", "--address", local.address,
-         "--data-dir", local.data_dir, *args],
+        local.client_command([sys.executable, "-m", "shardflow.tools.drill",
+                              "--address", local.address, "--data-dir", local.data_dir, *args]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     off_loopback: list[str] = []
     try:
-        while drill.poll() is None:
+        while True:  # its output read as it comes: a full pipe would stop it
             off_loopback += non_loopback_sockets(our_pids(local, drill.pid, *watch))
-            time.sleep(1.0)
-        out, err = drill.communicate(timeout=60)
+            off_loopback += off_the_network(local)
+            try:
+                out, err = drill.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     finally:
         if drill.poll() is None:
             drill.kill()

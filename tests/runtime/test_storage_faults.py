@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from shardflow.errors import QueryError, StorageError
+from tests.support.disks import small_tmpfs
 from tests.support.local_cluster import LocalCluster, events
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -23,13 +24,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpf
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of 8 MiB, unmounted after the test."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "sf-test", str(mount)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "disk", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def _fill(cluster: LocalCluster, start: int) -> tuple[int, StorageError]:

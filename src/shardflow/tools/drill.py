@@ -6,12 +6,16 @@ cluster took to serve every shard again after each loss.
 ``python -m shardflow.tools.drill --address A --data-dir D --moves 20 --kill ray-2`` runs it
 against the local cluster of ``shardflow cluster up``; ``bench/cluster.py`` wraps it.
 
-With ``--nemesis kill,pause,head,flaky --faults N --seed S`` it plays a seeded schedule of
-faults under the same checked workload — a data node SIGKILLed (a new one joins after), a
-data node SIGSTOPped for a while, the head SIGKILLed (a cluster up with ``--ha``), a node
-whose worker fails a share of its fragments joining (a service started with
-``test_flaky_node="ray-flaky=SHARE"``) — prints each fault with its recovery time, and as
-its last line
+With ``--nemesis kill,pause,head,flaky,partition,disk --faults N --seed S`` it plays a
+seeded schedule of faults under the same checked workload — a data node SIGKILLed (a new one
+joins after), a data node SIGSTOPped for a while, the head SIGKILLed (a cluster up with
+``--ha``), a node whose worker fails a share of its fragments joining (a service started
+with ``test_flaky_node="ray-flaky=SHARE"``), the network cut (a cluster in network
+namespaces, the drill run in its clients' namespace: a data node from the head and the
+coordinator, this client from a data node, or what a data node sends this client), the
+data directory full for a while (one on a small filesystem, a tmpfs of fixed size: inserts
+are refused meanwhile and tried again, with the same batch id, until they land) — prints
+each fault with its recovery time, and as its last line
 ``faults=N failed_ops=F lost=L dup=D stale_reads=S max_recovery_s=R``
 (``bench/nemesis.py`` wraps it).
 """
@@ -33,9 +37,10 @@ import duckdb
 import pyarrow as pa
 
 from shardflow.api import Database, connect
-from shardflow.errors import Error, MigrationError, MoveRefusedError
+from shardflow.errors import Error, MigrationError, MoveRefusedError, StorageError
 from shardflow.runtime.ray.local import attached_node
-from shardflow.tools.localcluster import LocalRayCluster, descendants
+from shardflow.tools.localcluster import LocalNode, LocalRayCluster, descendants
+from shardflow.tools.netns import CLIENT
 
 EVENTS = "drill_events"
 FACTS = "drill_facts"
@@ -66,13 +71,27 @@ FLAKY = "flaky"
 FLAKY_NODE = "ray-flaky"
 """The Ray node a flaky fault starts: its worker fails a share of its fragments where the
 service runs with ``test_flaky_node="ray-flaky=SHARE"`` (``bench/nemesis.py`` does)."""
-NEMESIS_KINDS = ("kill", "pause", HEAD, FLAKY)
-"""The faults the nemesis plays (network partitions and full disks are tested apart; see
-the README's durability section)."""
+PARTITION = "partition"
+DISK = "disk"
+NEMESIS_KINDS = ("kill", "pause", HEAD, FLAKY, PARTITION, DISK)
+"""The faults the nemesis plays."""
+DISK_FULL_S = 3.0
+"""How long the nemesis keeps the data directory full."""
+SMALL_DISK_BYTES = 1 << 30
+"""The disk fault fills the data directory's filesystem: only one of at most this size."""
+BALLOON = ".drill-balloon"
+REFUSED_PAUSE_S = 0.1
+"""How long the inserter waits before it tries a refused insert again."""
 PAUSE_S = 2.0
 """How long a paused node stays stopped: under the 3 s in which Ray declares a node dead,
 so that it comes back as itself (a longer pause is a node loss)."""
-"""The tables the drill makes in the data directory (once: later drills reuse them)."""
+CUTS = {"node": 6.0, "client": 4.0, "one-way": 4.0}
+"""The partitions, and how long each lasts: a data node cut off from the head and the
+coordinator (longer than the 3 s in which the head declares it dead: it is failed over while
+it still runs, and its raylet ends once it hears it was), this client cut off from a data
+node both ways, and what a data node sends this client dropped (shorter than TCP's give-up
+time: the calls wait, then go on)."""
+NODE_END_WAIT_S = 30.0
 
 
 @dataclass
@@ -99,6 +118,8 @@ class DrillReport:
     """How each move cut short by the loss of the coordinator's node ended."""
     stale_reads: int = 0
     """Counts that missed rows acknowledged before the count started (or went down)."""
+    refused_inserts: int = 0
+    """Inserts refused because the data directory was full (tried again until they land)."""
     faults: list[str] = field(default_factory=list)
     """The nemesis's faults, each with its recovery time."""
     fault_recovery_s: list[float] = field(default_factory=list)
@@ -178,13 +199,21 @@ class Workload:
         while not self.stop.is_set():
             start = self.next_id
             self.next_id += BATCH
-            try:
-                self.db.insert(EVENTS, events(start, BATCH))
-            except Exception as error:
-                self._failed("insert", error)
-                continue
-            self.acked.extend(range(start, start + BATCH))
-            self.report.inserts += 1
+            batch_id = f"drill-{start}"
+            while True:
+                try:
+                    self.db.insert(EVENTS, events(start, BATCH), batch_id=batch_id)
+                except StorageError:  # the data directory is full: nothing of it was kept;
+                    self.report.refused_inserts += 1  # as a pipeline would, try it again
+                    if not self.stop.wait(REFUSED_PAUSE_S):
+                        continue
+                except Exception as error:
+                    self._failed("insert", error)
+                    break
+                else:
+                    self.acked.extend(range(start, start + BATCH))
+                    self.report.inserts += 1
+                break
 
     def _count(self) -> None:
         last = 0
@@ -519,6 +548,10 @@ def play_nemesis(
         elif kind == FLAKY:
             target = FLAKY_NODE
             recovery = flaky_node(db, local, report)
+        elif kind == PARTITION:
+            target, recovery = partition(db, local, rng, report)
+        elif kind == DISK:
+            target, recovery = "data-dir", disk_full(local, report)
         elif kind == "kill":
             node = rng.choice(victims)
             target, ray_node = kill(db, local, node.name)
@@ -545,7 +578,100 @@ def possible_faults(db: Database, local: LocalRayCluster) -> list[str]:
         kinds.append(HEAD)
     if db.settings.test_flaky_node.startswith(f"{FLAKY_NODE}="):
         kinds.append(FLAKY)
+    if local.network is not None:
+        kinds.append(PARTITION)
+    if small_disk(local.data_dir):
+        kinds.append(DISK)
     return kinds
+
+
+def small_disk(folder: str) -> bool:
+    """Whether ``folder`` is on a filesystem small enough to fill (:data:`SMALL_DISK_BYTES`)."""
+    found = os.statvfs(folder)
+    return found.f_blocks * found.f_frsize <= SMALL_DISK_BYTES
+
+
+def disk_full(local: LocalRayCluster, report: DrillReport) -> float:
+    """Fill the data directory's filesystem for :data:`DISK_FULL_S`, then make room again;
+    returns the seconds from then until an insert landed again."""
+    if not small_disk(local.data_dir):
+        raise ValueError(
+            "the disk fault fills the data directory's filesystem: put the data directory "
+            f"on one of at most {SMALL_DISK_BYTES >> 20} MiB (a tmpfs of fixed size)"
+        )
+    balloon = os.path.join(local.data_dir, BALLOON)
+    try:
+        with open(balloon, "wb", buffering=0) as out:  # each write reaches the disk
+            for size in (1 << 20, 1 << 12, 1):  # to the last byte
+                chunk = b"\0" * size
+                with contextlib.suppress(OSError):
+                    while True:
+                        out.write(chunk)
+                        out.flush()
+        refused = report.refused_inserts
+        deadline = time.monotonic() + DISK_FULL_S
+        while time.monotonic() < deadline:  # the inserts meet the full disk meanwhile
+            time.sleep(0.05)
+        if report.refused_inserts == refused:
+            report.failures.append("disk: no insert was refused while the disk was full")
+    finally:
+        os.unlink(balloon)
+    healed, landed = time.monotonic(), report.inserts
+    while report.inserts == landed:
+        if time.monotonic() > healed + RECOVERY_TIMEOUT_S:
+            raise TimeoutError(f"no insert landed {RECOVERY_TIMEOUT_S:g}s after the disk had room")
+        time.sleep(0.02)
+    return time.monotonic() - healed
+
+
+def partition(
+    db: Database, local: LocalRayCluster, rng: random.Random, report: DrillReport
+) -> tuple[str, float]:
+    """Cut the network (a cut of :data:`CUTS`, drawn with ``rng``) around a data node that
+    neither runs the coordinator nor this driver, for a while, then heal it; returns what
+    was cut and the seconds until every shard answered again: from the cut for a node cut
+    off (its shards are failed over meanwhile), from the heal for the client's cuts (its
+    calls to that node wait until then)."""
+    network = local.network
+    if network is None:
+        raise ValueError("the partition fault needs a cluster in network namespaces")
+    host = db.cluster.coordinator_host()
+    names = {n.node_id: n.name for n in local.nodes()}
+    cut = rng.choice(sorted(CUTS))
+    victims = [n for n in local.nodes() if not n.head and n.node_id not in (host, attached_node())]
+    node = rng.choice(victims)
+    started = time.monotonic()
+    if cut == "node":
+        network.cut(node.name, HEAD)
+        network.cut(node.name, names[host])
+    elif cut == "client":
+        network.cut(CLIENT, node.name)
+    else:
+        network.cut(node.name, CLIENT, one_way=True)
+    try:
+        if cut == "node":
+            recovery = wait_served(db, node.node_id, started)
+        time.sleep(max(0.0, started + CUTS[cut] - time.monotonic()))
+    finally:
+        network.heal()
+    if cut == "node":
+        report.lost.append(node.name)
+        _replace_cut_off(db, local, node, report)
+    else:
+        recovery = wait_served(db, "", time.monotonic())
+    return f"{cut} {node.name}", recovery
+
+
+def _replace_cut_off(
+    db: Database, local: LocalRayCluster, node: LocalNode, report: DrillReport
+) -> None:
+    """A node declared dead while cut off ends once it hears so from the head (its
+    raylet exits): wait for that (or stop it), and let a new node join in its place."""
+    deadline = time.monotonic() + NODE_END_WAIT_S
+    while node.alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    local.remove_node(node.name, kill=True)
+    rejoin(db, local, None, report)
 
 
 def flaky_node(db: Database, local: LocalRayCluster, report: DrillReport) -> float:

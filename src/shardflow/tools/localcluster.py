@@ -9,6 +9,11 @@ A cluster started with ``ha`` survives its head: the head keeps the cluster's st
 (one started here on loopback with a password of its own, or one the caller names), a keeper
 process starts the head again when it dies, at the same GCS port, and the running actors
 serve meanwhile (Ray's GCS fault tolerance).
+
+A cluster started with ``network`` (Linux, root) runs each Ray node in a network namespace of
+its own, with an address of its own, and has one more namespace for clients, with a Ray node
+of no CPUs for their drivers (``client_command``): links between them can be cut
+(``tools/netns.py``), as a network partition would.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from shardflow.catalog.lease import process_running
 from shardflow.config import LOOPBACK
 from shardflow.errors import ConfigError
+from shardflow.tools.netns import CLIENT, Network
 from shardflow.tools.raynode import PASSWORD_VARIABLE
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -70,6 +76,8 @@ class LocalNode:
     pid: int
     node_id: str
     head: bool = False
+    ip: str = LOOPBACK
+    """Its address: loopback, or its own in a cluster started with ``network``."""
 
     @property
     def alive(self) -> bool:
@@ -107,6 +115,9 @@ class LocalRayCluster:
         ha = self._ha_if_recorded()
         if ha is not None:
             state["ha"] = asdict(ha)
+        network = self._network_if_recorded()
+        if network is not None:
+            state["network"] = network.to_json()
         partial.write_text(json.dumps(state, indent=2))
         partial.replace(self.state_file)
 
@@ -119,6 +130,26 @@ class LocalRayCluster:
 
     _pending_ha: dict[str, object] | None = None
     """The ``ha`` part of a cluster being started (before its state is first saved)."""
+    _pending_network: Network | None = None
+    """The network of a cluster being started (before its state is first saved)."""
+
+    def _network_if_recorded(self) -> Network | None:
+        try:
+            recorded = json.loads(self.state_file.read_text()).get("network")
+        except FileNotFoundError:
+            return self._pending_network
+        return Network.from_json(recorded) if recorded else None
+
+    @property
+    def network(self) -> Network | None:
+        """The namespaces of a cluster started with ``network`` (else None)."""
+        return self._network_if_recorded()
+
+    def client_command(self, command: list[str]) -> list[str]:
+        """``command`` as run by a client of the cluster: in the clients' namespace where
+        the cluster has its own network (its driver attaches to the Ray node there)."""
+        network = self.network
+        return [*network.run_in(CLIENT), *command] if network is not None else command
 
     @property
     def ha(self) -> HighAvailability | None:
@@ -170,10 +201,12 @@ class LocalRayCluster:
         started: Callable[[LocalNode], None] | None = None,
         ha: bool = False,
         redis: Redis | None = None,
+        network: bool = False,
     ) -> None:
         """Start the head and ``data_nodes`` data nodes (``started`` is told of each). With
         ``ha`` the head survives: its state is kept in ``redis`` (else in a Redis server
-        started here, on loopback, with a password of its own) and a keeper restarts it."""
+        started here, on loopback, with a password of its own) and a keeper restarts it.
+        With ``network`` every node gets a network namespace of its own (root, Linux)."""
         if data_nodes < 1:
             raise ConfigError("a local cluster needs at least 1 data node")
         if self.running:
@@ -183,9 +216,12 @@ class LocalRayCluster:
             )
         if redis is not None and not ha:
             raise ConfigError("a Redis for the head's state is used with --ha")
+        if network and ha:
+            raise ConfigError("--ha and network namespaces are not combined yet")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.state_file.unlink(missing_ok=True)
         self._pending_ha = None
+        self._pending_network = Network.create(str(self.folder)) if network else None
         password = ""
         if ha:
             redis = redis if redis is not None else self._start_redis()
@@ -206,10 +242,13 @@ class LocalRayCluster:
             self._stop_redis()
             if self._pending_ha is not None:
                 shutil.rmtree(str(self._pending_ha["temp_dir"]), ignore_errors=True)
+            if self._pending_network is not None:
+                self._pending_network.remove()
             raise
         address = json.loads((self.folder / "head.json").read_text())["gcs_address"]
         self._save(str(address), [head], 1)
         self._pending_ha = None
+        self._pending_network = None
         if started is not None:
             started(head)
         try:
@@ -217,6 +256,9 @@ class LocalRayCluster:
                 node = self.add_node(object_store_mb)
                 if started is not None:
                     started(node)
+            if network:  # the clients' Ray node, of no CPUs: their drivers attach to it
+                client = self._start(CLIENT, self.address, object_store_mb, data=False)
+                self._save(self.address, [*self.nodes(), client], self._next_index())
         except BaseException:
             self.down()
             raise
@@ -228,8 +270,7 @@ class LocalRayCluster:
         ``name`` gives the name of a node that was removed (a machine that comes back).
         ``hide`` (tests; root and Linux only) gives the node a mount namespace of its own
         with an empty folder at that path: a machine whose own disk lacks the data."""
-        state = self._load()
-        index = int(state["next_index"])  # type: ignore[call-overload]
+        index = self._next_index()
         if name is None:
             name, index = f"ray-{index}", index + 1
         elif any(n.name == name for n in self.nodes()):
@@ -237,6 +278,9 @@ class LocalRayCluster:
         node = self._start(name, self.address, object_store_mb, data=True, hide=hide)
         self._save(self.address, [*self.nodes(), node], index)
         return node
+
+    def _next_index(self) -> int:
+        return int(str(self._load()["next_index"]))
 
     # -- the head's Redis ---------------------------------------------------------------
     _redis_pid = 0
@@ -355,6 +399,12 @@ class LocalRayCluster:
             command += ["--keep", "--redis", ha.redis, "--namespace", ha.namespace]
             command += ["--port", str(ha.port), "--temp-dir", ha.temp_dir]
         environment = dict(os.environ, **({PASSWORD_VARIABLE: password} if password else {}))
+        ip = LOOPBACK
+        network = self._network_if_recorded()
+        if network is not None:  # a namespace and an address of its own
+            ip = network.add(name)
+            self._keep_network(network)
+            command = [*network.run_in(name), *command, "--ip", ip]
         if hide is not None:  # an empty folder over `hide`, in this node's own mount namespace
             mount = 'mount -t tmpfs shardflow-hidden "$0" && exec "$@"'
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
@@ -381,7 +431,18 @@ class LocalRayCluster:
                 raise ConfigError(f"Ray node {name} did not start within {START_TIMEOUT_S:g}s")
             time.sleep(0.1)
         started = json.loads(info.read_text())
-        return LocalNode(name, process.pid, str(started["node_id"]), head=address is None)
+        return LocalNode(name, process.pid, str(started["node_id"]), address is None, ip)
+
+    def _keep_network(self, network: Network) -> None:
+        """Record the network's members (a namespace was added)."""
+        if not self.state_file.exists():
+            self._pending_network = network
+            return
+        state = json.loads(self.state_file.read_text())
+        state["network"] = network.to_json()
+        partial = self.state_file.with_suffix(".partial")
+        partial.write_text(json.dumps(state, indent=2))
+        partial.replace(self.state_file)
 
     # -- stopping ---------------------------------------------------------------------
     def remove_node(self, name: str, kill: bool = False) -> LocalNode:
@@ -409,8 +470,11 @@ class LocalRayCluster:
         except ConfigError:
             return
         ha = self._ha_if_recorded()
+        network = self._network_if_recorded()
         for node in sorted(nodes, key=lambda n: n.head):
             _stop(node.pid)
+        if network is not None:
+            network.remove()
         if ha is not None:
             self._stop_redis()
             shutil.rmtree(ha.temp_dir, ignore_errors=True)

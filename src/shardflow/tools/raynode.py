@@ -1,11 +1,13 @@
 """One Ray node of a local multi-node cluster, as a process of its own.
 
 ``python -m shardflow.tools.raynode --info FILE [--head | --address GCS]`` starts a Ray node
-— its own raylet and object store (the head also its GCS) — bound to 127.0.0.1, writes what
-it started to ``FILE`` and serves until it is told to stop (SIGTERM, SIGINT). Every process
-of the node is in this process's process group, so one ``SIGKILL`` to the group takes the
-whole node away at once, as a machine that dies would. ``tools/localcluster.py`` starts it;
-the node itself is started as ``runtime/ray/node.py`` says.
+— its own raylet and object store (the head also its GCS) — bound to 127.0.0.1 (or to the
+address ``--ip`` gives, in a network namespace of its own), writes what it started to
+``FILE`` and serves until it is told to stop (SIGTERM, SIGINT) or its raylet exits. Every
+process of the node descends from this process (Ray gives each worker a process group of
+its own), so SIGKILL to the tree takes the whole node away at once, as a machine that dies
+would. ``tools/localcluster.py`` starts it; the node itself is started as
+``runtime/ray/node.py`` says.
 
 A head that keeps its state in Redis (``--redis``, the password in ``SHARDFLOW_REDIS_PASSWORD``)
 can be started with ``--keep``: this process then starts the head as a child of its own and
@@ -24,11 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+from shardflow.config import LOOPBACK
 from shardflow.runtime.ray.names import DATA_NODE_RESOURCE, NAME_LABEL
 from shardflow.runtime.ray.node import (
     PROCESS_ENVIRONMENT,
     GcsStore,
     enable_token_auth,
+    raylet_ended,
     start_node,
 )
 
@@ -38,6 +42,7 @@ without fault tolerance would (its test must then fail)."""
 PASSWORD_VARIABLE = "SHARDFLOW_REDIS_PASSWORD"
 """The Redis password of ``--redis`` (kept off the command line, which every user sees)."""
 RESTART_PAUSE_S = 0.5
+RAYLET_POLL_S = 0.5
 STOP_TIMEOUT_S = 20.0
 
 
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis", help="host:port of the Redis that keeps the head's state")
     parser.add_argument("--namespace", default="shardflow", help="this cluster's prefix there")
     parser.add_argument("--keep", action="store_true", help="start the head again when it dies")
+    parser.add_argument("--ip", default=LOOPBACK, help="the node's address (default: loopback)")
     args = parser.parse_args(argv)
     if args.head == bool(args.address):
         parser.error("give exactly one of --head and --address")
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         store,
         args.port,
         args.temp_dir,
+        args.ip,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -99,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(info))
     partial.replace(target)
-    stop.wait()
+    while not stop.wait(RAYLET_POLL_S):
+        if raylet_ended(node):  # declared dead by the head: this node is over
+            print(f"the raylet of {args.name or 'this node'} exited; the node stops", flush=True)
+            break
     node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
 
 

@@ -264,12 +264,17 @@ class Session:
             )
             for node in by_node.keys() - replies.keys():  # its worker is gone: route again
                 pending.extend(by_node[node].values())
-            for node, reply in replies.items():
+            failed: Exception | None = None
+            for node, reply in replies.items():  # every reply read, whatever the first says
                 try:
                     reply.get()
                 except Retryable as error:
                     log.info("insert into %s retried on %s: %s", spec.name, node, error)
                     pending.extend(by_node[node].values())
+                except Exception as error:  # the insert's own error (a full disk): raised
+                    failed = failed or error  # once the other parts have answered
+            if failed is not None:
+                raise failed
             if pending:
                 raise Unfinished(f"{len(pending)} part(s) of the insert to place again")
 

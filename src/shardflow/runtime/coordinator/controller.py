@@ -20,7 +20,7 @@ from shardflow.config import Settings
 from shardflow.control import balancer, cost, forecast
 from shardflow.control.health import HealthSettings, HealthTracker, Transition
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
-from shardflow.errors import Error, MoveRefusedError, UnknownShardError, WorkerGone
+from shardflow.errors import Error, MoveRefusedError, StorageError, UnknownShardError, WorkerGone
 from shardflow.runtime.coordinator.migrator import Migrator, record
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
@@ -128,8 +128,8 @@ class Controller:
                 if not self.state.renew_lease():
                     log.error("another cluster took over the data directory; stopping")
                     self._stop.set()
-            except OSError as error:  # a flaky filesystem: the next renewal may work
-                log.warning("renewing the data directory lease failed: %s", error)
+            except (OSError, StorageError) as error:  # a flaky or full filesystem: the next
+                log.warning("renewing the data directory lease failed: %s", error)  # may work
 
     def _resume(self) -> None:
         try:

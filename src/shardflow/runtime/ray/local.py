@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,10 @@ def start_ray(address: str | None, settings: Settings) -> bool:
         folder = _folder_beside_head(address)
         if folder is not None:  # Ray would attach this driver to the head, and it would
             kwargs["_temp_dir"] = folder  # die with a head that dies (cluster up --ha)
+    else:
+        here = _own_node_address(address)
+        if here is not None:  # a local cluster in network namespaces: the node on this side
+            kwargs["_node_ip_address"] = here
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as error:
@@ -80,18 +85,7 @@ def _folder_beside_head(address: str) -> str | None:
     /proc), so that a cluster started with a folder of its own is joined as Ray would."""
     head: set[str] = set()
     others: set[str] = set()
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as raw:
-                arguments = raw.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not arguments[0].endswith("raylet") or f"--gcs-address={address}" not in arguments:
-            continue
+    for arguments in _raylets(address):
         folders = [a.split("=", 1)[1] for a in arguments if a.startswith("--temp_dir=")]
         if folders:
             (head if "--head" in arguments else others).update(folders[:1])
@@ -99,6 +93,41 @@ def _folder_beside_head(address: str) -> str | None:
         return None
     default = str(ray_utils.get_default_ray_temp_dir())  # type: ignore[no-untyped-call]
     return default if default in others else sorted(others)[0]
+
+
+def _own_node_address(address: str) -> str | None:
+    """The address of this machine toward the head at ``address``, where a Ray node of that
+    cluster runs on it (this process's namespace of a local cluster in network namespaces,
+    ``tools/netns.py``): the driver attaches to that node, not one across a cut. None
+    elsewhere (Ray finds its node as usual)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # chooses the route; sends nothing
+            here = str(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return None
+    for arguments in _raylets(address):
+        if f"--node_ip_address={here}" in arguments:
+            return here
+    return None
+
+
+def _raylets(address: str) -> Iterator[list[str]]:
+    """The command lines of the raylets of the cluster at ``address`` on this machine
+    (Linux: read from /proc)."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as raw:
+                arguments = raw.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if arguments[0].endswith("raylet") and f"--gcs-address={address}" in arguments:
+            yield arguments
 
 
 def attached_node() -> str:

@@ -81,18 +81,20 @@ def start_node(
     store: GcsStore | None = None,
     port: int | None = None,
     temp_dir: str | None = None,
+    ip: str = LOOPBACK,
 ) -> Any:
     """Start a Ray node. A head may be given its GCS ``port`` (a head started again must
     be found where it was) and a ``temp_dir`` (Ray's folder) of its own: Ray attaches a
     driver to the head first among the nodes of the driver's folder, and drivers on this
     machine must outlive a head that dies. Other nodes keep Ray's default folder (by
-    default they would take the head's)."""
+    default they would take the head's). ``ip``: the node's address (loopback, or its own
+    in a network namespace of the local cluster, ``tools/netns.py``)."""
     from ray._common.utils import get_default_ray_temp_dir
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
     params: dict[str, Any] = {
-        "node_ip_address": LOOPBACK,
+        "node_ip_address": ip,
         "num_cpus": num_cpus,
         "num_gpus": 0,
         "resources": resources,
@@ -120,3 +122,13 @@ def start_node(
     if not head:
         ray_params.dashboard_agent_listen_port = None  # any free port, not the head's
     return Node(ray_params, head=head, shutdown_at_exit=True, spawn_reaper=True)
+
+
+def raylet_ended(node: Any) -> bool:
+    """Whether a node's raylet has exited (and is reaped: Ray never waits for it). A raylet
+    that learns the GCS declared its node dead (cut off from the head for a while) exits by
+    itself; the node is over then."""
+    from ray._private import ray_constants
+
+    raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])
+    return any(info.process.poll() is not None for info in raylets)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from shardflow.catalog.store import IGNORE_FULL_VARIABLE
 from shardflow.errors import QueryError, StorageError
 from tests.support.disks import small_tmpfs
 from tests.support.local_cluster import LocalCluster, events
@@ -68,6 +69,16 @@ def test_inserts_past_a_full_disk_are_refused_and_resume_when_space_returns(
         _assert_holds(cluster, acked + 2000)
     finally:
         cluster.close()
+
+
+def test_the_full_disk_test_fails_where_a_refused_write_passes_for_done(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protection switched off (``SHARDFLOW_TEST_IGNORE_FULL_DISK``): inserts past full
+    are acknowledged, and the test above finds it."""
+    monkeypatch.setenv(IGNORE_FULL_VARIABLE, "1")
+    with pytest.raises(AssertionError, match="never filled up"):
+        test_inserts_past_a_full_disk_are_refused_and_resume_when_space_returns(small_disk)
 
 
 def test_a_read_only_data_directory_refuses_writes_and_takes_them_again(

@@ -92,6 +92,9 @@ it still runs, and its raylet ends once it hears it was), this client cut off fr
 node both ways, and what a data node sends this client dropped (shorter than TCP's give-up
 time: the calls wait, then go on)."""
 NODE_END_WAIT_S = 30.0
+OVERLAP_SHARE = 0.25
+"""The share of the nemesis's faults (other than pauses) during which another data node is
+paused too: faults overlap."""
 
 
 @dataclass
@@ -473,6 +476,7 @@ def run_drill(
     nemesis: list[str] | tuple[str, ...] = (),
     faults: int = 0,
     seed: int = 0,
+    overlap: float = OVERLAP_SHARE,
 ) -> DrillReport:
     """Under load: ``grow`` new Ray nodes join, ``moves`` shards move live, the Ray nodes
     in ``drains`` are drained and stopped, those in ``kills`` are SIGKILLed one after the
@@ -503,7 +507,7 @@ def run_drill(
         for name in rejoins:  # "lost": the first node this drill killed
             rejoin(db, local, lost[0] if name == LOST and lost else name, load.report)
         if faults:
-            play_nemesis(db, local, nemesis, faults, seed, load.report, settle_s)
+            play_nemesis(db, local, nemesis, faults, seed, load.report, settle_s, overlap)
         time.sleep(settle_s)
     report = load.report
     got = db.sql(f"SELECT id FROM {EVENTS} WHERE id >= {next_id}").column("id").to_pylist()
@@ -523,9 +527,11 @@ def play_nemesis(
     seed: int,
     report: DrillReport,
     settle_s: float,
+    overlap: float = OVERLAP_SHARE,
 ) -> None:
     """Play ``faults`` faults, one after another, each of a kind drawn from ``kinds`` with
-    ``seed``: each is printed with the seconds until every shard answered again."""
+    ``seed``, a share ``overlap`` of them while another data node is paused as well: each is
+    printed with the seconds until every shard answered again."""
     unknown = sorted(set(kinds) - set(NEMESIS_KINDS))
     if unknown or not kinds:
         raise ValueError(f"nemesis kinds are {', '.join(NEMESIS_KINDS)}, not {unknown or kinds}")
@@ -537,10 +543,15 @@ def play_nemesis(
             f'"{FLAKY_NODE}=SHARE" (bench/nemesis.py starts it so)'
         )
     rng = random.Random(seed)
+    overlaps = random.Random(seed + 1)  # apart: the faults themselves are drawn as before
     driver = attached_node()  # never the node this drill's own driver rides on
     schedule = [rng.choice(sorted(kinds)) for _ in range(faults)]  # then the victims
     for index, kind in enumerate(schedule):
         victims = [n for n in local.nodes() if not n.head and n.node_id != driver]
+        also = None
+        if kind != "pause" and overlaps.random() < overlap:
+            also = overlaps.choice(victims)
+            threading.Thread(target=pause, args=(also.pid, PAUSE_S), daemon=True).start()
         started = time.monotonic()
         if kind == HEAD:
             target, _ = kill(db, local, HEAD)
@@ -563,6 +574,8 @@ def play_nemesis(
             target = node.name
             pause(node.pid, PAUSE_S)
             recovery = wait_served(db, "", started)
+        if also is not None:
+            target += f" (and {also.name} paused)"
         report.faults.append(f"{kind} {target}")
         report.fault_recovery_s.append(recovery)
         print(f"fault {index + 1}/{faults}: {kind} {target}: served again after "
@@ -742,6 +755,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--faults", type=int, default=0, help="faults the nemesis plays")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the nemesis")
     parser.add_argument(
+        "--overlap",
+        type=float,
+        default=OVERLAP_SHARE,
+        help="the share of faults during which another data node is paused too",
+    )
+    parser.add_argument(
         "--drop-tables", action="store_true", help="drop the drill's tables when it is done"
     )
     args = parser.parse_args(argv)
@@ -762,6 +781,7 @@ def main(argv: list[str] | None = None) -> None:
             nemesis=[k for k in args.nemesis.split(",") if k] or possible_faults(db, local),
             faults=args.faults,
             seed=args.seed,
+            overlap=args.overlap,
         )
         if args.drop_tables:
             for name in TABLES:

@@ -31,6 +31,7 @@ COUNT = "SELECT count(*) AS n, sum(id) AS ids FROM events"
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path / "data")
     local.create_table("events", events(0, ROWS), "id")
+    local.session.create_table("kinds", pa.table({"k": [1, 2, 3]}), None, True, None)
     yield local
     local.close()
 
@@ -77,6 +78,11 @@ def partition_story(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> l
         try:
             cut_off.execute("SELECT count(*) FROM events", {"events": units}, catalog.epoch, {})
             wrong.append("reads: the cut-off node served a shard another node holds")
+        except Moved:
+            pass
+        try:  # its copy of a replicated table: no longer kept current
+            cut_off.execute("SELECT count(*) FROM kinds", {}, catalog.epoch, {})
+            wrong.append("reads: the cut-off node served a replicated table")
         except Moved:
             pass
         shard = cut_off.shards.get(("events", units[0]))

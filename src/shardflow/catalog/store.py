@@ -23,6 +23,7 @@ from shardflow.catalog.model import Catalog
 from shardflow.errors import OwnershipLostError, StorageError
 
 KEEP_VERSIONS = 5
+CATALOG_FOLDER = "catalog"
 LEASE_FILE = "owner.json"
 """The data directory's owner record (see ``shardflow.catalog.lease``)."""
 
@@ -217,7 +218,7 @@ class CatalogStore:
 
     def __init__(self, data_dir: DataDir) -> None:
         self._dir = data_dir
-        self._folder = data_dir.path("catalog")
+        self._folder = data_dir.path(CATALOG_FOLDER)
         data_dir.fs.create_dir(self._folder, recursive=True)
 
     def load(self) -> Catalog | None:

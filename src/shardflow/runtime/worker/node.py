@@ -25,7 +25,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, DataDir, OwnerToken, TableSpec
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec
+from shardflow.catalog.store import CATALOG_FOLDER
 from shardflow.config import Settings
 from shardflow.control.admission import Foreground
 from shardflow.engine import DuckDBEngine, distinct_names, query_error
@@ -58,6 +59,7 @@ from shardflow.runtime.worker.profile import (
 )
 from shardflow.runtime.worker.resident import KeepsFrames
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
+from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.calibration import calibrate, operator_mix
 from shardflow.telemetry.devices import NodeProfile, device_state, discover, memory_state
 
@@ -144,6 +146,8 @@ class WorkerNode:
         self.replicas: dict[str, Shard] = {}
         self._standing_views: set[str] = set()
         """Replicated tables with a view of their name in the engine."""
+        self._catalog_seen = 0
+        """The catalog folder's change time when this node last found itself a member."""
         self.loading: dict[str, dict[int | str, Shard]] = {}
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
@@ -267,6 +271,26 @@ class WorkerNode:
             self.release(shard)
             return None
         return shard
+
+    def _check_member(self) -> None:
+        """Serve no read once the catalog kept in the data directory no longer lists this
+        node (failed over while cut off from the coordinator, which could not tell it): its
+        copies of replicated tables may miss inserts acknowledged since (distributed shards
+        are fenced each by its holder record). The catalog is read again only when its
+        folder changed (a local data directory; elsewhere, not checked)."""
+        if not self.replicas or not self.data_dir.local or unfenced("reads"):
+            return
+        try:
+            stamp = os.stat(self.data_dir.path(CATALOG_FOLDER)).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if stamp == self._catalog_seen:
+            return
+        latest = CatalogStore(self.data_dir).load()
+        if latest is not None and latest.version > self.catalog.version:
+            if self.node_id not in latest.nodes:
+                raise Moved(f"replicas on {self.node_id}, no longer a member", latest.epoch)
+        self._catalog_seen = stamp
 
     def refresh_view(self, table: str) -> None:
         """The view named ``table`` reads this node's copy of a replicated table (dropped
@@ -467,6 +491,7 @@ class WorkerNode:
         started_at = time.time()
         started = time.perf_counter()
         rows_in = bytes_in = 0
+        self._check_member()
         with self.lock:
             views = self.views_for(bindings, epoch)
             reading = [(t, u) for t, units in bindings.items() for u in units]

@@ -146,6 +146,12 @@ def test_the_cluster_commands_attach_to_the_running_cluster_of_the_data_director
         assert history[-1]["to"] == target and history[-1]["phase"] == "done"
         plan = run("cluster", "rebalance", *common)
         assert plan.returncode == 0 and "balanced by" in plan.stdout
+        paused = run("cluster", "balancer", "pause", *common)
+        assert paused.returncode == 0 and "paused" in paused.stdout, paused.stdout[-2000:]
+        resumed = run("cluster", "balancer", "resume", *common)
+        assert resumed.returncode == 0 and "the balancer runs" in resumed.stdout
+        ended = run("cluster", "cancel", str(history[-1]["move"]), *common)
+        assert ended.returncode == 2 and "ended already" in ended.stdout, ended.stdout[-2000:]
         drained = run("cluster", "drain", target, *common)
         assert drained.returncode == 0 and f"drained {target}" in drained.stdout
         assert target not in {n["node"] for n in rows("nodes")}

@@ -226,6 +226,27 @@ class Cluster:
         return dict(self._db._session_or_raise().rebalance(dry_run))
 
     @_while_open
+    def cancel(self, move_id: str) -> MigrationRecord:
+        """Roll a running move, split, merge or drain step back, whatever its phase before
+        the switch: its copy stops at its next chunk, the source serves throughout, nothing
+        is lost; the move ends ``cancelled`` (``db.cluster.migrations()``, and counted as
+        such in /metrics). Raises :class:`MoveRefusedError` for a move not running, or one
+        past its switch (it ends as it would). Returns the move as it stood."""
+        return MigrationRecord.from_dict(self._db._session_or_raise().cancel(move_id))
+
+    @_while_open
+    def pause_balancer(self) -> bool:
+        """Start no balancing move until :meth:`resume_balancer` (moves running go on; a
+        suspect node is still evacuated, which protects the data). Returns whether it was
+        paused already."""
+        return bool(self._db._session_or_raise().pause_balancer(True))
+
+    @_while_open
+    def resume_balancer(self) -> bool:
+        """Let the balancer start moves again; returns whether it was paused."""
+        return bool(self._db._session_or_raise().pause_balancer(False))
+
+    @_while_open
     def record_access(self, denied_action: str | None) -> None:
         """Count a call refused at the door of a service built on this database
         (``shardflow serve``) in the coordinator's metrics: for the role's lack of

@@ -89,6 +89,11 @@ class MigrationError(MoveRefusedError):
         self.record = record
 
 
+class MoveCancelled(MoveRefusedError):
+    """A move an operator cancelled (``db.cluster.cancel``) stopped where it was and rolled
+    back: the source kept serving, nothing was lost."""
+
+
 class DrainTimeoutError(MoveRefusedError):
     """A drain did not finish by its deadline; the node keeps serving what it still holds.
     ``moved`` lists the moves that did finish."""

@@ -15,6 +15,7 @@ import pyarrow.flight as flight
 import pytest
 
 import shardflow
+from shardflow.errors import MoveRefusedError
 from shardflow.flightsql import wire as fsql
 from tests.service.conftest import PASSWORDS, Served, sample_table
 
@@ -156,6 +157,10 @@ def test_remote_database_has_the_local_methods(served: Served) -> None:
         plan = db.cluster.rebalance(dry_run=True)
         assert isinstance(plan, dict)
         json.dumps(plan)
+        assert db.cluster.pause_balancer() is False and db.cluster.pause_balancer() is True
+        assert db.cluster.resume_balancer() is True
+        with pytest.raises(MoveRefusedError, match="ended already"):
+            db.cluster.cancel(record.move_id)
 
 
 def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> None:

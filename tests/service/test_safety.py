@@ -126,6 +126,8 @@ def test_roles_guard_every_change_and_a_denied_call_changes_nothing(served: Serv
             lambda: alice.cluster.drain(nodes[0]),
             lambda: alice.cluster.drain_host("any-ray-node"),
             lambda: alice.cluster.rebalance(dry_run=False),
+            lambda: alice.cluster.cancel("any-move"),
+            lambda: alice.cluster.pause_balancer(),
             lambda: alice.cluster.nodes(),
             lambda: alice.insert("t", sample_table(5)),
             lambda: alice.drop_table("t"),

@@ -19,6 +19,7 @@ def test_exported_members() -> None:
         "Error",
         "MigrationError",
         "MigrationRecord",
+        "MoveCancelled",
         "MoveRefusedError",
         "NodeInfo",
         "OwnershipLostError",

@@ -161,6 +161,43 @@ def cluster_drain(
         print_table(_moves_table(moved))
 
 
+@cluster_app.command("cancel")
+def cluster_cancel(
+    move_id: Annotated[str, typer.Argument(help="The move's id (`shardflow cluster migrations`).")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = None,
+    address: Address = None,
+    user: User = None,
+    token: Token = None,
+) -> None:
+    """Roll a running move, split, merge or drain step back: its copy stops, the source
+    serves throughout, nothing is lost."""
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
+        record = db.cluster.cancel(move_id)
+    console.print(f"move {move_id} ({record.kind}, in {record.phase}) is rolled back")
+
+
+@cluster_app.command("balancer")
+def cluster_balancer(
+    action: Annotated[str, typer.Argument(help="pause or resume")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = None,
+    address: Address = None,
+    user: User = None,
+    token: Token = None,
+) -> None:
+    """Pause the balancer (it starts no move; moves running go on, a suspect node is still
+    evacuated) or resume it, while the cluster runs."""
+    if action not in ("pause", "resume"):
+        raise ConfigError(f"`cluster balancer` takes pause or resume, not {action!r}")
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
+        was = db.cluster.pause_balancer() if action == "pause" else db.cluster.resume_balancer()
+    if action == "pause":
+        console.print("the balancer is paused" + (" (it was already)" if was else ""))
+    else:
+        console.print("the balancer runs" + ("" if was else " (it was not paused)"))
+
+
 @cluster_app.command("rebalance")
 def cluster_rebalance(
     apply: Annotated[

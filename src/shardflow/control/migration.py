@@ -167,7 +167,20 @@ class Failed:
     reason: str
 
 
-Event = PrecheckDone | Copied | CaughtUp | Fenced | Verified | Switched | CleanedUp | Failed
+@dataclass(frozen=True)
+class Cancelled:
+    """An operator cancelled the move: rolled back before the switch (outcome
+    ``cancelled: ...``); once switched it is done already, and ends as it would."""
+
+    reason: str
+
+
+CANCELLED = "cancelled"
+"""How the outcome of a cancelled move begins."""
+
+Event = (
+    PrecheckDone | Copied | CaughtUp | Fenced | Verified | Switched | CleanedUp | Failed | Cancelled
+)
 
 
 # -- actions (what to do next) -----------------------------------------------------------
@@ -279,6 +292,10 @@ def step(
         return state, []
     if isinstance(event, Failed):
         return _transition_failed(state, event, now)
+    if isinstance(event, Cancelled):
+        if state.phase in BEFORE_SWITCH:
+            return _transition_failed(state, Failed(event.reason), now, CANCELLED)
+        return state, []  # switched: nothing to undo, the move ends as it would
     handler = _HANDLERS.get((state.phase, type(event)))
     if handler is None:
         return _transition_failed(
@@ -387,12 +404,12 @@ def _transition_cleanup_done(
 
 
 def _transition_failed(
-    state: MigrationState, event: Failed, now: float
+    state: MigrationState, event: Failed, now: float, how: str = "rolled back"
 ) -> tuple[MigrationState, list[Action]]:
     if state.phase in BEFORE_SWITCH:
         fence = now - state.fenced_at if state.fenced_at is not None else 0.0
         rolled = state._enter(
-            Phase.ROLLED_BACK, now, outcome=f"rolled back: {event.reason}", fence_seconds=fence
+            Phase.ROLLED_BACK, now, outcome=f"{how}: {event.reason}", fence_seconds=fence
         )
         return rolled, [RollBack(event.reason)]
     if state.phase == Phase.SWITCH:  # routing may have changed: find out, never undo

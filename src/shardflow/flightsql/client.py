@@ -95,6 +95,15 @@ class RemoteCluster:
         arguments = {"ray_node_id": ray_node_id, "deadline": deadline}
         return [self._record(r) for r in self._db._action("drain_host", arguments)]
 
+    def cancel(self, move_id: str) -> MigrationRecord:
+        return self._record(self._db._action("cancel", {"move_id": move_id}))
+
+    def pause_balancer(self) -> bool:
+        return bool(self._db._action("pause_balancer", {}))
+
+    def resume_balancer(self) -> bool:
+        return bool(self._db._action("resume_balancer", {}))
+
     def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
         plan: dict[str, Any] = self._db._action("rebalance", {"dry_run": dry_run})
         return plan

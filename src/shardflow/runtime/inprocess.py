@@ -200,6 +200,9 @@ class LocalWorker:
     def abort_import(self, move_id: str) -> Reply[None]:
         return self._call(lambda: self.node.target.abort(move_id))
 
+    def cancel_import(self, move_id: str) -> Reply[None]:
+        return self._call(lambda: self.node.target.cancel(move_id))
+
 
 class LocalSourceLink:
     """A target's link to a source worker in the same process."""
@@ -341,6 +344,12 @@ class LocalCoordinator:
 
     def rebalance(self, dry_run: bool) -> Reply[dict[str, Any]]:
         return self._call(lambda: self.node.rebalance(dry_run))
+
+    def cancel(self, move_id: str) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.cancel(move_id))
+
+    def pause_balancer(self, paused: bool) -> Reply[bool]:
+        return self._call(lambda: self.node.pause_balancer(paused))
 
     def reserve_node(self) -> Reply[str]:
         return self._call(self.node.reserve_node)

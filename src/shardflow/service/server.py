@@ -78,6 +78,9 @@ CONTROL_ACTIONS = {
     "drain": "operator",
     "drain_host": "operator",
     "rebalance": "operator",
+    "cancel": "operator",
+    "pause_balancer": "operator",
+    "resume_balancer": "operator",
     "add_node": "operator",
     "nodes": "operator",
     "shards": "operator",
@@ -781,6 +784,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return _json(cluster.drain_host(_arg(arguments, "ray_node_id", str), deadline))
         if kind == "rebalance":
             return _json(cluster.rebalance(bool(arguments.get("dry_run", True))))
+        if kind == "cancel":
+            return _json(cluster.cancel(_arg(arguments, "move_id", str)))
+        if kind == "pause_balancer":
+            return _json(cluster.pause_balancer())
+        if kind == "resume_balancer":
+            return _json(cluster.resume_balancer())
         if kind == "add_node":
             return _json(cluster.add_node())
         if kind == "nodes":

@@ -174,6 +174,8 @@ class Recorder:
 
     def move(self, record: Mapping[str, Any]) -> None:
         outcome = "done" if record["phase"] == "done" else "rolled_back"
+        if str(record.get("outcome", "")).startswith("cancelled"):
+            outcome = "cancelled"
         self.moves.labels(record["kind"], outcome).inc()
         self.move_seconds.observe(record["seconds"])
         for phase, seconds in record["phase_seconds"].items():

@@ -400,6 +400,12 @@ class Session:
     def merge(self, first: int, second: int) -> dict[str, Any]:
         return self._change("merge", lambda c: c.merge(first, second))
 
+    def cancel(self, move_id: str) -> dict[str, Any]:
+        return self._change("cancel", lambda c: c.cancel(move_id))
+
+    def pause_balancer(self, paused: bool) -> bool:
+        return self._change("pause_balancer", lambda c: c.pause_balancer(paused))
+
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         if dry_run:  # only looks: retried while the coordinator restarts
             return self._read("a rebalancing plan", lambda c: c.rebalance(True))

@@ -66,6 +66,8 @@ class Controller:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._balancing = threading.Lock()
+        self.balancer_paused = threading.Event()
+        """Set while an operator paused the balancer (``pause_balancer``)."""
         self._last_reports: dict[str, LoadReport] = {}
         self._previous_load: float | None = None
         self._unbalanced_polls = 0
@@ -472,6 +474,22 @@ class Controller:
         self.state.data_dir.write_atomic(self._history_path(), payload)
         self._history_saved = now
 
+    def cancel(self, move_id: str) -> dict[str, Any]:
+        """Roll a running move back (``Migrator.cancel``); the move as it stands."""
+        state = self.migrator.cancel(move_id)
+        return record(state, self.state.catalog.group_tables(state.plan.group))
+
+    def pause_balancer(self, paused: bool) -> bool:
+        """Start no balancing move while ``paused`` (moves running go on; a suspect node is
+        still evacuated: that protects the data); returns whether it was paused before."""
+        before = self.balancer_paused.is_set()
+        if paused:
+            self.balancer_paused.set()
+        else:
+            self.balancer_paused.clear()
+        log.warning("the balancer is %s", "paused" if paused else "running again")
+        return before
+
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         """Decide now; unless ``dry_run``, carry the decision out."""
         with self._balancing:
@@ -507,8 +525,12 @@ class Controller:
                 with self._balancing:
                     decision = self.decide()  # keeps the load rates fresh either way
                     evacuating = any(_evacuation(a) for a in decision.actions)
-                    if not self.settings.auto_balance and not evacuating:
+                    balancing = self.settings.auto_balance and not self.balancer_paused.is_set()
+                    if not balancing and not evacuating:
                         continue
+                    if not balancing:  # paused: only what protects the data
+                        evacuations = tuple(a for a in decision.actions if _evacuation(a))
+                        decision = replace(decision, actions=evacuations)
                     # act on an imbalance seen twice in a row, not on one noisy window; a
                     # suspect node is evacuated at once
                     self._unbalanced_polls = self._unbalanced_polls + 1 if decision.actions else 0

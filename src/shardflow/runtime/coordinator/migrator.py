@@ -14,7 +14,9 @@ from typing import Any
 
 from shardflow.control import migration
 from shardflow.control.migration import (
+    BEFORE_SWITCH,
     Action,
+    Cancelled,
     CatchUp,
     CaughtUp,
     CleanedUp,
@@ -36,7 +38,7 @@ from shardflow.control.migration import (
     SwitchRouting,
     VerifyCopy,
 )
-from shardflow.errors import Error
+from shardflow.errors import Error, MoveRefusedError
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import Reply, Worker, Workers
 
@@ -68,6 +70,10 @@ class Migrator:
         self.history: list[MigrationState] = self._load()
         self._promoted: set[str] = set()
         """Moves whose target serves the new shards since its fence (see ``apply_final``)."""
+        self._running: dict[str, MigrationState] = {}
+        """The moves being driven now, as they stand."""
+        self._cancelled: dict[str, str] = {}
+        """Moves an operator cancelled, and who (they roll back at their next step)."""
 
     # -- persistence -----------------------------------------------------------------------
     def _load(self) -> list[MigrationState]:
@@ -104,6 +110,26 @@ class Migrator:
         finally:
             self.state.finish_move(plan)
 
+    def cancel(self, move_id: str, by: str = "an operator") -> MigrationState:
+        """Roll a running move back (its copy stops at its next chunk, any later phase at
+        its next step, the source serving throughout); returns the move as it stands.
+        Refused for a move not running; one past its switch ends as it would (nothing is
+        left to undo)."""
+        state = self._running.get(move_id)
+        if state is None:
+            done = next((m for m in self.history if m.plan.move_id == move_id), None)
+            if done is not None:
+                raise MoveRefusedError(f"move {move_id} has ended already ({done.outcome})")
+            raise MoveRefusedError(f"no move {move_id}; see db.cluster.migrations()")
+        if state.phase not in BEFORE_SWITCH:
+            raise MoveRefusedError(f"move {move_id} has switched already: it ends as it would")
+        self._cancelled[move_id] = by
+        try:
+            self._target(state.plan).cancel_import(move_id).get(PRECHECK_TIMEOUT_S)
+        except Error as error:  # its target is gone: the move fails anyway
+            log.info("cancelling the copy of %s: %s", move_id, error)
+        return state
+
     def resume_unfinished(self) -> list[MigrationState]:
         """After a coordinator restart: finish switched moves, roll back the others."""
         finished = []
@@ -115,11 +141,26 @@ class Migrator:
         return finished
 
     def _drive(self, state: MigrationState, actions: list[Action]) -> MigrationState:
+        move_id = state.plan.move_id
+        try:
+            return self._steps(state, actions)
+        finally:
+            self._running.pop(move_id, None)
+            self._cancelled.pop(move_id, None)
+
+    def _steps(self, state: MigrationState, actions: list[Action]) -> MigrationState:
         self._persist(state)
+        move_id = state.plan.move_id
         for _ in range(MAX_ACTIONS):
+            self._running[move_id] = state
             if not actions:
                 break
-            event = self._carry_out(state, actions[0])
+            if move_id in self._cancelled and state.phase in BEFORE_SWITCH:
+                event: Event | None = Cancelled(f"by {self._cancelled[move_id]}")
+            else:
+                event = self._carry_out(state, actions[0])
+                if isinstance(event, Failed) and move_id in self._cancelled:
+                    event = Cancelled(f"by {self._cancelled[move_id]}")  # its copy stopped
             if event is None:
                 break
             state, actions = migration.step(state, event, time.time(), self.policy)

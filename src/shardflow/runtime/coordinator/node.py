@@ -111,6 +111,12 @@ class CoordinatorNode:
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         return self.controller.rebalance(dry_run)
 
+    def cancel(self, move_id: str) -> dict[str, Any]:
+        return self.controller.cancel(move_id)
+
+    def pause_balancer(self, paused: bool) -> bool:
+        return self.controller.pause_balancer(paused)
+
     def reserve_node(self) -> str:
         return self.state.reserve_node()
 

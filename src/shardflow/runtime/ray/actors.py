@@ -177,6 +177,14 @@ class CoordinatorService:
         return self.node.rebalance(dry_run)
 
     @ray.method
+    def cancel(self, move_id: str) -> dict[str, Any]:
+        return self.node.cancel(move_id)
+
+    @ray.method
+    def pause_balancer(self, paused: bool) -> bool:
+        return self.node.pause_balancer(paused)
+
+    @ray.method
     def reserve_node(self) -> str:
         return self.node.reserve_node()
 
@@ -430,6 +438,10 @@ class WorkerService:
     @ray.method
     def abort_import(self, move_id: str) -> None:
         self.node.target.abort(move_id)
+
+    @ray.method
+    def cancel_import(self, move_id: str) -> None:
+        self.node.target.cancel(move_id)
 
 
 CoordinatorActor = ray.remote(CoordinatorService)

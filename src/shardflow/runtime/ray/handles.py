@@ -195,6 +195,9 @@ class RayWorker:
     def abort_import(self, move_id: str) -> Reply[None]:
         return self._reply(self.handle.abort_import.remote(move_id))
 
+    def cancel_import(self, move_id: str) -> Reply[None]:
+        return self._reply(self.handle.cancel_import.remote(move_id))
+
 
 class _Executed:
     """A fragment's result and measurements, both on their way through the object store."""
@@ -405,6 +408,12 @@ class RayCoordinator:
 
     def rebalance(self, dry_run: bool) -> Reply[dict[str, Any]]:
         return self._reply(self.handle.rebalance.remote(dry_run))
+
+    def cancel(self, move_id: str) -> Reply[dict[str, Any]]:
+        return self._reply(self.handle.cancel.remote(move_id))
+
+    def pause_balancer(self, paused: bool) -> Reply[bool]:
+        return self._reply(self.handle.pause_balancer.remote(paused))
 
     def reserve_node(self) -> Reply[str]:
         return self._reply(self.handle.reserve_node.remote())

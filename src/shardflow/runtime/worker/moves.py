@@ -34,7 +34,7 @@ from shardflow.control.migration import (
 )
 from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows, quote
-from shardflow.errors import Moved
+from shardflow.errors import MoveCancelled, Moved
 from shardflow.runtime.protocol import (
     ChangeSet,
     CopyResult,
@@ -292,6 +292,8 @@ class Import:
     compacted: bool = False
     """Whether the copy's rows were compressed (at the first catch-up)."""
     release_compaction: Callable[[], None] = lambda: None
+    cancelled: bool = False
+    """An operator cancelled the move: the copy stops at its next chunk."""
     """Lets the engine's compactor at the new shards again (held back while they are built)."""
 
     @property
@@ -331,6 +333,8 @@ class TargetSide:
             for key, pin in pinned.shards.items():
                 last = time.monotonic()
                 for chunk in source.chunks(plan.move_id, key):
+                    if move.cancelled:
+                        raise MoveCancelled(f"move {plan.move_id} was cancelled during its copy")
                     rows += self._stage(move, key, chunk)
                     size += chunk.nbytes
                     slowdown = self.node.foreground_slowdown()
@@ -351,9 +355,17 @@ class TargetSide:
         move.stored = self._stored_checksums(move)
         return CopyResult(rows, size)
 
+    def cancel(self, move_id: str) -> None:
+        """Stop the copy of a move an operator cancelled (its roll-back follows)."""
+        move = self.imports.get(move_id)
+        if move is not None:
+            move.cancelled = True
+
     def catch_up(self, move_id: str, link: Callable[[str], SourceLink]) -> int:
         """Apply what the sources took in since the last pull; returns those rows."""
         move = self.imports[move_id]
+        if move.cancelled:
+            raise MoveCancelled(f"move {move_id} was cancelled")
         if not move.compacted:
             # the copy is compressed here, where only the move waits for it (the sources
             # take writes meanwhile; this round carries them): left to the compactor, it

@@ -1,0 +1,96 @@
+"""An operator stops a move: ``cancel`` rolls a running move back in the middle of its copy
+(the copy stops at its next chunk), the source serves every row throughout, the target keeps
+nothing, the move ends ``cancelled`` and is counted so; a move that ended is refused. The
+balancer can be paused and resumed at run time. In process: real workers, DuckDB, files."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from shardflow.errors import MoveRefusedError
+from shardflow.runtime.worker import moves
+from tests.support.local_cluster import ROWS, LocalCluster, assert_serves, events
+
+
+@pytest.fixture
+def slow_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """A cluster whose moves copy small chunks at 50 KB/s: a copy lasts seconds."""
+    monkeypatch.setattr(moves, "CHUNK_ROWS", 500)
+    local = LocalCluster(tmp_path / "data", migration_bandwidth_mb_s=0.05)
+    local.create_table("events", events(0, ROWS), "id")
+    yield local
+    local.close()
+
+
+def running_move(cluster: LocalCluster, phase: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for state in list(cluster.controller.migrator.history):
+            if not state.done and state.phase.value == phase:
+                return state.plan.move_id
+        time.sleep(0.02)
+    raise AssertionError(f"no move reached {phase}")
+
+
+def test_a_move_cancelled_during_its_copy_rolls_back_and_loses_nothing(
+    slow_moves: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = slow_moves
+    staged: list[int] = []
+    stage = moves.TargetSide._stage
+
+    def counted(side: moves.TargetSide, move: moves.Import, *args: Any) -> int:
+        staged.append(1)
+        return stage(side, move, *args)
+
+    monkeypatch.setattr(moves.TargetSide, "_stage", counted)
+    unit = cluster.units("events")[0]
+    chunks = -(-cluster.workers.get(unit.node).node.shards[("events", unit.unit_id)].rows // 500)
+    to = next(n for n in cluster.catalog.nodes if n != unit.node)
+    outcome: dict[str, Any] = {}
+
+    def move() -> None:
+        outcome["record"] = cluster.migrate(unit.unit_id, to)
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    move_id = running_move(cluster, "copy")
+    cluster.insert("events", events(ROWS, 100))  # the source takes writes meanwhile
+    cancelled = cluster.session.cancel(move_id)
+    mover.join(timeout=60)
+    assert cancelled["move_id"] == move_id and cancelled["phase"] == "copy"
+    record = outcome["record"]
+    assert record["phase"] == "rolled_back" and record["outcome"].startswith("cancelled"), record
+    assert chunks > 4 and len(staged) < chunks / 2, f"the copy went on: {len(staged)}/{chunks}"
+    assert cluster.catalog.group_of("events").unit(unit.unit_id).node == unit.node
+    target = cluster.workers.get(to).node
+    assert ("events", unit.unit_id) not in target.shards and not target.target.imports
+    assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 100)]))
+    assert cluster.moves_counted("move", "cancelled") == 1
+    assert cluster.moves_counted("move", "rolled_back") == 0
+    with pytest.raises(MoveRefusedError, match="ended already"):
+        cluster.session.cancel(move_id)
+    with pytest.raises(MoveRefusedError, match="no move"):
+        cluster.session.cancel("m-nonesuch")
+    # and a move not cancelled still goes through
+    assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
+
+
+def test_the_balancer_is_paused_and_resumed_at_run_time(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "data")
+    try:
+        controller = cluster.controller
+        assert cluster.session.pause_balancer(True) is False
+        assert controller.balancer_paused.is_set()
+        assert cluster.session.pause_balancer(True) is True
+        assert cluster.session.pause_balancer(False) is True
+        assert not controller.balancer_paused.is_set()
+    finally:
+        cluster.close()

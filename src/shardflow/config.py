@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,10 @@ class Settings:
             ``shardflow cluster remove-node`` is drained first. Off: only ``add_node`` adds
             workers.
         auto_balance: whether the coordinator rebalances by itself every balance interval.
+        balance_hours: the hours of the day (UTC) in which the balancer may start moves by
+            itself, e.g. ``"22-6"`` (22:00 to 05:59) or ``"0-5,13"``; empty (the default):
+            any hour. A suspect node is evacuated at any hour; ``db.cluster.rebalance()``
+            and ``pause_balancer()`` are not held to it.
         balance_interval_s: how often the coordinator reads load and sizes and decides.
         utilization_threshold: a node busier than this (busy fraction of execution time over
             the last interval) sheds load.
@@ -168,6 +173,7 @@ class Settings:
     health_misses: int = 3
     auto_join: bool = True
     auto_balance: bool = True
+    balance_hours: str = ""
     balance_interval_s: float = 5.0
     utilization_threshold: float = 0.80
     balance_tolerance: float = 0.10
@@ -249,6 +255,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
+        hours_of(self.balance_hours)  # a bad window is refused here
         if self.engine not in ENGINES:
             raise ConfigError(f"setting engine must be one of {', '.join(ENGINES)}")
         if self.test_fault_move_copy not in MOVE_COPY_FAULTS:
@@ -276,6 +283,10 @@ class Settings:
             raise ConfigError("setting metrics_port must be a port number (0: any free port)")
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:
             raise ConfigError("settings need 0 < min_shard_bytes < max_shard_bytes")
+
+    def balances_at(self, hour: int) -> bool:
+        """Whether the balancer may start moves by itself at ``hour`` (UTC, 0-23)."""
+        return hour in hours_of(self.balance_hours)
 
     def flaky_node(self) -> tuple[str, float] | None:
         """``test_flaky_node`` read: (node, share of fragments to fail), or None (off)."""
@@ -337,6 +348,33 @@ class Settings:
 
 LOOPBACK = "127.0.0.1"
 """Where everything of shardflow listens unless told otherwise: this machine only."""
+
+
+@functools.lru_cache(maxsize=64)
+def hours_of(window: str) -> frozenset[int]:
+    """The hours (0-23) that a window such as ``"22-6,13"`` names (a range past midnight
+    wraps); every hour for ``""``.
+
+    >>> sorted(hours_of("22-1,13"))
+    [0, 1, 13, 22, 23]
+    """
+    if not window.strip():
+        return frozenset(range(24))
+    hours: set[int] = set()
+    for part in window.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            start, end = int(first), int(last if dash else first)
+        except ValueError:
+            start = end = -1
+        if not (0 <= start <= 23 and 0 <= end <= 23):
+            raise ConfigError(
+                f'setting balance_hours takes hours 0-23 and ranges such as "22-6,13", '
+                f"not {window!r}"
+            )
+        span = end - start if end >= start else end + 24 - start
+        hours.update((start + step) % 24 for step in range(span + 1))
+    return frozenset(hours)
 
 
 def is_loopback(address: str) -> bool:

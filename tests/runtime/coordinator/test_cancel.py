@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from shardflow.errors import MoveRefusedError
+from shardflow.config import Settings
+from shardflow.errors import ConfigError, MoveRefusedError
 from shardflow.runtime.worker import moves
 from tests.support.local_cluster import ROWS, LocalCluster, assert_serves, events
 
@@ -59,12 +60,24 @@ def test_a_move_cancelled_during_its_copy_rolls_back_and_loses_nothing(
     def move() -> None:
         outcome["record"] = cluster.migrate(unit.unit_id, to)
 
-    mover = threading.Thread(target=move)
+    acked: list[pa.Table] = []
+    stop = threading.Event()
+
+    def insert() -> None:  # the source takes writes throughout
+        start = ROWS
+        while not stop.is_set():
+            cluster.insert("events", events(start, 20))
+            acked.append(events(start, 20))
+            start += 20
+
+    mover, inserter = threading.Thread(target=move), threading.Thread(target=insert)
     mover.start()
+    inserter.start()
     move_id = running_move(cluster, "copy")
-    cluster.insert("events", events(ROWS, 100))  # the source takes writes meanwhile
     cancelled = cluster.session.cancel(move_id)
     mover.join(timeout=60)
+    stop.set()
+    inserter.join(timeout=60)
     assert cancelled["move_id"] == move_id and cancelled["phase"] == "copy"
     record = outcome["record"]
     assert record["phase"] == "rolled_back" and record["outcome"].startswith("cancelled"), record
@@ -72,7 +85,8 @@ def test_a_move_cancelled_during_its_copy_rolls_back_and_loses_nothing(
     assert cluster.catalog.group_of("events").unit(unit.unit_id).node == unit.node
     target = cluster.workers.get(to).node
     assert ("events", unit.unit_id) not in target.shards and not target.target.imports
-    assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 100)]))
+    assert acked, "no insert landed while the move ran"
+    assert_serves(cluster, pa.concat_tables([events(0, ROWS), *acked]))
     assert cluster.moves_counted("move", "cancelled") == 1
     assert cluster.moves_counted("move", "rolled_back") == 0
     with pytest.raises(MoveRefusedError, match="ended already"):
@@ -83,14 +97,23 @@ def test_a_move_cancelled_during_its_copy_rolls_back_and_loses_nothing(
     assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
 
 
-def test_the_balancer_is_paused_and_resumed_at_run_time(tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path / "data")
+def test_the_balancer_is_paused_resumed_and_held_to_its_hours(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "data", balance_hours="22-2")
     try:
         controller = cluster.controller
+        assert not any(controller.may_balance(h) for h in range(24))  # auto_balance is off
+        controller.settings = controller.settings.replace(auto_balance=True)
+        assert [h for h in range(24) if controller.may_balance(h)] == [0, 1, 2, 22, 23]
         assert cluster.session.pause_balancer(True) is False
-        assert controller.balancer_paused.is_set()
+        assert controller.balancer_paused.is_set() and not controller.may_balance(23)
         assert cluster.session.pause_balancer(True) is True
         assert cluster.session.pause_balancer(False) is True
-        assert not controller.balancer_paused.is_set()
+        assert not controller.balancer_paused.is_set() and controller.may_balance(23)
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize("window", ["25", "a-b", "1-", "-3", "3--4"])
+def test_a_bad_balancing_window_is_refused(window: str) -> None:
+    with pytest.raises(ConfigError, match="balance_hours"):
+        Settings(balance_hours=window)

@@ -490,6 +490,15 @@ class Controller:
         log.warning("the balancer is %s", "paused" if paused else "running again")
         return before
 
+    def may_balance(self, hour: int) -> bool:
+        """Whether the balancer may start moves by itself now (``hour``: UTC): on, not
+        paused, within ``balance_hours``. (A suspect node is evacuated either way.)"""
+        return (
+            self.settings.auto_balance
+            and not self.balancer_paused.is_set()
+            and self.settings.balances_at(hour)
+        )
+
     def rebalance(self, dry_run: bool) -> dict[str, Any]:
         """Decide now; unless ``dry_run``, carry the decision out."""
         with self._balancing:
@@ -525,7 +534,7 @@ class Controller:
                 with self._balancing:
                     decision = self.decide()  # keeps the load rates fresh either way
                     evacuating = any(_evacuation(a) for a in decision.actions)
-                    balancing = self.settings.auto_balance and not self.balancer_paused.is_set()
+                    balancing = self.may_balance(time.gmtime().tm_hour)
                     if not balancing and not evacuating:
                         continue
                     if not balancing:  # paused: only what protects the data

@@ -397,3 +397,21 @@ def test_errors_reach_clients_without_the_servers_traceback(served: Served) -> N
         no_stack(str(error))
     with as_user(served, "olga") as olga:
         olga.drop_table("twice")
+
+
+def test_removing_a_user_ends_their_live_session_at_its_next_call(served: Served) -> None:
+    """Revocation that bites: a session keeps querying while its user is removed; its next
+    call is refused, and a login with the old password too."""
+    data_dir = str(served.data_dir)
+    made = shardflow_cli("user", "add", "dora", "--role", "reader", "--password-stdin",
+                         "--data-dir", data_dir, stdin="dora-pass\n")  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    with shardflow.connect(served.uri, user="dora", password="dora-pass") as db:
+        for _ in range(3):
+            assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
+        removed = shardflow_cli("user", "remove", "dora", "--data-dir", data_dir)
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        with pytest.raises(AuthenticationError):
+            db.sql("SELECT count(*) AS n FROM t")
+    with pytest.raises(AuthenticationError):
+        shardflow.connect(served.uri, user="dora", password="dora-pass")

@@ -363,6 +363,19 @@ class AuthStore:
                 os.fsync(out.fileno())
             return key
 
+    def current(self, principal: Principal) -> Principal | None:
+        """``principal`` as the store has it now: a user removed since their token was
+        issued has none (None), and their role is the one they have now. Read at every call
+        (the file is read again only when it changed), so a removal ends every session on its
+        next call. Service tokens are read from the store anyway."""
+        if principal.kind != "user":
+            return principal
+        with self._lock:
+            record = self._users.read().get(principal.name)
+        if record is None:
+            return None
+        return Principal(principal.name, str(record["role"]), "user")
+
     def principal_for_token(self, token: str) -> Principal | None:
         """The account of a service token; None if unknown, revoked or expired."""
         if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):

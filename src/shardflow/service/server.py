@@ -135,9 +135,14 @@ class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[mis
                 self._refuse(f"wrong user name or password for {name!r}", name)
             return _Caller(principal, self._issuer.issue(principal))
         if scheme.lower() == "bearer" and credentials:
-            principal = self._issuer.resolve(credentials) or self._store.principal_for_token(
-                credentials
+            issued = self._issuer.resolve(credentials)
+            principal = (
+                self._store.current(issued)
+                if issued is not None
+                else self._store.principal_for_token(credentials)
             )
+            if issued is not None and principal is None:
+                self._refuse(f"user {issued.name!r} was removed", issued.name)
             if principal is None:
                 self._refuse("unknown or expired token; authenticate again")
             echo = credentials if info.method == flight.FlightMethod.HANDSHAKE else None

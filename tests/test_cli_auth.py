@@ -98,5 +98,12 @@ def test_audit_empty_then_filled(tmp_path: Path) -> None:
     lines = run("audit", "--json", "--since", "1h", *where).stdout.splitlines()
     assert [json.loads(line)["who"] for line in lines] == ["ada", "bob"]
 
+    checked = run("audit", "verify", *where)
+    assert checked.returncode == 0 and "3 entries in 1 file(s), the chain intact" in checked.stdout
+    kept = log.path.read_text().splitlines()
+    log.path.write_text("\n".join([kept[0], kept[2]]) + "\n")  # bob's line taken out
+    broken = run("audit", "verify", *where)
+    assert broken.returncode == 2 and "chain breaks at audit.jsonl:2" in broken.stdout
+
     bad = run("audit", "--since", "yesterday", *where)
     assert bad.returncode == 2 and "since takes" in bad.stdout

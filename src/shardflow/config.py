@@ -112,6 +112,11 @@ class Settings:
             exited — and this cluster's writes are refused from then on.
         token_ttl_s: how long a bearer token from the password handshake of the Flight SQL
             service lasts (seconds); the client then logs in again.
+        audit_max_mb: the Flight SQL service's audit log starts a new file (the old one kept
+            as ``audit-<UTC time>.jsonl``, the hash chain running on) once it reaches this
+            many MiB.
+        audit_max_days: the audit log also starts a new file once its first entry is this
+            many days old (0: by size only).
         max_request_mb: the most one bulk ingest into the Flight SQL service may send
             (MiB); a bigger one is refused with an error and keeps nothing that was not
             acknowledged.
@@ -190,6 +195,8 @@ class Settings:
     lease_ttl_s: float = 10.0
     token_ttl_s: float = 3600.0
     max_request_mb: int = 256
+    audit_max_mb: int = 64
+    audit_max_days: float = 30.0
     engine: str = "auto"
     device_cache_mb: int = 0
     node_failure_rate: float = 0.01
@@ -242,8 +249,10 @@ class Settings:
             raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:
             raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
-        if self.max_request_mb < 1:
-            raise ConfigError("setting max_request_mb must be >= 1")
+        if self.max_request_mb < 1 or self.audit_max_mb < 1:
+            raise ConfigError("settings max_request_mb and audit_max_mb must be >= 1")
+        if self.audit_max_days < 0:
+            raise ConfigError("setting audit_max_days must not be negative")
         if self.health_misses < 1 or self.max_concurrent_moves < 1:
             raise ConfigError("settings health_misses and max_concurrent_moves must be >= 1")
         for name in (

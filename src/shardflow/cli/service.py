@@ -114,13 +114,16 @@ def _serve_flight(
     insecure: bool,
 ) -> None:
     from shardflow.config import Settings
-    from shardflow.service.auth import AuthStore
+    from shardflow.service.auth import AuditLog, AuthStore
     from shardflow.service.main import serve_flight, service_options
 
     settings = Settings().with_text(assignments or [])
     options = service_options(
-        host, port, tls_cert, tls_key, insecure, settings.token_ttl_s, settings.max_request_mb << 20
-    )
+        host, port, tls_cert, tls_key, insecure, settings.token_ttl_s,
+        settings.max_request_mb << 20, settings.audit_max_mb << 20,
+        settings.audit_max_days * 86400.0,
+    )  # fmt: skip
+    AuditLog(data_dir).check_private()  # before a cluster starts
     if not AuthStore(data_dir).users() and not AuthStore(data_dir).service_tokens():
         console.print(
             "[yellow]no users yet: add one with shardflow user add NAME --role operator "
@@ -250,15 +253,34 @@ def token_revoke(
 
 @app.command()
 def audit(
+    check: Annotated[
+        str | None,
+        typer.Argument(
+            help="verify: check the hash chain of every audit file, and say where "
+            "it breaks (exit code 2)"
+        ),
+    ] = None,
     since: Annotated[
         str | None, typer.Option(help="Entries from this age (30s, 10m, 2h, 1d) or ISO time on.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, as stored.")] = False,
     data_dir: DataDir = Path(".shardflow"),
 ) -> None:
-    """The audit log of the network service: who did what, with which outcome."""
+    """The audit log of the network service: who did what, with which outcome
+    (`shardflow audit verify`: whether any line was removed, edited or moved)."""
     from shardflow.service.auth import AuditLog, parse_since
 
+    if check is not None:
+        if check != "verify":
+            raise ConfigError(f"`shardflow audit` takes verify or nothing, not {check!r}")
+        log = AuditLog(data_dir)
+        found = log.verify()
+        files = len(log.files())
+        torn = f", {found.torn} line(s) torn by a crash skipped" if found.torn else ""
+        if found.broken is not None:
+            raise ConfigError(f"the audit log's chain breaks at {found.broken}")
+        console.print(f"{found.entries} entries in {files} file(s), the chain intact{torn}")
+        return
     start = parse_since(since) if since is not None else None
     entries = AuditLog(data_dir).entries(since=start)
     if as_json:

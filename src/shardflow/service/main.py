@@ -22,6 +22,8 @@ def service_options(
     insecure: bool,
     token_ttl_s: float,
     max_request_bytes: int = ServiceOptions.max_request_bytes,
+    audit_max_bytes: int = ServiceOptions.audit_max_bytes,
+    audit_max_age_s: float = ServiceOptions.audit_max_age_s,
 ) -> ServiceOptions:
     """Checked options: TLS needs both files; a host other than loopback needs TLS
     (or ``insecure``, said out loud)."""
@@ -47,6 +49,8 @@ def service_options(
         tls_key=key,
         token_ttl_s=token_ttl_s,
         max_request_bytes=max_request_bytes,
+        audit_max_bytes=audit_max_bytes,
+        audit_max_age_s=audit_max_age_s,
     )
 
 

@@ -298,6 +298,9 @@ class ServiceOptions:
     token_ttl_s: float = 3600.0
     max_request_bytes: int = 256 << 20
     """The most bytes one bulk ingest may send."""
+    audit_max_bytes: int = 64 << 20
+    audit_max_age_s: float = 30 * 86400.0
+    """When the audit log starts a new file (``AuditLog``)."""
 
 
 class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
@@ -310,7 +313,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self.db = db
         self.options = options
         self.store = AuthStore(data_dir)
-        self.audit = AuditLog(data_dir)
+        self.audit = AuditLog(data_dir, options.audit_max_bytes, options.audit_max_age_s)
+        self.audit.check_private()  # refused at start, before anything is served
         # signed with the data directory's key: every replica takes every replica's tokens
         self.issuer = TokenIssuer(options.token_ttl_s, key=self.store.signing_key())
         self._answers = _Expiring(MAX_PENDING_RESULTS)

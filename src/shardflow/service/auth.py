@@ -110,6 +110,19 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """This process alone among all others in ``folder`` (made private if missing):
+    ``flock`` on its ``.lock`` file."""
+    _make_private_dir(folder)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _make_private_dir(path: Path) -> None:
     if not path.is_dir():
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -166,11 +179,7 @@ class _JsonFile:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # makes the rename itself durable
-        finally:
-            os.close(directory)
+        _fsync_folder(self.path.parent)  # makes the rename itself durable
         stat = os.stat(self.path)
         self._seen, self._data = (stat.st_ino, stat.st_mtime_ns, stat.st_size), data
 
@@ -203,14 +212,8 @@ class AuthStore:
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
         """Exclusive access: this thread within the process, this process among all others."""
-        with self._lock:
-            _make_private_dir(self.dir)
-            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # releases the lock
+        with self._lock, _locked(self.dir):
+            yield
 
     # -- users ------------------------------------------------------------------------------
     def add_user(self, name: str, role: str, password: str) -> None:
@@ -645,15 +648,8 @@ class AuditLog:
                 )
 
     # -- inside -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        _make_private_dir(self.folder)
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def _exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return _locked(self.folder)
 
     def _rotate_if_due(self) -> None:
         try:

@@ -238,13 +238,9 @@ class Shard:
             self.claim(node, claimed.epoch)
 
     def check_held(self) -> None:
-        """Raise ``Moved`` once another copy holds the shard (a read must not miss what
-        that copy acknowledged); the shard then takes no more writes either."""
-        try:
-            self.store.check_claim("reads")
-        except Moved:
-            self.retired = True
-            raise
+        """Raise ``Moved`` once a copy given the shard at a later epoch holds it (a read
+        must not miss what that copy acknowledged)."""
+        self.store.check_claim("reads", later_only=True)
 
     def recover(self, attempts: int = 5) -> None:
         """Rebuild from durable storage (retrying while a writer checkpoints under us)."""

@@ -135,10 +135,14 @@ class ShardStore:
         self.claimed = dataclasses.replace(self.claimed, start_lsn=lsn)
         self._write_holders([*holders[:-1], self.claimed])
 
-    def check_claim(self, what: str) -> None:
+    def check_claim(self, what: str, *, later_only: bool = False) -> None:
         """Raise ``Moved`` unless this copy still holds the shard (it claimed none: no
-        check). ``what`` names the fence (writes, reads, checkpoints) for the test hook. A
-        local holder file unchanged since it was last found ours is not read again."""
+        check). ``what`` names the fence (writes, reads, checkpoints) for the test hook. With
+        ``later_only`` only a holder given the shard at a later epoch counts (a failover):
+        the target of a live move succeeds its source at the source's epoch, and the fenced
+        source still holds every row until the switch (or serves on if the move rolls
+        back). A local holder file unchanged since it was last found ours is not read
+        again."""
         if self.claimed is None or unfenced(what):
             return
         path = self._path(HOLDER_FILE)
@@ -152,8 +156,12 @@ class ShardStore:
             if stamp == self._still_ours:
                 return
         holders = self.holders()
-        if not holders or holders[-1].token != self.claimed.token:
+        if not holders:
             raise self._lost(holders)
+        if holders[-1].token != self.claimed.token:
+            if not later_only or holders[-1].epoch > self.claimed.epoch:
+                raise self._lost(holders)
+            return  # succeeded by a move's target: not cached, asked again next time
         self._still_ours = stamp
 
     def holders(self) -> list[Holder]:

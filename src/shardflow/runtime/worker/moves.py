@@ -292,8 +292,6 @@ class Import:
     compacted: bool = False
     """Whether the copy's rows were compressed (at the first catch-up)."""
     release_compaction: Callable[[], None] = lambda: None
-    cancelled: bool = False
-    """An operator cancelled the move: the copy stops at its next chunk."""
     """Lets the engine's compactor at the new shards again (held back while they are built)."""
 
     @property
@@ -309,6 +307,8 @@ class TargetSide:
     def __init__(self, node: ShardHost) -> None:
         self.node = node
         self.imports: dict[str, Import] = {}
+        self.cancelled: set[str] = set()
+        """Moves an operator cancelled (until their roll-back here)."""
         self.promoted: OrderedDict[str, Import] = OrderedDict()
         """The last moves promoted here: served, but maybe not switched yet (the switch
         may fail, or the coordinator restart): an abort still takes them back."""
@@ -333,7 +333,7 @@ class TargetSide:
             for key, pin in pinned.shards.items():
                 last = time.monotonic()
                 for chunk in source.chunks(plan.move_id, key):
-                    if move.cancelled:
+                    if plan.move_id in self.cancelled:
                         raise MoveCancelled(f"move {plan.move_id} was cancelled during its copy")
                     rows += self._stage(move, key, chunk)
                     size += chunk.nbytes
@@ -356,15 +356,15 @@ class TargetSide:
         return CopyResult(rows, size)
 
     def cancel(self, move_id: str) -> None:
-        """Stop the copy of a move an operator cancelled (its roll-back follows)."""
-        move = self.imports.get(move_id)
-        if move is not None:
-            move.cancelled = True
+        """Stop the copy of a move an operator cancelled (its roll-back follows), also one
+        whose copy has not begun here yet."""
+        with self.node.lock:
+            self.cancelled.add(move_id)
 
     def catch_up(self, move_id: str, link: Callable[[str], SourceLink]) -> int:
         """Apply what the sources took in since the last pull; returns those rows."""
         move = self.imports[move_id]
-        if move.cancelled:
+        if move_id in self.cancelled:
             raise MoveCancelled(f"move {move_id} was cancelled")
         if not move.compacted:
             # the copy is compressed here, where only the move waits for it (the sources
@@ -422,6 +422,7 @@ class TargetSide:
         """The move rolled back: drop the new shards, served already or not."""
         node = self.node
         with node.lock:
+            self.cancelled.discard(move_id)
             move = self.imports.pop(move_id, None) or self.promoted.pop(move_id, None)
             if move is None:
                 return

@@ -16,6 +16,7 @@ from shardflow.catalog import DataDir
 from shardflow.catalog import store as store_module
 from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows
+from shardflow.errors import Moved
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.storage import shard_store as shard_store_module
 from shardflow.storage.shard import STAGE_ROWS
@@ -293,3 +294,32 @@ def test_a_group_whose_log_cannot_be_written_fails_whole_and_leaves_nothing(
     assert ids(reopened(tmp_path)) == [0, 1]  # the failed entry's file is gone too
     assert not shard.append(rows(100, 2), "lost").duplicate  # its retry is applied
     assert ids(reopened(tmp_path)) == [0, 1, 100, 101]
+
+
+def test_a_moves_target_succeeds_its_source_and_a_failover_fences_it(tmp_path: Path) -> None:
+    """A live move's target claims the shard at its source's epoch: the fenced source
+    still serves reads (it holds every row until the switch) and, if the move rolls back,
+    claims it again and takes writes; a failover's holder, at a later epoch, fences the
+    source's reads and writes."""
+    source = shard_at(tmp_path)
+    source.claim("node-0", 3)
+    source.append(rows(0, 5), "b1")
+    target = reopened(tmp_path)
+    target.claim("node-1", None)  # a move's target, at promote
+    assert target.store.claimed is not None and target.store.claimed.epoch == 3
+    source.check_held()  # reads go on at the source
+    with pytest.raises(Moved):
+        source.append(rows(5, 5), "b2")  # but no write is acknowledged there
+    source = shard_at(tmp_path)  # the source's copy, again (the write retired the other)
+    source.claim("node-0", 3, recovering=True)
+    source.recover()
+    source.claim_again("node-0")  # the move rolled back
+    source.append(rows(5, 5), "b3")
+    assert ids(reopened(tmp_path)) == list(range(10))
+    failover = reopened(tmp_path)
+    failover.claim("node-2", 4, recovering=True)
+    failover.recover()
+    with pytest.raises(Moved):
+        source.check_held()
+    with pytest.raises(Moved):
+        failover.store.claim("node-3", 2)  # a stale catalog's claim is refused

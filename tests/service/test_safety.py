@@ -415,3 +415,28 @@ def test_removing_a_user_ends_their_live_session_at_its_next_call(served: Served
             db.sql("SELECT count(*) AS n FROM t")
     with pytest.raises(AuthenticationError):
         shardflow.connect(served.uri, user="dora", password="dora-pass")
+
+
+SERVER_STATE_QUERIES = [
+    "SELECT name, value FROM duckdb_settings()",
+    "SELECT current_setting('temp_directory') AS d",
+    "SELECT * FROM pragma_database_size()",
+    "SELECT path FROM duckdb_databases()",
+    "SELECT version() AS v",
+    "SELECT count(*) AS n FROM t WHERE s IN (SELECT value FROM duckdb_settings())",
+]
+
+
+@pytest.mark.parametrize("query", SERVER_STATE_QUERIES)
+def test_the_servers_own_state_is_an_operators_only(served: Served, query: str) -> None:
+    """Nothing of the server for readers and writers: its settings (with their paths),
+    databases and versions are refused whole, naming the role needed; an operator reads
+    them. (With the check switched off, readers and writers were answered.)"""
+    for user in ("alice", "bob"):
+        with as_user(served, user) as db:
+            with pytest.raises(PermissionDeniedError, match="server state needs role operator"):
+                db.sql(query)
+    with as_user(served, "olga") as olga:
+        assert olga.sql(query).num_rows >= 1
+    refused = [e for e in audit(served) if e["action"] == "server state"]
+    assert any(e["who"] == "alice" and e["outcome"] == "denied: needs operator" for e in refused)

@@ -522,7 +522,11 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self, context: flight.ServerCallContext, principal: Principal, query: str
     ) -> pa.Table:
         """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
-        SELECT, INSERT INTO ... SELECT/VALUES (writer)."""
+        SELECT, INSERT INTO ... SELECT/VALUES (writer). One that reads the server's own
+        state (its settings, files, databases, versions) needs an operator."""
+        shown = _server_state(query, self._table_names)
+        if shown is not None:
+            self._require(context, "server state", "operator", {"reads": shown})
         if not _WRITE_VERB.match(query):
             return self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})
@@ -868,6 +872,39 @@ def _substitute(prepared: _Prepared, values: list[Any]) -> str:
     text was parsed when it was prepared: executions only splice values into it, so the
     plan of its shape is reused (see :func:`shardflow.sql.parameters.bind`)."""
     return bind(prepared.query, values)
+
+
+STATE_PREFIXES = ("duckdb_", "pragma_")
+SERVER_STATE = frozenset(
+    {"current_setting", "getenv", "version", "which_secret", "pg_settings", "current_schemas"}
+)
+"""Functions and views that show the server's own state, beside every ``duckdb_*`` and
+``pragma_*`` one (settings with their paths, attached databases, temporary files, secrets,
+memory, library versions): an operator's only."""
+
+
+def _server_state(query: str, tables: Callable[[], list[str]]) -> str | None:
+    """The first function or view in ``query`` that shows the server's own state, or None
+    (also for SQL that does not parse: the query's own error says so). A table of the
+    cluster's (``tables``, asked only when needed) of such a name is the table."""
+    try:
+        tree = sqlglot.parse_one(query, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return None
+    for node in tree.walk():
+        if isinstance(node, exp.CurrentVersion):
+            return "version"
+        if isinstance(node, exp.Anonymous) and _shows_server(node.name):
+            return node.name.lower()
+        if isinstance(node, exp.Table) and node.name and node.name.startswith(STATE_PREFIXES):
+            if node.name not in tables():
+                return node.name.lower()
+    return None
+
+
+def _shows_server(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(STATE_PREFIXES) or lowered in SERVER_STATE
 
 
 def _parse(query: str) -> Any:

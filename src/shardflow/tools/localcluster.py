@@ -106,7 +106,6 @@ class LocalRayCluster:
 
     def _save(self, address: str, nodes: list[LocalNode], next_index: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.state_file.with_suffix(".partial")
         state: dict[str, object] = {
             "address": address,
             "next_index": next_index,
@@ -118,6 +117,10 @@ class LocalRayCluster:
         network = self._network_if_recorded()
         if network is not None:
             state["network"] = network.to_json()
+        self._write_state(state)
+
+    def _write_state(self, state: dict[str, object]) -> None:
+        partial = self.state_file.with_suffix(".partial")
         partial.write_text(json.dumps(state, indent=2))
         partial.replace(self.state_file)
 
@@ -440,9 +443,7 @@ class LocalRayCluster:
             return
         state = json.loads(self.state_file.read_text())
         state["network"] = network.to_json()
-        partial = self.state_file.with_suffix(".partial")
-        partial.write_text(json.dumps(state, indent=2))
-        partial.replace(self.state_file)
+        self._write_state(state)
 
     # -- stopping ---------------------------------------------------------------------
     def remove_node(self, name: str, kill: bool = False) -> LocalNode:

@@ -46,13 +46,11 @@ def available() -> str | None:
 @dataclass
 class Network:
     """The namespaces of one local cluster: ``prefix`` names them, ``subnet`` (three
-    octets) numbers their addresses, ``members`` maps each member's name to its address,
-    ``cuts`` lists the links cut now (sender, receiver)."""
+    octets) numbers their addresses, ``members`` maps each member's name to its address."""
 
     prefix: str
     subnet: str
     members: dict[str, str] = field(default_factory=dict)
-    cuts: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def create(cls, seed: str) -> Network:
@@ -112,17 +110,14 @@ class Network:
         run = [*self.run_in(sender), "iptables", "-w"]
         peer = self.members[receiver]
         _run([*run, "-I", "OUTPUT", "-d", peer, "-j", "DROP"])
-        self.cuts.append((sender, receiver))
         if not one_way:
             _run([*run, "-I", "INPUT", "-s", peer, "-j", "DROP"])
-            self.cuts.append((receiver, sender))
 
     def heal(self) -> None:
         """Remove every cut."""
         for name in self.members:
             for chain in ("INPUT", "OUTPUT"):
                 _run([*self.run_in(name), "iptables", "-w", "-F", chain])
-        self.cuts.clear()
 
     def sockets(self) -> list[tuple[str, str, str]]:
         """Every TCP connection in the members' namespaces: (member, local, peer)."""
@@ -143,19 +138,13 @@ class Network:
             if self.namespace(name) in existing:
                 _ip("netns", "delete", self.namespace(name))
         self.members.clear()
-        self.cuts.clear()
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Network:
-        return cls(
-            str(data["prefix"]),
-            str(data["subnet"]),
-            dict(data["members"]),  # type: ignore[call-overload]
-            [(str(a), str(b)) for a, b in data.get("cuts", [])],  # type: ignore[attr-defined]
-        )
+        return cls(str(data["prefix"]), str(data["subnet"]), dict(data["members"]))  # type: ignore[call-overload]
 
 
 def _namespaces() -> set[str]:

@@ -10,6 +10,14 @@ coordinator runs on. The last line is
 F = L = K = 0.
 
     python bench/cluster.py --nodes 3
+
+With ``--sf`` (repeatable) it measures instead how long a failover takes as the data grows:
+TPC-H lineitem and orders at that scale factor loaded on a fresh cluster, the data node
+holding most of lineitem SIGKILLed, the time until ``count(*)`` over lineitem answers whole
+again (its shards opened by their new owners from their checkpoint files and logs). The
+last line is ``failover_s_sf1=X failover_s_sf10=Y`` (one figure per ``--sf``).
+
+    python bench/cluster.py --sf 1 --sf 10
 """
 
 from __future__ import annotations
@@ -20,8 +28,71 @@ import time
 from pathlib import Path
 
 import shardflow
+from shardflow import tpch
 from shardflow.tools.drill import run_drill
 from shardflow.tools.localcluster import LocalRayCluster
+
+FAILOVER_TABLES = ("lineitem", "orders")
+FAILOVER_TIMEOUT_S = 600.0
+
+
+def failover_seconds(sf: float, nodes: int, home: Path) -> float:
+    """Load TPC-H lineitem and orders at ``sf`` on a fresh cluster, SIGKILL the data node
+    holding most of lineitem (never the coordinator's), and time until lineitem's count
+    answers whole again."""
+    source = tpch.generate(sf, home / f"tpch-{sf:g}")
+    paths = tpch.table_paths(source)
+    data_dir = home / f"data-{sf:g}"
+    local = LocalRayCluster(data_dir)
+    local.up(nodes)
+    try:
+        db = shardflow.connect(address=local.address, data_dir=data_dir)
+        try:
+            started = time.perf_counter()
+            for layout in tpch.LAYOUT:
+                if layout.name in FAILOVER_TABLES:
+                    db.create_table(
+                        layout.name,
+                        str(paths[layout.name]),
+                        distributed_by=layout.distributed_by,
+                        colocate_with=layout.colocate_with,
+                    )
+            print(f"SF {sf:g}: loaded in {time.perf_counter() - started:.1f}s")
+            count = "SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem"
+            expected = db.sql(count).to_pylist()
+            host = db.cluster.coordinator_host()
+            ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+            held: dict[str, int] = {}
+            for shard in db.cluster.shards().to_pylist():
+                if shard["table"] == "lineitem":
+                    ray_id = ray_node.get(str(shard["node"]), "")
+                    held[ray_id] = held.get(ray_id, 0) + int(shard["rows"])
+            candidates = [n for n in local.nodes() if not n.head and n.node_id != host]
+            victim = max(candidates, key=lambda n: held.get(n.node_id, 0))
+            lost = held.get(victim.node_id, 0)
+            killed = time.perf_counter()
+            local.remove_node(victim.name, kill=True)
+            while True:  # a query returns once every shard is served again
+                if db.sql(count).to_pylist() == expected:
+                    break
+                if time.perf_counter() - killed > FAILOVER_TIMEOUT_S:
+                    raise RuntimeError(f"SF {sf:g}: lineitem not whole after the failover")
+            seconds = time.perf_counter() - killed
+            print(
+                f"SF {sf:g}: {victim.name} killed holding {lost} lineitem rows; lineitem "
+                f"whole again after {seconds:.2f}s"
+            )
+            return seconds
+        finally:
+            db.close()
+    finally:
+        local.down()
+
+
+def failover_main(scales: list[float], nodes: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="shardflow-bench-failover-") as home:
+        figures = [(sf, failover_seconds(sf, nodes, Path(home))) for sf in scales]
+    print(" ".join(f"failover_s_sf{sf:g}={seconds:.2f}" for sf, seconds in figures))
 
 
 def main() -> None:
@@ -30,7 +101,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="rows per table at the start")
     parser.add_argument("--moves", type=int, default=20)
     parser.add_argument("--kill", action="append", help="default: ray-2, then coordinator")
+    parser.add_argument(
+        "--sf", type=float, action="append", help="measure failover at this TPC-H scale instead"
+    )
     args = parser.parse_args()
+    if args.sf:
+        failover_main(args.sf, args.nodes)
+        return
     kills = args.kill or ["ray-2", "coordinator"]
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-cluster-") as home:
         data_dir = Path(home) / "data"

@@ -58,7 +58,9 @@ class Settings:
         object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
             0 lets Ray choose (30 % of memory).
         migration_bandwidth_mb_s: cap on the copy rate of one live move, in MB/s; 0 means
-            as fast as the transport goes.
+            as fast as the transport goes. A split or a merge copies rows; a plain move
+            opens the unit's checkpoint file where it lies and copies nothing (where the
+            data directory is not a local folder it copies the file first, uncapped).
         health_interval_s: how often the coordinator pings every worker.
         health_misses: unanswered pings in a row after which a worker is declared dead and
             its shards are reassigned (a worker whose process died is declared at once).
@@ -159,6 +161,9 @@ class Settings:
             leaves every stage's fragment results on the workers this many seconds before
             it reads them, so that a test can kill the node holding them first and see the
             query run again (``db.last_report.reruns``).
+        test_hold_copy_s: for tests only, 0 (off) by default. The target of every live move
+            waits this many seconds before its copy begins (a plain move's copy takes
+            milliseconds), so that a test sees a move in flight (the console) or cancels it.
     """
 
     buckets: int = 256
@@ -207,6 +212,7 @@ class Settings:
     test_fault_move_copy: str = ""
     test_fault_resident: str = ""
     test_hold_results_s: float = 0.0
+    test_hold_copy_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -247,6 +253,8 @@ class Settings:
             )
         if self.test_hold_results_s < 0:
             raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
+        if self.test_hold_copy_s < 0:
+            raise ConfigError("setting test_hold_copy_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:
             raise ConfigError("setting migration_bandwidth_mb_s must not be negative")
         if self.max_request_mb < 1 or self.audit_max_mb < 1:

@@ -71,7 +71,7 @@ def test_the_open_page_shows_a_new_node_and_a_migration(tmp_path: Path, chromium
         workers=2,
         data_dir=tmp_path / "data",
         auto_balance=False,
-        migration_bandwidth_mb_s=0.5,  # a shard of about 2 MB copies in about 4 s
+        test_hold_copy_s=4,  # a move stays in flight for 4 s
     ) as db:
         db.create_table("events", rows(80_000), distributed_by="id")
         for _ in range(5):

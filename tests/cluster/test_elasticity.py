@@ -211,7 +211,7 @@ def test_a_node_joining_an_idle_cluster_of_small_tables_receives_shards(tmp_path
 
 
 def test_target_death_rolls_back_and_loses_nothing(tmp_path: Path) -> None:
-    with cluster(tmp_path, migration_bandwidth_mb_s=1.0) as db:
+    with cluster(tmp_path, test_hold_copy_s=5) as db:  # the move stays in its copy a while
         db.create_table("events", rows(0, 60_000, payload=100), distributed_by="id")
         victim = shards_of(db, "events")[0]
         target = next(n for n in ("node-0", "node-1", "node-2") if n != victim["node"])
@@ -237,7 +237,7 @@ def test_target_death_rolls_back_and_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_coordinator_killed_mid_move_rolls_it_back(tmp_path: Path) -> None:
-    with cluster(tmp_path, migration_bandwidth_mb_s=1.0) as db:
+    with cluster(tmp_path, test_hold_copy_s=5) as db:  # the move stays in its copy a while
         db.create_table("events", rows(0, 60_000, payload=100), distributed_by="id")
         victim = shards_of(db, "events")[0]
         target = next(n for n in ("node-0", "node-1", "node-2") if n != victim["node"])

@@ -40,7 +40,7 @@ def test_a_point_lookup_is_routed_and_follows_a_move_in_flight(tmp_path: Path) -
         workers=3,
         initial_shard_bytes=0,
         data_dir=tmp_path,
-        migration_bandwidth_mb_s=1.0,
+        test_hold_copy_s=3,  # the move stays in flight while lookups run
         balance_interval_s=3600,
     ) as db:
         db.create_table("events", events(0, 60_000), distributed_by="id", key_index=True)

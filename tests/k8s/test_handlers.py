@@ -123,9 +123,9 @@ def multinode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Multinode]:
             "--operator-token-file",
             str(token_file),
             "--set",
-            "migration_bandwidth_mb_s=4",
+            "test_hold_copy_s=2",
             workers=None,
-        )  # fmt: skip  (moves take a while: the status sees their phases)
+        )  # fmt: skip  (each move waits in its copy: the status sees its phases)
         with shardflow.connect(served.uri, token=token) as db:
             ids = range(ROWS)
             pad = ["x" * 64] * ROWS

@@ -88,12 +88,12 @@ def partition_story(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> l
         shard = cut_off.shards.get(("events", units[0]))
         if shard is not None:
             folder = Path(shard.store.folder)
-            bases = sorted(folder.glob("base-*"))
+            bases = sorted(folder.glob("ckpt-*"))
             try:
                 shard.checkpoint()
             except Moved:
                 pass
-            if sorted(folder.glob("base-*")) != bases:
+            if sorted(folder.glob("ckpt-*")) != bases:
                 wrong.append("checkpoints: the cut-off node checkpointed a shard it lost")
 
         # the old client goes on through the new owners: Moved, a fresh catalog, a retry

@@ -64,8 +64,8 @@ class LocalCluster:
     ) -> None:
         self.session.create_table(name, data, key, False, colocate_with)
 
-    def insert(self, name: str, data: pa.Table) -> None:
-        self.session.insert(name, data)
+    def insert(self, name: str, data: pa.Table, batch_id: str | None = None) -> None:
+        self.session.insert(name, data, batch_id)
 
     def sql(self, query: str) -> pa.Table:
         return self.session.query(query)[0]

@@ -18,8 +18,8 @@ from shardflow.engine import DuckDBEngine
 from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.errors import Moved
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
-from shardflow.storage import shard_store as shard_store_module
 from shardflow.storage.shard import STAGE_ROWS
+from shardflow.storage.shard_store import BaseWriter, read_checkpoint
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -38,6 +38,11 @@ def reopened(path: Path) -> Shard:
     shard = shard_at(path)
     shard.recover()
     return shard
+
+
+def read_base(path: Path) -> pa.Table:
+    """A shard's base file, as Arrow (a Parquet base, or a checkpoint file)."""
+    return read_checkpoint(str(path)) if path.suffix == ".duckdb" else pq.read_table(path)
 
 
 def ids(shard: Shard) -> list[int]:
@@ -59,14 +64,14 @@ def test_load_then_inserts_survive_a_crash(tmp_path: Path) -> None:
 def test_staged_rows_reach_the_row_store_a_row_group_at_a_time(tmp_path: Path) -> None:
     """A split stages the halves of each chunk; DuckDB copies an INSERT of less than a row
     group once more at its commit, so small parts are handed over together."""
-    engine = DuckDBEngine(threads=1)
+    engine = DuckDBEngine(threads=1, file_folders=[str(tmp_path)])
     try:
         native = engine.native_rows("staged", SCHEMA)
         store = ShardStore(DataDir.resolve(str(tmp_path)), "table-uid", "0")
         shard = Shard(store, SCHEMA, rows=native)
         handed: list[int] = []
-        append = native.append
-        native.append = lambda table: (handed.append(table.num_rows), append(table))[-1]  # type: ignore[method-assign]
+        stage = native.stage
+        native.stage = lambda table: (handed.append(table.num_rows), stage(table))[-1]  # type: ignore[method-assign]
         part = STAGE_ROWS // 3 + 1
         for start in range(0, 7 * part, part):
             shard.stage(rows(start, part))
@@ -114,20 +119,21 @@ def test_appends_go_on_while_a_checkpoint_is_written(
     """A checkpoint reads and writes the whole shard: it runs beside the appends, not in
     front of them (held here until three more appends are done), and writes exactly the
     rows of its LSN (a DuckDB shard's from a pinned snapshot, however many rows follow)."""
-    engine = DuckDBEngine(threads=1) if native else None
+    engine = DuckDBEngine(threads=1, file_folders=[str(tmp_path)]) if native else None
     store = ShardStore(DataDir.resolve(str(tmp_path)), "table-uid", "0")
     data = NativeRows(engine, "t0", SCHEMA) if engine is not None else None
     shard = Shard(store, SCHEMA, rows=data, policy=CheckpointPolicy(max_wal_entries=3))
     shard.commit_load()
     gate = threading.Event()
     released: list[bool] = []
-    write = shard_store_module.BaseWriter.write
+    owner, method = (NativeRows, "write_checkpoint") if native else (BaseWriter, "write")
+    write = getattr(owner, method)
 
-    def held(self: shard_store_module.BaseWriter, table: pa.Table) -> None:
+    def held(self: object, *args: object) -> object:
         released.append(gate.wait(timeout=5))  # False: the appends could not go on
-        write(self, table)
+        return write(self, *args)
 
-    monkeypatch.setattr(shard_store_module.BaseWriter, "write", held)
+    monkeypatch.setattr(owner, method, held)
     for i in range(3):
         shard.append(rows(i * 10, 2), f"b{i}")  # the third starts the checkpoint
     for i in range(3, 6):
@@ -136,9 +142,13 @@ def test_appends_go_on_while_a_checkpoint_is_written(
     shard.wait_for_checkpoint()
     assert released == [True]
     names = sorted(p.name for p in shard_folder_files(tmp_path))
-    assert [n for n in names if n.startswith("base-")] == ["base-000000000003.parquet"]
+    base_name = "ckpt-000000000003.duckdb" if native else "base-000000000003.parquet"
+    assert [n for n in names if n.startswith(("base-", "ckpt-"))] == [
+        base_name,
+        *(["ckpt-000000000003.json"] if native else []),
+    ]
     assert sum(n.startswith("wal-") for n in names) == 3  # the appends after its LSN
-    base = pq.read_table(tmp_path / "tables" / "table-uid" / "0" / "base-000000000003.parquet")
+    base = read_base(tmp_path / "tables" / "table-uid" / "0" / base_name)
     assert sorted(base.column("id").to_pylist()) == [0, 1, 10, 11, 20, 21]
     recovered = reopened(tmp_path)
     assert recovered.rows == 12 and recovered.lsn == 6

@@ -5,18 +5,22 @@ view with the table's name, so fragments run as written."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
-from shardflow.errors import QueryError, StageRefused, UnsupportedError
+from shardflow.errors import QueryError, StageRefused, StorageError, UnsupportedError
+from shardflow.storage.shard_store import CheckpointMeta
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +38,27 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def checksum_sql(select: str) -> str:
     """A query of (n: rows, h: sum of DuckDB's row hashes) over what ``select`` returns."""
     return f"SELECT count(*) AS n, coalesce(sum(hash(s)::HUGEINT), 0) AS h FROM ({select}) AS s"
 
 
 SHARD_TABLE = "rows"
-"""The name of a shard's table inside the shard's own database (see :class:`NativeRows`)."""
+"""The name of a shard's table inside the shard's own databases and its checkpoint files
+(see :class:`NativeRows`)."""
+SHARD_VIEW = "shard"
+"""The name of the view of a shard's rows in the shard's own database."""
+LSN_COLUMN = "_sf_lsn"
+"""The column of a shard's tail that says at which LSN each row was logged."""
+_DATABASES = itertools.count(1)
+"""Numbers the databases attached for checkpoint files: unique in the process (a unit may
+be served again on a node while a retired copy of it is still read)."""
+CHECKPOINT_TABLE = "shardflow_checkpoint"
+"""The table in a checkpoint file that says up to which LSN it holds the rows."""
 KEY_INDEX = "key_index"
 """The name of a shard's index on its table's key (``create_table(key_index=True)``)."""
 ARROW_BATCH_ROWS = 131_072
@@ -95,12 +113,14 @@ class DuckDBEngine:
         memory_limit: str | None = None,
         temp_directory: str | None = None,
         compact_after_bytes: int = COMPACT_AFTER_BYTES,
+        file_folders: Sequence[str] = (),
     ) -> None:
         """``memory_limit`` (DuckDB's syntax, "512MB") bounds DuckDB's buffer manager; with
         a ``temp_directory`` (a local folder of this engine's own) table blocks and the
         state of big operators spill there beyond it, so the shards a worker holds may
         exceed its memory. New rows of native tables are compressed in the background once
-        ``compact_after_bytes`` were appended (see :class:`Compactor`)."""
+        ``compact_after_bytes`` were appended (see :class:`Compactor`). Shards' checkpoint
+        files are opened in ``file_folders`` only (and in the temporary directory)."""
         # DuckDB's allocator hands freed pages back to the system on threads of its own:
         # without them it does so only while it allocates, and a shard compressed after
         # a load kept the uncompressed rows' pages (measured: 1.5 M lineitem rows, 360 MB
@@ -113,9 +133,19 @@ class DuckDBEngine:
         if temp_directory:
             config["temp_directory"] = temp_directory
         self._database = duckdb.connect(":memory:", config=config)
+        self.scratch = temp_directory or tempfile.gettempdir()
+        """A local folder for checkpoint files the data directory cannot be read from
+        in place."""
         # SQL reaches data only through shardflow's tables: no file, no network, no
         # ATTACH (a query over the Flight service must not read the server's files), and
-        # a query cannot turn that back on. (Set after the temp directory, which it locks.)
+        # a query cannot turn that back on; but the engine itself attaches shards'
+        # checkpoint files in their folders, which the SQL layer keeps queries out of
+        # (``sql/parse.refuse_file_functions``). (Set after the temp directory, which it
+        # locks.)
+        folders = [*file_folders, *([temp_directory] if temp_directory else [])]
+        if folders:
+            listed = ", ".join(_literal(os.path.join(os.path.abspath(f), "")) for f in folders)
+            self._database.execute(f"SET allowed_directories = [{listed}]")
         self._database.execute("SET enable_external_access = false")
         # DuckDB would compress new rows inside whichever commit crosses this threshold
         # (one INSERT waited 2-6 s): the compactor does it on a thread of its own instead
@@ -202,10 +232,31 @@ class DuckDBEngine:
     def checksum_rows(self, rows: pa.Table) -> tuple[int, int]:
         return self.checksum("SELECT * FROM __sf_rows", {"__sf_rows": rows})
 
+    def execute_in_transaction(self, statements: Sequence[str]) -> None:
+        """Run ``statements`` in one transaction (they change one database)."""
+        cursor = self._database.cursor()
+        try:
+            cursor.execute("BEGIN TRANSACTION")
+            try:
+                for statement in statements:
+                    cursor.execute(statement)
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+            cursor.execute("COMMIT")
+        finally:
+            cursor.close()
+
     def attach(self, database: str) -> None:
         """An in-memory database of its own for one shard (made if missing)."""
         with self._ddl:
             self.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {quote(database)}")
+
+    def attach_file(self, database: str, path: str, *, read_only: bool = False) -> None:
+        """A database file (a shard's checkpoint), made if missing unless ``read_only``."""
+        mode = " (READ_ONLY)" if read_only else ""
+        with self._ddl:
+            self.execute(f"ATTACH {_literal(path)} AS {quote(database)}{mode}")
 
     def detach(self, database: str) -> None:
         """Drop a shard's database and its rows (readers still in it finish first)."""
@@ -228,13 +279,33 @@ class DuckDBEngine:
         self._database.close()
 
 
-class NativeRows:
-    """A shard's rows as a native DuckDB table (a :class:`shardflow.storage.RowStore`), in
-    an in-memory database of the shard's own, attached to the engine's: a checkpoint
-    (which compresses new rows, see :class:`Compactor`) blocks appends to the database it
-    writes, so with a database per shard it holds up no other shard's inserts.
+@dataclass(frozen=True)
+class _Base:
+    """A checkpoint file a shard reads its older rows from."""
 
-    With an ``index`` (a column's name) the table keeps an index on that column (DuckDB's
+    name: str
+    """The attached database."""
+    path: str
+    meta: CheckpointMeta
+
+    @property
+    def table(self) -> str:
+        return f"{quote(self.name)}.main.{SHARD_TABLE}"
+
+
+class NativeRows:
+    """A shard's rows in DuckDB (a :class:`shardflow.storage.CheckpointRows`): its newest
+    checkpoint file, attached read-only where it lies (the *base*), and the rows logged
+    since in a table of an in-memory database of the shard's own (the *tail*, each row with
+    the LSN it was logged at), read together through a view, :attr:`ref`.
+
+    Nothing the base holds is decoded and loaded again: a restart, a failover and a live
+    move's target attach the file; a checkpoint copies it (a file copy), adds the tail's
+    rows (only they are compressed), and the tail keeps what came after. A checkpoint of
+    the tail's database (which compresses new rows, see :class:`Compactor`) blocks appends
+    to it, so with a database per shard it holds up no other shard's inserts.
+
+    With an ``index`` (a column's name) the tables keep an index on that column (DuckDB's
     ART): a query that looks up one value of it (``=``; DuckDB scans for IN lists) fetches
     its rows instead of scanning the shard. Compressed text costs a scan dearly (a point
     lookup that returns one row of TPC-H orders decoded the whole of o_comment's dictionary:
@@ -246,41 +317,225 @@ class NativeRows:
     ) -> None:
         self.engine = engine
         self.physical = physical
-        """The shard's database."""
-        self.ref = f"{quote(physical)}.main.{SHARD_TABLE}"
-        """The table, as SQL names it."""
+        """The shard's in-memory database (its tail and its view)."""
+        self.ref = f"{quote(physical)}.main.{SHARD_VIEW}"
+        """The shard's rows, as SQL names them (a view)."""
+        self.tail = f"{quote(physical)}.main.{SHARD_TABLE}"
         self.schema = schema
         self.index = index
-        """The column the table keeps an index on, if any."""
-        self._nbytes = 0
-        self._rows = 0
-        self._lock = threading.Lock()
+        """The column the tables keep an index on, if any."""
+        self.scratch = engine.scratch
+        self._base: _Base | None = None
+        self._retired: _Base | None = None
+        """The base read before the last switch (see :meth:`_retire`)."""
+        self._loading: str | None = None
+        """The database a load stages its rows into (a new checkpoint file)."""
+        self._loaded_bytes = 0
+        self._tail_bytes = 0
+        self._tail_rows = 0
+        self._lock = threading.RLock()
+        """Held by appends and by the switch to a new base (which empties the tail)."""
         engine.attach(physical)
-        self._create(schema.empty_table())
+        self._create_tail(schema.empty_table(), [])
 
-    def _create(self, rows: pa.Table) -> None:
-        """(Re)make the table holding ``rows``, and its index."""
+    # -- the tail ----------------------------------------------------------------------
+    def _create_tail(self, rows: pa.Table, lsns: list[int]) -> None:
+        """(Re)make the tail holding ``rows`` (row ``i`` logged at ``lsns[i]``), and the
+        view over it and the base."""
+        tagged = rows.append_column(LSN_COLUMN, pa.array(lsns or [0] * rows.num_rows, pa.int64()))
         self.engine.execute(
-            f"CREATE OR REPLACE TABLE {self.ref} AS SELECT * FROM __sf_rows", {"__sf_rows": rows}
+            f"CREATE OR REPLACE TABLE {self.tail} AS SELECT * FROM __sf_rows", {"__sf_rows": tagged}
         )
         if self.index is not None:
-            self.engine.execute(f"CREATE INDEX {KEY_INDEX} ON {self.ref} ({quote(self.index)})")
+            self.engine.execute(f"CREATE INDEX {KEY_INDEX} ON {self.tail} ({quote(self.index)})")
+        self.engine.execute(self._view_sql())
+        self._tail_bytes = rows.nbytes
+        self._tail_rows = rows.num_rows
 
-    def append(self, table: pa.Table) -> None:
-        self.engine.execute(f"INSERT INTO {self.ref} SELECT * FROM __sf_rows", {"__sf_rows": table})
-        self.engine.compactor.appended(self.physical, table.nbytes)
+    def _view_sql(self, base: str | None = None) -> str:
+        """The view of the shard: the base's rows (``base``: a SELECT of them), then the
+        tail's."""
+        tail = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail}"
+        if base is None and self._base is not None:
+            base = f"SELECT * FROM {self._base.table}"
+        select = f"{base} UNION ALL {tail}" if base else tail
+        return f"CREATE OR REPLACE VIEW {self.ref} AS {select}"
+
+    def append(self, table: pa.Table, lsn: int = 0) -> None:
         with self._lock:
-            self._nbytes += table.nbytes
-            self._rows += table.num_rows
+            self.engine.execute(
+                f"INSERT INTO {self.tail} SELECT *, {int(lsn)}::BIGINT FROM __sf_rows",
+                {"__sf_rows": table},
+            )
+            self._tail_bytes += table.nbytes
+            self._tail_rows += table.num_rows
+        self.engine.compactor.appended(self.physical, table.nbytes)
 
     def reset(self, tables: list[pa.Table]) -> None:
-        data = pa.concat_tables(tables) if tables else self.schema.empty_table()
-        self._create(data)
-        self.engine.compactor.appended(self.physical, data.nbytes)
-        with self._lock:
-            self._nbytes = data.nbytes
-            self._rows = data.num_rows
+        self.restore(None, None, tables, [0] * len(tables))
 
+    # -- the base: checkpoint files ------------------------------------------------------
+    def restore(
+        self,
+        checkpoint: str | None,
+        meta: CheckpointMeta | None,
+        tables: list[pa.Table],
+        lsns: list[int],
+    ) -> None:
+        """Read the checkpoint file (if any) as the base and hold ``tables`` in the tail; a
+        file that is not the checkpoint its record describes is refused (``StorageError``)
+        and nothing changes."""
+        data = pa.concat_tables(tables) if tables else self.schema.empty_table()
+        tags = [lsn for table, lsn in zip(tables, lsns, strict=True) for _ in range(table.num_rows)]
+        base = None
+        if checkpoint is not None:
+            assert meta is not None
+            base = self._attach(checkpoint, meta)
+        with self._lock:
+            old, self._base = self._base, base
+            self._create_tail(data, tags)
+        self._retire(old)
+        self.engine.compactor.appended(self.physical, data.nbytes)
+
+    def begin_load(self, path: str) -> None:
+        name = f"{self.physical}_load{next(_DATABASES)}"
+        self.engine.attach_file(name, path)
+        self.engine.execute(
+            f"CREATE TABLE {quote(name)}.main.{SHARD_TABLE} AS SELECT * FROM __sf_rows",
+            {"__sf_rows": self.schema.empty_table()},
+        )
+        self._loading = name
+        self._loaded_bytes = 0
+
+    def stage(self, table: pa.Table) -> None:
+        """Rows of a load: into its checkpoint file, or the tail where it writes none (a
+        copy of a replicated table that another node logs)."""
+        if self._loading is None:
+            self.append(table)
+            return
+        self.engine.execute(
+            f"INSERT INTO {quote(self._loading)}.main.{SHARD_TABLE} SELECT * FROM __sf_rows",
+            {"__sf_rows": table},
+        )
+        self._loaded_bytes += table.nbytes
+
+    def finish_load(self) -> tuple[int, int, int]:
+        assert self._loading is not None
+        name, self._loading = self._loading, None
+        try:
+            rows, digest = self.engine.checksum(f"SELECT * FROM {quote(name)}.main.{SHARD_TABLE}")
+            self._seal(name, 0, fresh=True)
+        finally:
+            self.engine.detach(name)
+        return rows, digest, self._loaded_bytes
+
+    def abandon_load(self) -> None:
+        if self._loading is not None:
+            name, self._loading = self._loading, None
+            self.engine.detach(name)
+
+    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
+        """The base's file copied to ``path`` with the tail's rows up to ``lsn`` added;
+        its (rows, digest, Arrow bytes): the base's (kept in its record) plus the added
+        rows' (hashed here: only they are read)."""
+        with self._lock:
+            base = self._base
+            tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
+        logged = f"{LSN_COLUMN} <= {int(lsn)}"
+        if base is not None:
+            logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
+        added = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
+        rows, digest = self.engine.checksum(added)
+        copied = base is not None and _copy_file(base.path, path)
+        if base is not None and not copied:  # its file is gone (another copy of the shard
+            # checkpointed since): the rows are written again, from the file still open here
+            added = f"SELECT * FROM {base.table} UNION ALL {added}"
+        name = f"{self.physical}_ckpt{next(_DATABASES)}"
+        self.engine.attach_file(name, path)
+        try:
+            if copied:
+                self.engine.execute(f"INSERT INTO {quote(name)}.main.{SHARD_TABLE} {added}")
+            else:
+                self.engine.execute(f"CREATE TABLE {quote(name)}.main.{SHARD_TABLE} AS {added}")
+            self._seal(name, lsn, fresh=not copied)
+        finally:
+            self.engine.detach(name)
+        nbytes = tail_bytes * rows // tail_rows if tail_rows else 0
+        if base is not None:
+            rows, digest, nbytes = (
+                rows + base.meta.rows,
+                digest + base.meta.digest,
+                nbytes + base.meta.nbytes,
+            )
+        return rows, digest, nbytes
+
+    def _seal(self, name: str, lsn: int, *, fresh: bool) -> None:
+        """Finish a checkpoint file being written: its index (a new file's), the LSN it
+        holds the rows up to (recovery checks it against its name), written to disk."""
+        table = f"{quote(name)}.main.{SHARD_TABLE}"
+        if fresh and self.index is not None:
+            self.engine.execute(f"CREATE INDEX {KEY_INDEX} ON {table} ({quote(self.index)})")
+        marker = f"{quote(name)}.main.{CHECKPOINT_TABLE}"
+        self.engine.execute(f"CREATE OR REPLACE TABLE {marker} AS SELECT {int(lsn)}::BIGINT AS lsn")
+        self.engine.execute(f"CHECKPOINT {quote(name)}")
+
+    def use_checkpoint(self, path: str, meta: CheckpointMeta) -> None:
+        """Read the rows up to ``meta.lsn`` from the checkpoint file at ``path`` from now
+        on: the view switches to it and the tail drops them, in one transaction (a reader
+        sees the one or the other; one that pinned a snapshot keeps its own)."""
+        base = self._attach(path, meta)
+        with self._lock:
+            old = self._base
+            self._base = base
+            statements = [
+                self._view_sql(),
+                f"DELETE FROM {self.tail} WHERE {LSN_COLUMN} <= {int(meta.lsn)}",
+            ]
+            self.engine.execute_in_transaction(statements)
+            left = self.engine.run(f"SELECT count(*) AS n FROM {self.tail}").column("n")[0]
+            left_rows = int(left.as_py())
+            if self._tail_rows:
+                self._tail_bytes = self._tail_bytes * left_rows // self._tail_rows
+            self._tail_rows = left_rows
+        self._retire(old)
+        self.engine.compactor.appended(self.physical, 0)
+        self.engine.compactor.settle(self.physical)  # the dropped rows' memory goes
+
+    def _retire(self, old: _Base | None) -> None:
+        """Stop reading an older base; it is detached at the next switch, not now: a
+        statement that began before this one switched may still bind the view it read."""
+        with self._lock:
+            gone, self._retired = self._retired, old
+        if gone is not None:
+            self.engine.detach(gone.name)
+
+    def _attach(self, path: str, meta: CheckpointMeta) -> _Base:
+        """Attach a checkpoint file read-only, refusing one that is not what ``meta`` says
+        (another LSN: a stale file under a newer name; other row counts: a damaged one)."""
+        name = f"{self.physical}_base{next(_DATABASES)}"
+        try:
+            self.engine.attach_file(name, path, read_only=True)
+        except duckdb.Error as error:
+            if not os.path.exists(path):  # superseded since it was listed: list again
+                raise FileNotFoundError(path) from None
+            raise StorageError(f"checkpoint {path} cannot be opened: {error}") from None
+        try:
+            found = self.engine.run(
+                f"SELECT (SELECT max(lsn) FROM {quote(name)}.main.{CHECKPOINT_TABLE}) AS lsn, "
+                f"(SELECT count(*) FROM {quote(name)}.main.{SHARD_TABLE}) AS n"
+            ).to_pylist()[0]
+        except duckdb.Error as error:
+            self.engine.detach(name)
+            raise StorageError(f"checkpoint {path} is damaged: {error}") from None
+        if found["lsn"] != meta.lsn or found["n"] != meta.rows:
+            self.engine.detach(name)
+            raise StorageError(
+                f"checkpoint {path} holds {found['n']} rows up to LSN {found['lsn']}, its "
+                f"record {meta.rows} up to {meta.lsn}: a stale or damaged file, not served"
+            )
+        return _Base(name, path, meta)
+
+    # -- reads ---------------------------------------------------------------------------
     def indexed(self) -> bool:
         """Whether the table has its index (as DuckDB says; none is asked for without one)."""
         return self.index is not None and self.physical in self.engine.indexed_databases()
@@ -292,34 +547,104 @@ class NativeRows:
     def stream(self, batch_rows: int) -> RowStream:
         """Exactly the rows there are now, read a batch at a time however many appends
         follow (a transaction begun now keeps seeing them)."""
-        cursor = self.engine._database.cursor()
-        cursor.execute("BEGIN TRANSACTION")
-        cursor.execute(f"SELECT count(*) FROM {self.ref}").fetchall()
-        return RowStream(cursor, f"SELECT * FROM {self.ref}", batch_rows, self.schema)
+        with self._lock:
+            cursor = self.engine._database.cursor()
+            cursor.execute("BEGIN TRANSACTION")
+            # the snapshot begins when the transaction first reads: the base's database
+            # too, which then stays readable to it after a switch detaches it
+            cursor.execute(f"SELECT count(*) FROM {self.tail}").fetchall()
+            cursor.execute(f"SELECT * FROM {self.ref} LIMIT 0").fetchall()
+            base = self._base
+        tail = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail}"
+        known = (base.meta.rows, base.meta.digest) if base is not None else (0, 0)
+        return RowStream(cursor, f"SELECT * FROM {self.ref}", batch_rows, self.schema, tail, known)
 
     def checksum(self) -> tuple[int, int]:
-        """(rows, order-independent sum of row hashes): equal on both sides of a move."""
+        """(rows, order-independent sum of row hashes) of every row, hashed here (the
+        base's too: what VERIFY compares with the rows a move's source handed out)."""
         return self.engine.checksum(f"SELECT * FROM {self.ref}")
 
     @property
     def rows(self) -> int:
-        return self._rows
+        with self._lock:  # a switch changes the base and the tail together
+            base = self._base
+            return self._tail_rows + (base.meta.rows if base is not None else 0)
 
     @property
     def nbytes(self) -> int:
         """Arrow size of the rows (DuckDB keeps them compressed, usually smaller)."""
-        return self._nbytes
+        with self._lock:
+            base = self._base
+            return self._tail_bytes + (base.meta.nbytes if base is not None else 0)
+
+    @property
+    def checkpoint_lsn(self) -> int | None:
+        """The LSN of the checkpoint file read as the base (None: none)."""
+        base = self._base
+        return base.meta.lsn if base is not None else None
 
     def compact(self) -> None:
-        """Compress the rows now, on this thread (appends to the shard wait meanwhile)."""
+        """Compress the tail's rows now, on this thread (appends to the shard wait)."""
         self.engine.compactor.compact(self.physical)
 
     def settle(self) -> None:
-        """Compress the rows soon, on the compactor's thread (see :meth:`Compactor.settle`)."""
+        """Compress the tail's rows soon, on the compactor's thread (:meth:`Compactor.settle`)."""
         self.engine.compactor.settle(self.physical)
 
     def drop(self) -> None:
+        self.abandon_load()
+        with self._lock:
+            bases, self._base, self._retired = (self._base, self._retired), None, None
         self.engine.detach(self.physical)
+        for base in bases:
+            if base is not None:
+                self.engine.detach(base.name)
+
+    # -- the test-only fault hook ----------------------------------------------------------
+    def corrupt_for_test(self, fault: str) -> None:
+        """Make the shard hold something else than it was given (tests of VERIFY only):
+        one row fewer ("drop_row") or one value changed ("change_value"), in the tail
+        where it holds rows, else in the view over the base (its file is read-only)."""
+        if self._tail_rows or self._base is None:
+            table, where = self.tail, "rowid = (SELECT min(rowid) FROM {t}{cond})"
+            first = where.format(t=table, cond="")
+            if fault == "drop_row":
+                self.engine.execute(f"DELETE FROM {table} WHERE {first}")
+            else:
+                column, changed = _column_to_change(self.schema)
+                found = where.format(t=table, cond=f" WHERE {column} IS NOT NULL")
+                self.engine.execute(f"UPDATE {table} SET {column} = {changed} WHERE {found}")
+            return
+        table = self._base.table
+        first = f"rowid = (SELECT min(rowid) FROM {table})"
+        if fault == "drop_row":
+            self.engine.execute(self._view_sql(f"SELECT * FROM {table} WHERE NOT ({first})"))
+        else:
+            column, changed = _column_to_change(self.schema)
+            replaced = f"CASE WHEN {first} THEN {changed} ELSE {column} END AS {column}"
+            self.engine.execute(self._view_sql(f"SELECT * REPLACE ({replaced}) FROM {table}"))
+
+
+def _copy_file(source: str, target: str) -> bool:
+    """Copy a file (False: it is gone)."""
+    try:
+        shutil.copyfile(source, target)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _column_to_change(schema: pa.Schema) -> tuple[str, str]:
+    """A column of ``schema`` and an expression that changes its (non-NULL) value."""
+    for field_ in schema:
+        column = quote(field_.name)
+        kind = field_.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            return column, f"{column} + 1"
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return column, f"{column} || '~'"
+    column = quote(schema[0].name)
+    return column, "NULL"
 
 
 class RowStream:
@@ -327,12 +652,23 @@ class RowStream:
     handed out once, in whatever order)."""
 
     def __init__(
-        self, cursor: duckdb.DuckDBPyConnection, select: str, batch_rows: int, schema: pa.Schema
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        select: str,
+        batch_rows: int,
+        schema: pa.Schema,
+        hashed: str | None = None,
+        known: tuple[int, int] = (0, 0),
     ) -> None:
+        """``hashed`` and ``known``: the snapshot's checksum is that of the rows
+        ``hashed`` selects plus ``known`` (a base's, kept in its record); without
+        ``hashed``, that of ``select``."""
         self._cursor = cursor
         self._select = select
         self._batch_rows = batch_rows
         self._schema = schema
+        self._hashed = hashed or select
+        self._known = known
         self._reader: pa.RecordBatchReader | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -358,8 +694,8 @@ class RowStream:
         with self._lock:
             if self._closed or self._reader is not None:
                 return None
-            ((rows, digest),) = self._cursor.execute(checksum_sql(self._select)).fetchall()
-        return int(rows), int(digest)
+            ((rows, digest),) = self._cursor.execute(checksum_sql(self._hashed)).fetchall()
+        return int(rows) + self._known[0], int(digest) + self._known[1]
 
     def close(self) -> None:
         with self._lock:

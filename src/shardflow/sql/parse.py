@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Iterable
 
 import duckdb
@@ -204,6 +206,26 @@ def refuse_row_ids_in_text(sql: str, catalog: Catalog) -> None:
     """:func:`refuse_row_ids` for text SQLGlot cannot parse: any word ``rowid`` counts."""
     words = tokenize(sql)
     _refuse_row_ids_among((t.text for t in words if t.token_type == TokenType.VAR), catalog)
+
+
+FILE_FUNCTIONS = re.compile(
+    r"(read_|parquet_|iceberg_|delta_|sniff_|st_read|glob$|.*_scan$)", re.IGNORECASE
+)
+"""DuckDB's functions that read files (``read_csv``, ``read_blob``, ``parquet_metadata``,
+``glob``, ``parquet_scan``, ...): a worker's DuckDB opens shards' checkpoint files, so its
+own file access is on within their folders; queries never use it."""
+
+
+def refuse_file_functions(sql: str) -> None:
+    """Refuse a query that calls a function reading files (any word of
+    :data:`FILE_FUNCTIONS` followed by a bracket), parsed or not."""
+    words = [t for t in tokenize(sql) if t.token_type != TokenType.STRING]
+    for word, after in itertools.pairwise(words):
+        if after.token_type == TokenType.L_PAREN and FILE_FUNCTIONS.match(word.text):
+            raise UnsupportedError(
+                f"{word.text}(): shardflow queries read shardflow tables, not files; load "
+                "the file into a table first (db.create_table, shardflow load)"
+            )
 
 
 def is_select(sql: str) -> bool:

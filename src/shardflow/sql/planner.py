@@ -36,6 +36,7 @@ from shardflow.sql.parse import (
     DIALECT,
     MAX_NESTING,
     parse,
+    refuse_file_functions,
     refuse_row_ids,
     resolve,
     tables_read,
@@ -91,6 +92,7 @@ def plan(sql: str, catalog: Catalog) -> DistributedPlan:
     """Plan ``sql`` against ``catalog``. Raises :class:`shardflow.QueryError` subclasses."""
     try:
         tree = parse(sql)
+        refuse_file_functions(sql)
         read, _ = tables_read(tree, catalog)
         refuse_row_ids(tree, catalog)
         _refuse_tables_by_name(tree, catalog)

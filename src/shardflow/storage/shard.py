@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +25,11 @@ from shardflow.storage.shard_store import (
     RECENT_BATCH_IDS,
     Applied,
     BaseWriter,
+    CheckpointFile,
+    CheckpointMeta,
     ShardStore,
     merge_buckets,
+    read_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -106,7 +110,9 @@ class BatchStream(Protocol):
 class RowStore(Protocol):
     """Where a shard's rows live in memory."""
 
-    def append(self, table: pa.Table) -> None: ...
+    def append(self, table: pa.Table, lsn: int = 0) -> None:
+        """Add rows logged up to ``lsn``."""
+        ...
 
     def reset(self, tables: list[pa.Table]) -> None:
         """Replace every row with ``tables``."""
@@ -121,6 +127,49 @@ class RowStore(Protocol):
     def nbytes(self) -> int: ...
 
 
+@runtime_checkable
+class CheckpointRows(RowStore, Protocol):
+    """A row store whose base is a checkpoint file it reads as it lies (a worker's DuckDB,
+    ``engine/duckdb_engine.NativeRows``): a restart attaches it, a checkpoint copies it and
+    adds the rows logged since, never decoding the rows it holds."""
+
+    scratch: str
+    """A local folder for files the data directory cannot be read in place from."""
+
+    def restore(
+        self,
+        checkpoint: str | None,
+        meta: CheckpointMeta | None,
+        tables: list[pa.Table],
+        lsns: list[int],
+    ) -> None:
+        """Hold the checkpoint file (if any) and ``tables`` after it (each logged up to its
+        LSN in ``lsns``); ``StorageError`` for a file that is not what ``meta`` says."""
+        ...
+
+    def begin_load(self, path: str) -> None:
+        """Stage the rows that follow (:meth:`stage`) into a new checkpoint file."""
+        ...
+
+    def stage(self, table: pa.Table) -> None: ...
+
+    def finish_load(self) -> tuple[int, int, int]:
+        """Close the load's file; its (rows, digest, Arrow bytes)."""
+        ...
+
+    def abandon_load(self) -> None: ...
+
+    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
+        """Write every row logged up to ``lsn`` as a checkpoint file at ``path``; its
+        (rows, digest, Arrow bytes)."""
+        ...
+
+    def use_checkpoint(self, path: str, meta: CheckpointMeta) -> None:
+        """Read the rows up to ``meta.lsn`` from the checkpoint file at ``path`` from now on
+        (the copies of them in memory go)."""
+        ...
+
+
 class ArrowRows:
     """Rows as Arrow record batches; readers get a zero-copy ``pyarrow.Table``."""
 
@@ -131,7 +180,7 @@ class ArrowRows:
         self._snapshot: pa.Table | None = None
         self._lock = threading.Lock()
 
-    def append(self, table: pa.Table) -> None:
+    def append(self, table: pa.Table, lsn: int = 0) -> None:
         with self._lock:
             self._batches.extend(b for b in table.to_batches() if b.num_rows)
             self._tail += table.num_rows and 1
@@ -198,6 +247,8 @@ class Shard:
         self.lsn = 0
         self.data: RowStore = rows if rows is not None else ArrowRows(schema)
         self._base_writer: BaseWriter | None = None
+        self._load_file: CheckpointFile | None = None
+        """The checkpoint file a load (or a split's copy) stages its rows into."""
         self._staged_rows = 0
         self._staging: list[pa.Table] = []
         """Staged rows not handed to the row store yet (fewer than STAGE_ROWS)."""
@@ -242,18 +293,36 @@ class Shard:
         must not miss what that copy acknowledged)."""
         self.store.check_claim("reads", later_only=True)
 
-    def recover(self, attempts: int = 5) -> None:
-        """Rebuild from durable storage (retrying while a writer checkpoints under us)."""
+    def recover(self, attempts: int = 5, upto: int | None = None) -> None:
+        """Rebuild from durable storage (retrying while a writer checkpoints under us). A
+        checkpoint file is opened where it lies, and only the log after it is read. With
+        ``upto`` no log entry past it is taken (a move's target: what the source logs after
+        its pinned LSN comes from the source)."""
         for attempt in range(attempts):
             try:
-                recovered = self.store.recover(self.schema)
+                recovered = self.store.recover(self.schema, upto)
+                with self._lock:
+                    if isinstance(self.data, CheckpointRows):
+                        checkpoint = recovered.checkpoint
+                        if checkpoint is not None:
+                            checkpoint = self.store.local_checkpoint(checkpoint, self.data.scratch)
+                        self.data.restore(
+                            checkpoint, recovered.meta, recovered.tables, recovered.lsns
+                        )
+                    else:
+                        tables = recovered.tables
+                        if recovered.checkpoint is not None:
+                            local = self.store.local_checkpoint(
+                                recovered.checkpoint, tempfile.gettempdir()
+                            )
+                            tables = [read_checkpoint(local).cast(self.schema), *tables]
+                        self.data.reset(tables)
                 break
-            except FileNotFoundError:
+            except FileNotFoundError:  # superseded by a checkpoint meanwhile: list again
                 if attempt == attempts - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         with self._lock:
-            self.data.reset(recovered.tables)
             self.lsn = recovered.lsn
             self._applied = OrderedDict(recovered.applied)
             self._wal_entries = recovered.wal_entries
@@ -262,12 +331,16 @@ class Shard:
 
     def stage(self, table: pa.Table) -> None:
         """Load rows into a new shard, streaming them into memory and into the base being
-        written. Nobody reads the shard before it is served; it is durable at
-        :meth:`commit_load`."""
+        written (a checkpoint file, which the shard then reads: it holds them once).
+        Nobody reads the shard before it is served; it is durable at :meth:`commit_load`."""
         table = table.cast(self.schema)
         with self._lock:
-            if self.writer and self._base_writer is None:
-                self._base_writer = self.store.base_writer(self.lsn, self.schema)
+            if self.writer and self._base_writer is None and self._load_file is None:
+                if isinstance(self.data, CheckpointRows):
+                    self._load_file = self.store.new_checkpoint(self.lsn, self.data.scratch)
+                    self.data.begin_load(self._load_file.path)
+                else:
+                    self._base_writer = self.store.base_writer(self.lsn, self.schema)
             self._staging.append(table)
             if sum(t.num_rows for t in self._staging) >= STAGE_ROWS:
                 self._hand_staged()
@@ -277,19 +350,41 @@ class Shard:
 
     def _hand_staged(self) -> None:
         if self._staging:
-            self.data.append(pa.concat_tables(self._staging))
+            staged = pa.concat_tables(self._staging)
             self._staging = []
+            if isinstance(self.data, CheckpointRows):
+                self.data.stage(staged)
+            else:
+                self.data.append(staged, self.lsn)
 
     def commit_load(self) -> int:
         """Make the staged rows the durable base; returns their count."""
         with self._lock:
             self._hand_staged()
-            if self.writer:
+            if isinstance(self.data, CheckpointRows):
+                self._commit_checkpoint_load()
+            elif self.writer:
                 writer = self._base_writer or self.store.base_writer(self.lsn, self.schema)
                 writer.finish(self._applied)
             self._base_writer = None
             rows, self._staged_rows = self._staged_rows, 0
             return rows
+
+    def _commit_checkpoint_load(self) -> None:
+        assert isinstance(self.data, CheckpointRows)
+        if not self.writer:
+            return
+        if self._load_file is None:  # nothing was staged: an empty checkpoint all the same
+            self._load_file = self.store.new_checkpoint(self.lsn, self.data.scratch)
+            self.data.begin_load(self._load_file.path)
+        load, self._load_file = self._load_file, None
+        try:
+            sums = self.data.finish_load()
+        except BaseException:
+            load.abandon()
+            raise
+        meta = load.finish(*sums, self._applied)
+        self.data.use_checkpoint(load.opened_at, meta)
 
     def abandon_load(self) -> None:
         with self._lock:
@@ -297,6 +392,11 @@ class Shard:
             if self._base_writer is not None:
                 self._base_writer.abandon()
                 self._base_writer = None
+            if self._load_file is not None:
+                assert isinstance(self.data, CheckpointRows)
+                self.data.abandon_load()
+                self._load_file.abandon()
+                self._load_file = None
 
     # -- writes --------------------------------------------------------------------------
     def append(
@@ -398,7 +498,9 @@ class Shard:
                     written.append((lsn, entry.batch_id, size))
                 self.store.sync_dir()  # one directory sync for the whole group
                 self.store.check_claim("writes")  # acknowledged only while this copy holds it
-            self.data.append(pa.concat_tables([table for _, table, *_ in admitted]))
+            self.data.append(
+                pa.concat_tables([table for _, table, *_ in admitted]), admitted[-1][4]
+            )
         except Moved:  # another copy holds the shard now: its recovery listed these entries
             # (it serves them) or leaves them out; deleting them could take rows it serves
             self.retired = True
@@ -432,26 +534,56 @@ class Shard:
                 self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
-        self.store.write_base(self.data.read(), self.lsn, self._applied)
+        if isinstance(self.data, CheckpointRows):
+            self._write_checkpoint(self.lsn, dict(self._applied))
+        else:
+            self.store.write_base(self.data.read(), self.lsn, self._applied)
         self._wal_entries = 0
         self._wal_bytes = 0
 
+    def _write_checkpoint(self, lsn: int, applied: Applied) -> None:
+        """A new checkpoint file of the rows logged up to ``lsn``: the last one copied, the
+        rows logged since added to it; the shard reads it from then on."""
+        assert isinstance(self.data, CheckpointRows)
+        written = self.store.new_checkpoint(lsn, self.data.scratch)
+        try:
+            sums = self.data.write_checkpoint(written.path, lsn)
+        except BaseException:
+            written.abandon()
+            raise
+        meta = written.finish(*sums, applied)
+        self.data.use_checkpoint(written.opened_at, meta)
+
     def _start_checkpoint(self) -> None:
-        """Pin the rows at this LSN (under the lock: cheap) and write them as the new base
-        on a thread of their own, so appends go on meanwhile: a checkpoint reads and writes
-        the whole shard, which held every append to the shard for as long (an insert p99
-        of seconds in ``bench/elasticity.py``). Log entries after the LSN stay; if the
-        checkpoint fails they all stay, and the next append tries again."""
-        stream = getattr(self.data, "stream", None)
-        pinned: BatchStream = (
-            stream(CHECKPOINT_BATCH_ROWS) if stream is not None else _OneBatch(self.data.read())
-        )
+        """Write the rows up to this LSN as the new base on a thread of their own, so
+        appends go on meanwhile: a checkpoint held every append to the shard for as long
+        (an insert p99 of seconds in ``bench/elasticity.py``). Log entries after the LSN
+        stay; if the checkpoint fails they all stay, and the next append tries again. A
+        checkpoint file needs nothing pinned (the rows logged up to the LSN change no
+        more); a Parquet base reads a snapshot pinned now, under the lock (cheap)."""
         done = (self.lsn, dict(self._applied), self._wal_entries, self._wal_bytes)
         self._wal_entries = self._wal_bytes = 0
         self._checkpointing = True
-        threading.Thread(
-            target=self._checkpoint_pinned, args=(pinned, *done), name="checkpoint", daemon=True
-        ).start()
+        if isinstance(self.data, CheckpointRows):
+            thread = threading.Thread(target=self._checkpoint_file, args=done, daemon=True)
+        else:
+            stream = getattr(self.data, "stream", None)
+            pinned: BatchStream = (
+                stream(CHECKPOINT_BATCH_ROWS) if stream is not None else _OneBatch(self.data.read())
+            )
+            thread = threading.Thread(
+                target=self._checkpoint_pinned, args=(pinned, *done), daemon=True
+            )
+        thread.name = "checkpoint"
+        thread.start()
+
+    def _checkpoint_file(self, lsn: int, applied: Applied, entries: int, size: int) -> None:
+        try:
+            self._write_checkpoint(lsn, applied)
+        except Exception as error:  # the appends are durable in the log: retried later
+            self._checkpoint_failed(error, entries, size)
+        finally:
+            self._checkpoint_done()
 
     def _checkpoint_pinned(
         self,
@@ -471,15 +603,21 @@ class Shard:
                 raise
             writer.finish(applied)
         except Exception as error:  # the appends are durable in the log: retried later
-            log.warning("checkpoint of %s failed: %s", self.store.folder, error)
-            with self._lock:
-                self._wal_entries += entries
-                self._wal_bytes += size
+            self._checkpoint_failed(error, entries, size)
         finally:
             pinned.close()
-            with self._lock:
-                self._checkpointing = False
-                self._lock.notify_all()
+            self._checkpoint_done()
+
+    def _checkpoint_failed(self, error: Exception, entries: int, size: int) -> None:
+        log.warning("checkpoint of %s failed: %s", self.store.folder, error)
+        with self._lock:
+            self._wal_entries += entries
+            self._wal_bytes += size
+
+    def _checkpoint_done(self) -> None:
+        with self._lock:
+            self._checkpointing = False
+            self._lock.notify_all()
 
     def adopt(self, applied: Applied) -> None:
         """Remember batches applied by the shard(s) this one replaces, so that a retry of one

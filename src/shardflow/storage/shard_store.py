@@ -1,8 +1,14 @@
-"""Durable files of one shard: a Parquet base plus a write-ahead log of Arrow IPC entries.
+"""Durable files of one shard: a checkpoint plus a write-ahead log of Arrow IPC entries.
 
 Layout under ``<data dir>/tables/<table uid>/<shard>/``::
 
-    base-<lsn>.parquet            every row up to and including log sequence number <lsn>
+    ckpt-<lsn>.duckdb             every row up to and including log sequence number <lsn>, as
+                                  a DuckDB database file the engine attaches as it is (a
+                                  worker's shards; see ``engine/duckdb_engine.NativeRows``)
+    ckpt-<lsn>.json               what that file holds (rows, checksum, size, batch ids):
+                                  written before the file is renamed into place
+    base-<lsn>.parquet            the same as Parquet (shards kept as Arrow, in tests and
+                                  tools); the newest of the two kinds is the shard's base
     wal-<lsn>-<batch id>[.<holder>].arrow
                                   one acknowledged insert; durable before it is acknowledged
                                   (<holder>: the token of the copy that logged it)
@@ -13,6 +19,11 @@ Each entry is its own file, written whole and renamed into place (or put as one 
 an object store), so recovery never sees a torn entry. A checkpoint writes a new base and
 only then deletes the entries and the older base it covers: a crash at any point leaves a
 state from which :meth:`ShardStore.recover` rebuilds every acknowledged row exactly once.
+
+A checkpoint file is immutable once in place: a restart, a failover and a live move's
+target open it where it lies (a copy first, where the data directory is not a local
+folder) and replay the log entries after its LSN; nothing is decoded and loaded again. The
+next checkpoint starts from a copy of it (a file copy) and adds the rows logged since.
 
 **One writer per shard, fenced by its epoch.** A copy of the shard that is to write it (a
 worker given the shard by the catalog, a move's target) first *claims* it: it adds itself
@@ -30,9 +41,11 @@ clusters; this fences copies of one shard.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import secrets
@@ -40,10 +53,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from shardflow.catalog.store import DataDir, fsync_dir
-from shardflow.errors import Moved
+from shardflow.errors import Moved, StorageError
+
+log = logging.getLogger(__name__)
 
 RECENT_BATCH_IDS = 4096
 """How many insert batch ids a shard remembers (and persists) to make retries idempotent."""
@@ -81,13 +97,40 @@ class Holder:
     """The LSN it recovered to; None until it has."""
 
 
+CHECKPOINT_FAULT_VARIABLE = "SHARDFLOW_TEST_FAULT_CHECKPOINT"
+"""Tests only: "torn" cuts every checkpoint file short once it is in place, "stale" puts
+the shard's previous checkpoint file in its place (where there is one): recovery and
+VERIFY must refuse to serve either."""
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint file holds, kept beside it (``ckpt-<lsn>.json``)."""
+
+    lsn: int
+    rows: int
+    digest: int
+    """The sum of DuckDB's row hashes over its rows (``DuckDBEngine.checksum``)."""
+    nbytes: int
+    """The rows' size as Arrow (what placement weighs)."""
+    file_bytes: int
+    """The file's size: a file cut short is refused."""
+    applied: Applied
+
+
 @dataclass(frozen=True)
 class Recovered:
     tables: list[pa.Table]
+    """The Parquet base's rows (if the base is one) and each log entry's after it."""
+    lsns: list[int]
+    """Per table, the LSN it holds the rows of (a Parquet base: its LSN)."""
     lsn: int
     applied: Applied
     wal_entries: int
     wal_bytes: int
+    checkpoint: str | None = None
+    """The checkpoint file the shard starts from (None: a Parquet base, or none)."""
+    meta: CheckpointMeta | None = None
 
 
 def shard_folder(data_dir: DataDir, table_uid: str, shard: str) -> str:
@@ -239,26 +282,45 @@ class ShardStore:
         return BaseWriter(self, lsn, schema)
 
     def _supersede(self, lsn: int, keep: str) -> None:
+        kept = {keep, _meta_name(keep)}
         for name in self._dir.list(self.folder):
             covered = _lsn_of(name)
-            if covered is not None and name != keep and covered <= lsn:
+            if covered is not None and name not in kept and covered <= lsn:
                 self._dir.delete(self._path(name))
 
-    def recover(self, schema: pa.Schema) -> Recovered:
+    def recover(self, schema: pa.Schema, upto: int | None = None) -> Recovered:
+        """The shard's durable state: its newest base (a checkpoint file, named, or a
+        Parquet base, read) and the log entries after it. With ``upto`` no entry past it,
+        unless the base itself is newer (a live move's target: the source's pinned LSN;
+        what came after reaches it from the source)."""
         names = self._dir.list(self.folder)
-        bases = sorted(n for n in names if n.startswith("base-") and n.endswith(".parquet"))
+        bases = sorted(
+            (lsn, name)
+            for name in names
+            if (lsn := _lsn_of(name)) is not None
+            and (_is_parquet_base(name) or _is_checkpoint(name))
+        )
         tables: list[pa.Table] = []
+        lsns: list[int] = []
         lsn = 0
         applied: Applied = {}
+        checkpoint: str | None = None
+        meta: CheckpointMeta | None = None
         if bases:
-            base = bases[-1]
-            lsn = _lsn_of(base) or 0
-            with self._dir.fs.open_input_file(self._path(base)) as handle:
-                parquet = pq.ParquetFile(handle)
-                table = parquet.read()
-                found = parquet.metadata.metadata or {}
-            applied = json.loads(found.get(b"shardflow.applied", b"{}"))
-            tables.append(table.replace_schema_metadata(None).cast(schema))
+            lsn, base = bases[-1]
+            if _is_checkpoint(base):
+                checkpoint = self._path(base)
+                meta = self.checkpoint_meta(base)
+                applied = dict(meta.applied)
+            else:
+                with self._dir.fs.open_input_file(self._path(base)) as handle:
+                    parquet = pq.ParquetFile(handle)
+                    table = parquet.read()
+                    found = parquet.metadata.metadata or {}
+                applied = json.loads(found.get(b"shardflow.applied", b"{}"))
+                tables.append(table.replace_schema_metadata(None).cast(schema))
+                lsns.append(lsn)
+        last = None if upto is None else max(upto, lsn)
         wal_entries = 0
         wal_bytes = 0
         superseded = _superseded(self.holders())
@@ -266,6 +328,8 @@ class ShardStore:
             entry_lsn = _lsn_of(name)
             if entry_lsn is None or entry_lsn <= lsn:
                 continue
+            if last is not None and entry_lsn > last:
+                break
             batch_id, writer = _entry_of(name)
             if entry_lsn > superseded.get(writer, entry_lsn) and not unfenced("recovery"):
                 continue  # logged by a holder after a later one took over: never acknowledged
@@ -273,13 +337,57 @@ class ShardStore:
             with pa.ipc.open_stream(io.BytesIO(payload)) as reader:
                 entry = reader.read_all()
             tables.append(entry.replace_schema_metadata(None).cast(schema))
+            lsns.append(entry_lsn)
             buckets = json.loads((entry.schema.metadata or {}).get(b"shardflow.buckets", b"null"))
             applied[batch_id] = merge_buckets(applied.get(batch_id, []), buckets)
             lsn = entry_lsn
             wal_entries += 1
             wal_bytes += len(payload)
         recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
-        return Recovered(tables, lsn, recent, wal_entries, wal_bytes)
+        return Recovered(tables, lsns, lsn, recent, wal_entries, wal_bytes, checkpoint, meta)
+
+    # -- checkpoint files ----------------------------------------------------------------
+    def checkpoint_meta(self, name: str) -> CheckpointMeta:
+        """What the checkpoint file ``name`` holds; ``StorageError`` if its record is
+        missing or does not match the file (cut short)."""
+        record_path = self._path(_meta_name(name))
+        try:
+            record = json.loads(self._dir.read(record_path))
+            meta = CheckpointMeta(**record)
+        except FileNotFoundError:
+            raise StorageError(f"checkpoint {self._path(name)} has no record beside it") from None
+        except (ValueError, TypeError) as error:
+            raise StorageError(f"checkpoint record {record_path} is damaged: {error}") from None
+        size = self._dir.fs.get_file_info(self._path(name)).size
+        if size != meta.file_bytes:
+            raise StorageError(
+                f"checkpoint {self._path(name)} is damaged: {size} bytes, written as "
+                f"{meta.file_bytes}; not served (restore the file, or drop the table)"
+            )
+        return meta
+
+    def local_checkpoint(self, path: str, scratch: str) -> str:
+        """A local path to open the checkpoint file ``path`` at: itself in a local data
+        directory, else a copy in the local folder ``scratch``."""
+        if self._dir.local:
+            return path
+        os.makedirs(scratch, exist_ok=True)
+        local = os.path.join(
+            scratch, f"{self.table_uid}-{os.path.basename(self.folder)}-{os.path.basename(path)}"
+        )
+        pafs.copy_files(
+            path,
+            local,
+            source_filesystem=self._dir.fs,
+            destination_filesystem=pafs.LocalFileSystem(),
+        )
+        return local
+
+    def new_checkpoint(self, lsn: int, scratch: str) -> CheckpointFile:
+        """A checkpoint file at ``lsn`` to write (a local path; ``scratch`` holds it where
+        the data directory is not a local folder); it becomes the shard's base at
+        :meth:`CheckpointFile.finish`."""
+        return CheckpointFile(self, lsn, scratch)
 
     def destroy(self) -> None:
         self._dir.delete_dir(self.folder)
@@ -332,6 +440,101 @@ class BaseWriter:
         self.store._dir.delete(self.target, fenced=False)
 
 
+class CheckpointFile:
+    """A checkpoint file being written (by the engine, at :attr:`path`): it becomes the
+    shard's base at :meth:`finish`, durably and atomically, not before."""
+
+    def __init__(self, store: ShardStore, lsn: int, scratch: str) -> None:
+        self.store = store
+        self.lsn = lsn
+        self.name = _checkpoint_name(lsn)
+        self.final = store._path(self.name)
+        if store._dir.local:
+            self.path = f"{self.final}.tmp-{os.getpid()}-{id(self)}"
+        else:
+            os.makedirs(scratch, exist_ok=True)
+            self.path = os.path.join(scratch, f"{store.table_uid}-{self.name}.{id(self)}")
+        self.opened_at = self.final if store._dir.local else self.path
+        """Where the shard opens the file once finished (kept local where the data
+        directory is not)."""
+
+    def finish(self, rows: int, digest: int, nbytes: int, applied: Applied) -> CheckpointMeta:
+        """Make the written file the shard's base: its record first, then the file
+        (renamed, or put whole on an object store), then what it supersedes goes. Only
+        while our cluster owns the directory and this copy holds the shard (else it would
+        delete the new holder's log entries)."""
+        store = self.store
+        data_dir = store._dir
+        recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
+        try:
+            with open(self.path, "rb+") as handle:
+                os.fsync(handle.fileno())
+            size = os.path.getsize(self.path)
+            meta = CheckpointMeta(self.lsn, rows, digest, nbytes, size, recent)
+            data_dir.check_owner()
+            store.check_claim("checkpoints")
+            data_dir.write_atomic(
+                store._path(_meta_name(self.name)), json.dumps(dataclasses.asdict(meta)).encode()
+            )
+            if data_dir.local:
+                os.replace(self.path, self.final)
+                fsync_dir(store.folder)
+            else:
+                pafs.copy_files(
+                    self.path,
+                    self.final,
+                    source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=data_dir.fs,
+                )
+        except BaseException:
+            self.abandon()
+            raise
+        _inject_checkpoint_fault(store, self.final)
+        store._supersede(self.lsn, self.name)
+        return meta
+
+    def abandon(self) -> None:
+        for path in (self.path, f"{self.path}.wal"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def read_checkpoint(path: str) -> pa.Table:
+    """The rows of a checkpoint file (a local path), read whole into Arrow: for row stores
+    that hold Arrow, and for tools; a worker attaches the file instead."""
+    import duckdb  # only where a checkpoint is read whole, not by every importer
+
+    connection = duckdb.connect(path, read_only=True)
+    try:
+        return connection.sql('SELECT * FROM main."rows"').to_arrow_table()
+    finally:
+        connection.close()
+
+
+def _inject_checkpoint_fault(store: ShardStore, path: str) -> None:
+    """The test-only hook of :data:`CHECKPOINT_FAULT_VARIABLE` (local data directories)."""
+    fault = os.environ.get(CHECKPOINT_FAULT_VARIABLE, "")
+    if not fault or not store._dir.local:
+        return
+    if fault == "torn":
+        with open(path, "rb+") as handle:
+            handle.truncate(os.path.getsize(path) // 2)
+    elif fault == "stale":
+        older = sorted(
+            n for n in store._dir.list(store.folder) if _is_checkpoint(n) and store._path(n) < path
+        )
+        if older:
+            with open(store._path(older[-1]), "rb") as src:
+                content = src.read()
+            with open(path, "wb") as out:
+                out.write(content)
+            meta_path = store._path(_meta_name(os.path.basename(path)))
+            meta = json.loads(store._dir.read(meta_path))
+            meta["file_bytes"] = len(content)  # the record fits the file: only its LSN lies
+            store._dir.write_atomic(meta_path, json.dumps(meta).encode())
+    log.warning("test fault %s injected into checkpoint %s", fault, path)
+
+
 def _superseded(holders: list[Holder]) -> dict[str, int]:
     """Per holder's token, the LSN past which its entries are not the shard's: the lowest
     ``start_lsn`` of the holders that claimed the shard after it."""
@@ -362,8 +565,24 @@ def _entry_of(name: str) -> tuple[str, str]:
 _ENTRY = re.compile(r"wal-\d{12}-(?P<batch>.+?)(?:\.(?P<holder>[0-9a-f]{16}))?\.arrow")
 
 
+def _checkpoint_name(lsn: int) -> str:
+    return f"ckpt-{lsn:012d}.duckdb"
+
+
+def _is_parquet_base(name: str) -> bool:
+    return name.startswith("base-") and name.endswith(".parquet")
+
+
+def _is_checkpoint(name: str) -> bool:
+    return name.startswith("ckpt-") and name.endswith(".duckdb")
+
+
+def _meta_name(checkpoint: str) -> str:
+    return checkpoint.removesuffix(".duckdb") + ".json"
+
+
 def _lsn_of(name: str) -> int | None:
-    for prefix in ("base-", "wal-"):
+    for prefix in ("base-", "wal-", "ckpt-"):
         if name.startswith(prefix):
             digits = name[len(prefix) : len(prefix) + 12]
             return int(digits) if digits.isdigit() else None

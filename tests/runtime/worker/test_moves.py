@@ -72,15 +72,40 @@ def held_compactions(cluster: LocalCluster) -> dict[str, int]:
     return {n: cluster.workers.get(n).node.engine.compactor.held for n in cluster.catalog.nodes}
 
 
+def test_a_plain_move_opens_the_units_files_and_copies_no_row(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration ships storage: the target opens the unit's newest checkpoint file and
+    replays the log after it (inserts logged since the last checkpoint included); the
+    source hands out no chunk, and VERIFY compares every row the target reads."""
+    unit = cluster.units("events")[0]
+    cluster.insert("events", events(ROWS, 500))  # in the log, after the load's checkpoint
+    chunks: list[int] = []
+    chunk = SourceSide.chunk
+
+    def counted(side: SourceSide, *args: Any) -> pa.Table | None:
+        chunks.append(1)
+        return chunk(side, *args)
+
+    monkeypatch.setattr(SourceSide, "chunk", counted)
+    to = other_node(cluster, unit.node)
+    assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
+    assert chunks == []
+    moved = cluster.workers.get(to).node.shards[("events", unit.unit_id)]
+    assert moved.data.checkpoint_lsn == 0  # the load's file, where it lies
+    assert moved.lsn > 0  # and the insert after it, replayed from the log
+    cluster.insert("events", events(ROWS + 500, 500))  # the new owner logs on
+    assert_serves(cluster, pa.concat_tables([events(0, ROWS + 1000)]))
+
+
 def test_compaction_waits_while_a_copy_is_built_and_runs_after(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The target's engine does not compress rows while it builds a copy (the copy's
-    appends and its fence would wait for it); once the move is done, or rolled back, it
-    may again. Loads hold it the same way while they stage."""
+    """The target's engine does not compress rows while it builds a split's copy (the
+    copy's appends and its fence would wait for it); once the split is done, or rolled
+    back, it may again. Loads hold it the same way while they stage."""
     assert set(held_compactions(cluster).values()) == {0}  # the loads released theirs
     unit = cluster.units("events")[0]
-    to = other_node(cluster, unit.node)
     seen: list[dict[str, int]] = []
     catch_up = TargetSide.catch_up
 
@@ -89,15 +114,14 @@ def test_compaction_waits_while_a_copy_is_built_and_runs_after(
         return catch_up(side, *args)
 
     monkeypatch.setattr(TargetSide, "catch_up", watched)
-    assert cluster.migrate(unit.unit_id, to)["phase"] == "done"
-    assert seen and all(held[to] == 1 for held in seen)
-    # the move compressed its copy itself (at its first catch-up, before the fence)
-    node = cluster.workers.get(to).node
-    physical = node.shards[("events", unit.unit_id)].data.physical
-    kinds = node.engine.run(f"SELECT compression FROM pragma_storage_info('{physical}.rows')")
-    assert any(kind != "Uncompressed" for kind in kinds.column("compression").to_pylist())
+    assert cluster.split(unit.unit_id)["phase"] == "done"
+    targets = {t.node for t in last_move(cluster).plan.targets}
+    assert seen and all(held[n] == 1 for held in seen for n in targets)
+    # the copy's rows went into a checkpoint file of each new shard (written compressed)
+    for target in last_move(cluster).plan.targets:
+        node = cluster.workers.get(target.node).node
+        assert node.shards[("events", target.unit_id)].data.checkpoint_lsn == 0
     assert set(held_compactions(cluster).values()) == {0}
-    assert all(held[unit.node] == 0 for held in seen)
 
 
 def test_a_copy_is_paced_by_how_much_the_targets_own_work_slows_down(
@@ -126,7 +150,7 @@ def test_a_copy_is_paced_by_how_much_the_targets_own_work_slows_down(
     monkeypatch.setattr(CopyPacer, "after_chunk", spied)
     monkeypatch.setattr(WorkerNode, "foreground_slowdown", lambda node: 3.0)
     unit = cluster.units("events")[0]
-    assert cluster.migrate(unit.unit_id, other_node(cluster, unit.node))["phase"] == "done"
+    assert cluster.split(unit.unit_id)["phase"] == "done"  # a split copies rows
     assert asked and all(nbytes > 0 and slowdown == 3.0 for nbytes, slowdown in asked)
     assert_serves(cluster, pa.concat_tables([events(0, ROWS + 300)]))
 
@@ -151,7 +175,7 @@ def test_a_source_does_not_learn_its_slowdown_during_a_move_as_usual(
         return chunk(side, *args)
 
     monkeypatch.setattr(SourceSide, "chunk", slowed)
-    assert cluster.migrate(unit.unit_id, other_node(cluster, unit.node))["phase"] == "done"
+    assert cluster.split(unit.unit_id)["phase"] == "done"  # a split hands out rows
     assert handed_out
     assert source.foreground.usual["probe"] == pytest.approx(0.010)
     assert source.foreground_slowdown() == pytest.approx(5.0)

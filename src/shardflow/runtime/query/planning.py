@@ -34,7 +34,7 @@ from shardflow.errors import (
 )
 from shardflow.runtime.query.executor import ExecutionReport, Runner, execute
 from shardflow.sql import DistributedPlan, gather_plan, plan
-from shardflow.sql.parse import is_select, refuse_row_ids_in_text
+from shardflow.sql.parse import is_select, refuse_file_functions, refuse_row_ids_in_text
 from shardflow.sql.shapes import PlanTemplate, make_template, shape_of
 
 __all__ = ["Binder", "PlanCache", "PlannedQuery", "answer", "plan_query"]
@@ -229,6 +229,7 @@ def _gather_if_bound(
     says why; None: shardflow's SQL parser cannot read it), if DuckDB binds it; else the
     planner's ``error`` stands, or DuckDB's own where there is none."""
     refuse_row_ids_in_text(sql, catalog)
+    refuse_file_functions(sql)
     try:
         schema = binder.schema(sql, catalog)
     except UnsupportedError:

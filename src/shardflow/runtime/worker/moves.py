@@ -33,7 +33,7 @@ from shardflow.control.migration import (
     verify_copy,
 )
 from shardflow.engine import DuckDBEngine
-from shardflow.engine.duckdb_engine import NativeRows, quote
+from shardflow.engine.duckdb_engine import NativeRows
 from shardflow.errors import MoveCancelled, Moved
 from shardflow.runtime.protocol import (
     ChangeSet,
@@ -325,6 +325,9 @@ class TargetSide:
         ``bandwidth_bytes_s`` (0: no cap), and commit them; then read back the checksum of
         what was stored. ``link`` reaches the source on a node."""
         move = self._begin(plan)
+        self._hold_for_test(plan.move_id)
+        if move.shares_files:
+            return self._open_files(move, link)
         rows = size = 0
         pacer = CopyPacer.capped(bandwidth_bytes_s)
         for node in _source_nodes(plan):
@@ -354,6 +357,39 @@ class TargetSide:
         self._inject_test_fault(move)
         move.stored = self._stored_checksums(move)
         return CopyResult(rows, size)
+
+    def _open_files(self, move: Import, link: Callable[[str], SourceLink]) -> CopyResult:
+        """A plain move ships storage, not rows: the new shard opens the unit's newest
+        checkpoint file (where it lies in the shared data directory) and replays the log
+        after it up to the source's pinned LSN; what the source takes in after that comes
+        through catch-up, as with a copy. The source only pins (its checksum: the file's,
+        kept in its record, and its tail's); nothing is read out of it, decoded or
+        compressed again. A file that is not what its record says fails the move (and
+        VERIFY hashes every row the new shard reads)."""
+        rows = size = 0
+        for node in _source_nodes(move.plan):
+            pinned = link(node).pin(move.plan)
+            for key, pin in pinned.shards.items():
+                if move.plan.move_id in self.cancelled:
+                    raise MoveCancelled(f"move {move.plan.move_id} was cancelled during its copy")
+                shard = move.shards[key]
+                shard.recover(upto=pin.lsn)
+                shard.adopt(pin.applied)
+                move.applied[key] = shard.lsn
+                rows += shard.rows
+                size += shard.nbytes
+        self._inject_test_fault(move)
+        move.stored = self._stored_checksums(move)
+        return CopyResult(rows, size)
+
+    def _hold_for_test(self, move_id: str) -> None:
+        """``Settings.test_hold_copy_s`` (tests only; 0, off, by default): wait before the
+        copy, so that a test sees the move in flight; a cancel ends the wait."""
+        until = time.monotonic() + self.node.settings.test_hold_copy_s
+        while time.monotonic() < until:
+            if move_id in self.cancelled:
+                raise MoveCancelled(f"move {move_id} was cancelled during its copy")
+            time.sleep(0.05)
 
     def cancel(self, move_id: str) -> None:
         """Stop the copy of a move an operator cancelled (its roll-back follows), also one
@@ -495,8 +531,11 @@ class TargetSide:
                 if change.lsn <= move.applied.get(source, 0):
                     continue
                 routed = self._route(move, source, change.rows, change.buckets)
+                # a plain move's copy continues the source's log: the same LSNs
+                lsn = change.lsn if move.shares_files else None
                 for unit_id, part, buckets in routed:
-                    result = move.shards[(table, unit_id)].append(part, change.batch_id, buckets)
+                    shard = move.shards[(table, unit_id)]
+                    result = shard.append(part, change.batch_id, buckets, lsn)
                     applied += result.rows
                     if result.appended is not None:
                         move.stored[table] = move.stored[table] + _checksum(
@@ -535,19 +574,9 @@ class TargetSide:
         if not fault:
             return
         for (table, unit_id), shard in sorted(move.shards.items()):
-            rows = _physical(shard)
             if shard.rows == 0:
                 continue
-            name = rows.ref
-            if fault == "drop_row":
-                statement = f"DELETE FROM {name} WHERE rowid = (SELECT min(rowid) FROM {name})"
-            else:
-                column, changed = _column_to_change(rows.schema)
-                statement = (
-                    f"UPDATE {name} SET {column} = {changed} WHERE rowid = "
-                    f"(SELECT min(rowid) FROM {name} WHERE {column} IS NOT NULL)"
-                )
-            self.node.engine.execute(statement)
+            _physical(shard).corrupt_for_test(fault)
             log.warning(
                 "test fault %s injected into the copy of %s#%d on %s (move %s)",
                 fault,
@@ -561,16 +590,3 @@ class TargetSide:
 
 def _source_nodes(plan: MovePlan) -> list[str]:
     return sorted({s.node for s in plan.sources})
-
-
-def _column_to_change(schema: pa.Schema) -> tuple[str, str]:
-    """A column of ``schema`` and an expression that changes its (non-NULL) value."""
-    for field_ in schema:
-        column = quote(field_.name)
-        kind = field_.type
-        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-            return column, f"{column} + 1"
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            return column, f"{column} || '~'"
-    column = quote(schema[0].name)
-    return column, "NULL"

@@ -131,6 +131,7 @@ class WorkerNode:
             threads=settings.engine_threads or None,
             memory_limit=f"{self.memory_limit_mb}MiB",
             temp_directory=local_folder(settings.local_dir, node_id),
+            file_folders=[self.data_dir.path("tables")] if self.data_dir.local else [],
         )
         """Holds the shards (native tables) and runs fragments on the CPU."""
         self.executor = make_executor(self.engine, self.device, slowdown, settings.engine)

@@ -1,0 +1,177 @@
+"""A worker's shard kept as DuckDB checkpoint files: a restart attaches the newest one and
+replays only the log after it, a checkpoint copies the last file and adds the rows logged
+since, a pinned snapshot survives the switch to a new file, and a torn or stale file is
+refused, never served. Real DuckDB, real files in a temporary directory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from shardflow.catalog import DataDir
+from shardflow.engine import DuckDBEngine
+from shardflow.engine.duckdb_engine import NativeRows
+from shardflow.errors import StorageError, UnsupportedError
+from shardflow.sql.parse import refuse_file_functions
+from shardflow.storage import Shard, ShardStore
+from shardflow.storage.shard_store import CHECKPOINT_FAULT_VARIABLE, read_checkpoint
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+
+def rows(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table({"id": ids, "name": [f"r{i}" for i in ids]}, schema=SCHEMA)
+
+
+class Worker:
+    """What a worker keeps of one shard: an engine and the shard's native rows."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.engine = DuckDBEngine(threads=1, file_folders=[str(data)])
+
+    def shard(self) -> tuple[Shard, NativeRows]:
+        native = self.engine.native_rows("t_0", SCHEMA, index="id")
+        store = ShardStore(DataDir.resolve(str(self.data)), "table-uid", "0")
+        return Shard(store, SCHEMA, rows=native), native
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    made: list[Worker] = []
+    yield made
+    for worker in made:
+        worker.engine.close()
+
+
+def started(workers: list[Worker], data: Path) -> Worker:
+    worker = Worker(data)
+    workers.append(worker)
+    return worker
+
+
+def folder(data: Path) -> list[str]:
+    return sorted(p.name for p in (data / "tables" / "table-uid" / "0").iterdir())
+
+
+def ids(shard: Shard) -> list[int]:
+    return sorted(shard.snapshot().column("id").to_pylist())
+
+
+def loaded(shard: Shard) -> None:
+    """A load of 1000 rows, then five inserts of ten, a checkpoint after the third."""
+    shard.stage(rows(0, 1000))
+    shard.commit_load()
+    for i in range(3):
+        shard.append(rows(10_000 + i * 10, 10), f"b{i}")
+    shard.checkpoint()
+    for i in range(3, 5):
+        shard.append(rows(10_000 + i * 10, 10), f"b{i}")
+
+
+def test_a_restart_attaches_the_checkpoint_and_replays_only_the_log_after_it(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    shard, _ = started(workers, tmp_path).shard()
+    loaded(shard)
+    assert shard.lsn == 5
+    names = folder(tmp_path)
+    assert [n for n in names if n.startswith("ckpt-")] == [
+        "ckpt-000000000003.duckdb",
+        "ckpt-000000000003.json",
+    ]
+    assert not any(n.endswith(".parquet") for n in names)
+    assert sum(n.startswith("wal-") for n in names) == 2
+
+    again, native = started(workers, tmp_path).shard()
+    again.recover()
+    assert ids(again) == ids(shard) and again.lsn == 5 and again.rows == 1050
+    assert native.checkpoint_lsn == 3  # the file is read where it lies ...
+    tail = native.engine.run(f"SELECT count(*) AS n FROM {native.tail}").column("n")[0]
+    assert tail.as_py() == 20  # ... and only the two entries after it were loaded
+    assert again.append(rows(10_000, 10), "b0").duplicate  # its batch ids came back too
+    assert native.indexed()
+
+
+def test_a_checkpoint_copies_the_last_and_adds_the_log(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    shard, native = started(workers, tmp_path).shard()
+    loaded(shard)
+    shard.checkpoint()
+    names = folder(tmp_path)
+    assert [n for n in names if n.startswith(("ckpt-", "wal-"))] == [
+        "ckpt-000000000005.duckdb",
+        "ckpt-000000000005.json",
+    ]
+    meta = shard.store.checkpoint_meta("ckpt-000000000005.duckdb")
+    whole = read_checkpoint(str(tmp_path / "tables" / "table-uid" / "0" / names[0]))
+    assert (meta.rows, meta.digest) == native.engine.checksum_rows(whole) == native.checksum()
+    assert sorted(whole.column("id").to_pylist()) == ids(shard)
+    assert native.checkpoint_lsn == 5
+    tail = native.engine.run(f"SELECT count(*) AS n FROM {native.tail}").column("n")[0]
+    assert tail.as_py() == 0  # every row is read from the file now
+
+
+def test_a_pinned_snapshot_outlives_the_switch_to_a_new_file(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    shard, native = started(workers, tmp_path).shard()
+    loaded(shard)
+    expected = native.checksum()
+    lsn, stream = shard.pinned(100)
+    shard.append(rows(50_000, 5), "later")
+    shard.checkpoint()  # a new base, the old one detached: the snapshot keeps its own
+    shard.checkpoint()
+    assert stream.checksum() == expected and lsn == 5
+    read = []
+    while (batch := stream.next()) is not None:
+        read += batch.column("id").to_pylist()
+    assert sorted(read) == [i for i in ids(shard) if i < 50_000]
+
+
+@pytest.mark.parametrize("fault", ["torn", "stale"])
+def test_a_torn_or_stale_checkpoint_is_refused_never_served(
+    workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """``torn``: the file cut short (its record's size does not match); ``stale``: the
+    previous checkpoint's file in its place, its record made to fit (only the LSN the file
+    holds tells)."""
+    shard, _ = started(workers, tmp_path).shard()
+    shard.stage(rows(0, 1000))
+    shard.commit_load()
+    shard.append(rows(5000, 10), "b0")
+    monkeypatch.setenv(CHECKPOINT_FAULT_VARIABLE, fault)
+    if fault == "stale":  # the writer reads the file back to switch to it: it notices first
+        with pytest.raises(StorageError, match="stale"):
+            shard.checkpoint()
+    else:
+        shard.checkpoint()
+    monkeypatch.delenv(CHECKPOINT_FAULT_VARIABLE)
+    again, _ = started(workers, tmp_path).shard()
+    with pytest.raises(StorageError, match=r"damaged|stale"):
+        again.recover()
+    assert again.rows == 0
+
+
+def test_queries_cannot_read_the_files_a_worker_opens(tmp_path: Path) -> None:
+    """A worker's DuckDB may open files in the shards' folders; a query calling a
+    function that reads files is refused before it gets there."""
+    engine = DuckDBEngine(threads=1, file_folders=[str(tmp_path)])
+    try:
+        (tmp_path / "secret").write_text("another table's bytes")
+        reading = f"SELECT count(*) AS n FROM read_blob('{tmp_path}/*')"
+        assert engine.run(reading).column("n")[0].as_py() == 1  # what the check keeps out
+        with pytest.raises(duckdb.PermissionException):  # elsewhere DuckDB refuses itself
+            engine.run("SELECT * FROM read_text('/etc/hostname')")
+        for query in (reading, f"SELECT * FROM GLOB('{tmp_path}/*')", "SELECT read_text('x')"):
+            with pytest.raises(UnsupportedError, match="not files"):
+                refuse_file_functions(query)
+        refuse_file_functions("SELECT * FROM t WHERE name GLOB 'r*' AND 'read_csv(' <> name")
+    finally:
+        engine.close()

@@ -23,6 +23,8 @@ last line is ``failover_s_sf1=X failover_s_sf10=Y`` (one figure per ``--sf``).
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,12 +38,11 @@ FAILOVER_TABLES = ("lineitem", "orders")
 FAILOVER_TIMEOUT_S = 600.0
 
 
-def failover_seconds(sf: float, nodes: int, home: Path) -> float:
+def failover_seconds(sf: float, nodes: int, tpch_home: Path, home: Path) -> float:
     """Load TPC-H lineitem and orders at ``sf`` on a fresh cluster, SIGKILL the data node
     holding most of lineitem (never the coordinator's), and time until lineitem's count
     answers whole again."""
-    source = tpch.generate(sf, home / f"tpch-{sf:g}")
-    paths = tpch.table_paths(source)
+    paths = tpch.table_paths(tpch.generate(sf, tpch_home))
     data_dir = home / f"data-{sf:g}"
     local = LocalRayCluster(data_dir)
     local.up(nodes)
@@ -89,10 +90,25 @@ def failover_seconds(sf: float, nodes: int, home: Path) -> float:
         local.down()
 
 
-def failover_main(scales: list[float], nodes: int) -> None:
-    with tempfile.TemporaryDirectory(prefix="shardflow-bench-failover-") as home:
-        figures = [(sf, failover_seconds(sf, nodes, Path(home))) for sf in scales]
-    print(" ".join(f"failover_s_sf{sf:g}={seconds:.2f}" for sf, seconds in figures))
+def failover_main(scales: list[float], nodes: int, tpch_home: Path) -> None:
+    """One scale here; several, each in a process of its own (a Ray driver stays bound to
+    the first cluster it joined), their figures on one last line."""
+    if len(scales) == 1:
+        with tempfile.TemporaryDirectory(prefix="shardflow-bench-failover-") as home:
+            seconds = failover_seconds(scales[0], nodes, tpch_home, Path(home))
+        print(f"failover_s_sf{scales[0]:g}={seconds:.2f}")
+        return
+    figures = []
+    for sf in scales:
+        command = [sys.executable, __file__, "--sf", str(sf), "--nodes", str(nodes)]
+        command += ["--tpch-home", str(tpch_home)]
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+        lines = run.stdout.strip().splitlines()
+        print("\n".join(lines[:-1]))
+        if run.returncode != 0 or not lines:
+            raise SystemExit(f"SF {sf:g} failed:\n{run.stdout}{run.stderr[-4000:]}")
+        figures.append(lines[-1])
+    print(" ".join(figures))
 
 
 def main() -> None:
@@ -104,9 +120,12 @@ def main() -> None:
     parser.add_argument(
         "--sf", type=float, action="append", help="measure failover at this TPC-H scale instead"
     )
+    parser.add_argument(
+        "--tpch-home", type=Path, default=Path(".shardflow-bench"), help="TPC-H data, kept"
+    )
     args = parser.parse_args()
     if args.sf:
-        failover_main(args.sf, args.nodes)
+        failover_main(args.sf, args.nodes, args.tpch_home)
         return
     kills = args.kill or ["ray-2", "coordinator"]
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-cluster-") as home:

@@ -7,7 +7,8 @@ copy rate of moves on the idle cluster over plain Arrow IPC, insert p99 while mi
 steady (an inserter runs in both phases), and seconds per GB a move takes under this load.
 
 While migrating, one lineitem unit moves back and forth between its node and another, one
-move after the other; steady is measured in both of those placements, half the time each.
+move after the other (``--gap S``: S seconds between them); steady is measured in both of
+those placements, half the time each.
 So the ratios weigh what moving costs, not what the placement a move leaves costs (a unit
 moved to a node that holds more already slows every query that follows, moving or not).
 
@@ -240,6 +241,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0, help="per measured phase")
     parser.add_argument(
+        "--gap", type=float, default=0.0, help="seconds between two moves while migrating"
+    )
+    parser.add_argument(
         "--bandwidth", type=float, default=0.0, help="migration bandwidth cap in MB/s (0: none)"
     )
     parser.add_argument(
@@ -307,6 +311,7 @@ def main() -> None:
                 moves.append(
                     db.cluster.migrate(shard, to=away if placed(db, shard) == home else home)
                 )
+                stop.wait(args.gap)
 
         helpers = [
             threading.Thread(target=mover),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from shardflow.catalog import DataDir
@@ -175,3 +176,30 @@ def test_queries_cannot_read_the_files_a_worker_opens(tmp_path: Path) -> None:
         refuse_file_functions("SELECT * FROM t WHERE name GLOB 'r*' AND 'read_csv(' <> name")
     finally:
         engine.close()
+
+
+def test_an_object_store_data_directory_is_read_through_local_copies(tmp_path: Path) -> None:
+    """Where the data directory is not a local folder (pyarrow's in-memory filesystem
+    here, as an object store), checkpoints are written locally and put whole, and read
+    back through a copy in the worker's local folder, removed once it is not read."""
+    store_fs = pafs._MockFileSystem()
+    data_dir = DataDir(store_fs, "data", "mock://data")
+    scratch = [tmp_path / "one", tmp_path / "two"]
+    engines = [DuckDBEngine(threads=1, temp_directory=str(folder)) for folder in scratch]
+    try:
+        native = engines[0].native_rows("t_0", SCHEMA, index="id")
+        shard = Shard(ShardStore(data_dir, "table-uid", "0"), SCHEMA, rows=native)
+        loaded(shard)
+        stored = store_fs.get_file_info(pafs.FileSelector("data", recursive=True))
+        names = sorted(info.base_name for info in stored if info.type == pafs.FileType.File)
+        assert names[:2] == ["ckpt-000000000003.duckdb", "ckpt-000000000003.json"]
+        native = engines[1].native_rows("t_0", SCHEMA, index="id")
+        again = Shard(ShardStore(data_dir, "table-uid", "0"), SCHEMA, rows=native)
+        again.recover()
+        assert ids(again) == ids(shard) and native.checkpoint_lsn == 3
+        assert [p.name for p in scratch[1].iterdir()] == ["table-uid-0-ckpt-000000000003.duckdb"]
+        native.drop()
+        assert list(scratch[1].iterdir()) == []
+    finally:
+        for engine in engines:
+            engine.close()

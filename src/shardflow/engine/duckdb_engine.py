@@ -5,6 +5,7 @@ view with the table's name, so fragments run as written."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from shardflow.errors import QueryError, StageRefused, StorageError, UnsupportedError
@@ -336,13 +338,14 @@ class NativeRows:
         self._lock = threading.RLock()
         """Held by appends and by the switch to a new base (which empties the tail)."""
         engine.attach(physical)
-        self._create_tail(schema.empty_table(), [])
+        self._create_tail(schema.empty_table())
 
     # -- the tail ----------------------------------------------------------------------
-    def _create_tail(self, rows: pa.Table, lsns: list[int]) -> None:
-        """(Re)make the tail holding ``rows`` (row ``i`` logged at ``lsns[i]``), and the
-        view over it and the base."""
-        tagged = rows.append_column(LSN_COLUMN, pa.array(lsns or [0] * rows.num_rows, pa.int64()))
+    def _create_tail(self, rows: pa.Table, lsns: np.ndarray | None = None) -> None:
+        """(Re)make the tail holding ``rows`` (row ``i`` logged at ``lsns[i]``; none: 0),
+        and the view over it and the base."""
+        tags = np.zeros(rows.num_rows, np.int64) if lsns is None else lsns
+        tagged = rows.append_column(LSN_COLUMN, pa.array(tags, pa.int64()))
         self.engine.execute(
             f"CREATE OR REPLACE TABLE {self.tail} AS SELECT * FROM __sf_rows", {"__sf_rows": tagged}
         )
@@ -386,7 +389,7 @@ class NativeRows:
         file that is not the checkpoint its record describes is refused (``StorageError``)
         and nothing changes."""
         data = pa.concat_tables(tables) if tables else self.schema.empty_table()
-        tags = [lsn for table, lsn in zip(tables, lsns, strict=True) for _ in range(table.num_rows)]
+        tags = np.repeat(np.asarray(lsns, np.int64), [table.num_rows for table in tables])
         base = None
         if checkpoint is not None:
             assert meta is not None
@@ -507,7 +510,15 @@ class NativeRows:
         with self._lock:
             gone, self._retired = self._retired, old
         if gone is not None:
-            self.engine.detach(gone.name)
+            self._detach(gone)
+
+    def _detach(self, base: _Base) -> None:
+        """Detach a base; a copy of it made in the local folder (the data directory is not
+        local) goes with it."""
+        self.engine.detach(base.name)
+        if os.path.dirname(os.path.abspath(base.path)) == os.path.abspath(self.scratch):
+            with contextlib.suppress(OSError):
+                os.unlink(base.path)
 
     def _attach(self, path: str, meta: CheckpointMeta) -> _Base:
         """Attach a checkpoint file read-only, refusing one that is not what ``meta`` says
@@ -598,7 +609,7 @@ class NativeRows:
         self.engine.detach(self.physical)
         for base in bases:
             if base is not None:
-                self.engine.detach(base.name)
+                self._detach(base)
 
     # -- the test-only fault hook ----------------------------------------------------------
     def corrupt_for_test(self, fault: str) -> None:

@@ -168,7 +168,7 @@ def tell_story(
         f"SELECT o_orderkey FROM orders ORDER BY hash(o_orderkey) LIMIT {LOOKUPS}"
     ).to_arrow_table()
     lookups = {
-        key: oracle.execute(story.LOOKUP_SQL, [key]).to_arrow_table()
+        key: oracle.sql(story.LOOKUP_SQL, params=[key]).to_arrow_table()
         for key in keys.column(0).to_pylist()
     }
     checked = {f"Q{n:02d}": (tpch.query(n), answer) for n, answer in expected.items()}

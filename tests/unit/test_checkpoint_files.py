@@ -203,3 +203,14 @@ def test_an_object_store_data_directory_is_read_through_local_copies(tmp_path: P
     finally:
         for engine in engines:
             engine.close()
+
+
+def test_a_copy_is_hashed_in_steps_to_the_same_sum(workers: list[Worker], tmp_path: Path) -> None:
+    """A move's target hashes its copy a step at a time (paced between steps): the sum
+    is the whole's, the steps cover the base's rows once each."""
+    shard, native = started(workers, tmp_path).shard()
+    loaded(shard)
+    steps: list[int] = []
+    stepped = native.checksum_in_steps(300, lambda nbytes, seconds: steps.append(nbytes))
+    assert stepped == native.checksum() and stepped[0] == 1050
+    assert len(steps) == 4 and all(nbytes > 0 for nbytes in steps)  # 1030 rows in the base

@@ -575,6 +575,29 @@ class NativeRows:
         base's too: what VERIFY compares with the rows a move's source handed out)."""
         return self.engine.checksum(f"SELECT * FROM {self.ref}")
 
+    def checksum_in_steps(
+        self, step_rows: int, after_step: Callable[[int, float], None]
+    ) -> tuple[int, int]:
+        """:meth:`checksum` of a shard nothing changes meanwhile (a move's copy before it
+        is served), the base hashed ``step_rows`` rows at a time (by row id: a checkpoint
+        file's rows are numbered without gaps); ``after_step(bytes, seconds)`` follows each
+        step (a move paces itself there: the hash is most of what it costs the target)."""
+        with self._lock:
+            base = self._base
+        rows, digest = self.engine.checksum(f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail}")
+        if base is None:
+            return rows, digest
+        row_bytes = base.meta.nbytes / max(base.meta.rows, 1)
+        for low in range(0, max(base.meta.rows, 1), step_rows):
+            high = "" if low + step_rows >= base.meta.rows else f" AND rowid < {low + step_rows}"
+            started = time.monotonic()
+            count, part = self.engine.checksum(
+                f"SELECT * FROM {base.table} WHERE rowid >= {low}{high}"
+            )
+            rows, digest = rows + count, digest + part
+            after_step(int(count * row_bytes), time.monotonic() - started)
+        return rows, digest
+
     @property
     def rows(self) -> int:
         with self._lock:  # a switch changes the base and the tail together
@@ -614,26 +637,27 @@ class NativeRows:
     # -- the test-only fault hook ----------------------------------------------------------
     def corrupt_for_test(self, fault: str) -> None:
         """Make the shard hold something else than it was given (tests of VERIFY only):
-        one row fewer ("drop_row") or one value changed ("change_value"), in the tail
-        where it holds rows, else in the view over the base (its file is read-only)."""
-        if self._tail_rows or self._base is None:
-            table, where = self.tail, "rowid = (SELECT min(rowid) FROM {t}{cond})"
-            first = where.format(t=table, cond="")
-            if fault == "drop_row":
-                self.engine.execute(f"DELETE FROM {table} WHERE {first}")
-            else:
-                column, changed = _column_to_change(self.schema)
-                found = where.format(t=table, cond=f" WHERE {column} IS NOT NULL")
-                self.engine.execute(f"UPDATE {table} SET {column} = {changed} WHERE {found}")
-            return
-        table = self._base.table
-        first = f"rowid = (SELECT min(rowid) FROM {table})"
+        one row fewer ("drop_row") or one value changed ("change_value"). The base's file
+        is read-only: its rows go into the tail first, and the tail is changed."""
+        with self._lock:
+            base = self._base
+            if base is not None:
+                self.engine.execute(
+                    f"INSERT INTO {self.tail} SELECT *, {base.meta.lsn}::BIGINT FROM {base.table}"
+                )
+                self._base = None
+                self._tail_rows += base.meta.rows
+                self._tail_bytes += base.meta.nbytes
+                self.engine.execute(self._view_sql())
+        self._retire(base)
+        where = "rowid = (SELECT min(rowid) FROM {table}{condition})"
         if fault == "drop_row":
-            self.engine.execute(self._view_sql(f"SELECT * FROM {table} WHERE NOT ({first})"))
+            first = where.format(table=self.tail, condition="")
+            self.engine.execute(f"DELETE FROM {self.tail} WHERE {first}")
         else:
             column, changed = _column_to_change(self.schema)
-            replaced = f"CASE WHEN {first} THEN {changed} ELSE {column} END AS {column}"
-            self.engine.execute(self._view_sql(f"SELECT * REPLACE ({replaced}) FROM {table}"))
+            first = where.format(table=self.tail, condition=f" WHERE {column} IS NOT NULL")
+            self.engine.execute(f"UPDATE {self.tail} SET {column} = {changed} WHERE {first}")
 
 
 def _copy_file(source: str, target: str) -> bool:

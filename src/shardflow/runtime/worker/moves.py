@@ -246,6 +246,8 @@ class SourceSide:
         export = self.exports.pop(move_id, None)
         if export is None:
             return
+        for stream in export.streams.values():  # a plain move's is never read: its pinned
+            stream.close()  # transaction ends here, not whenever the stream is collected
         node = self.node
         with node.lock:
             for key, shard in export.shards.items():

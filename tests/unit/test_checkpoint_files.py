@@ -214,3 +214,18 @@ def test_a_copy_is_hashed_in_steps_to_the_same_sum(workers: list[Worker], tmp_pa
     stepped = native.checksum_in_steps(300, lambda nbytes, seconds: steps.append(nbytes))
     assert stepped == native.checksum() and stepped[0] == 1050
     assert len(steps) == 4 and all(nbytes > 0 for nbytes in steps)  # 1030 rows in the base
+
+
+def test_a_checkpoint_gone_since_it_was_listed_is_listed_again_not_called_damaged(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    """A move's target lists the folder while the source checkpoints: a file superseded
+    meanwhile is ``FileNotFoundError`` (recovery lists again); a file whose record is
+    missing is damage."""
+    shard, _ = started(workers, tmp_path).shard()
+    loaded(shard)
+    with pytest.raises(FileNotFoundError):
+        shard.store.checkpoint_meta("ckpt-000000000001.duckdb")  # superseded by the one at 3
+    (tmp_path / "tables" / "table-uid" / "0" / "ckpt-000000000003.json").unlink()
+    with pytest.raises(StorageError, match="no record"):
+        shard.store.checkpoint_meta("ckpt-000000000003.duckdb")

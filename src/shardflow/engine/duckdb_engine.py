@@ -355,14 +355,11 @@ class NativeRows:
         self._tail_bytes = rows.nbytes
         self._tail_rows = rows.num_rows
 
-    def _view_sql(self, base: str | None = None) -> str:
-        """The view of the shard: the base's rows (``base``: a SELECT of them), then the
-        tail's."""
+    def _view_sql(self) -> str:
+        """The view of the shard: the base's rows, then the tail's."""
         tail = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail}"
-        if base is None and self._base is not None:
-            base = f"SELECT * FROM {self._base.table}"
-        select = f"{base} UNION ALL {tail}" if base else tail
-        return f"CREATE OR REPLACE VIEW {self.ref} AS {select}"
+        base = f"SELECT * FROM {self._base.table} UNION ALL " if self._base is not None else ""
+        return f"CREATE OR REPLACE VIEW {self.ref} AS {base}{tail}"
 
     def append(self, table: pa.Table, lsn: int = 0) -> None:
         with self._lock:
@@ -501,7 +498,6 @@ class NativeRows:
                 self._tail_bytes = self._tail_bytes * left_rows // self._tail_rows
             self._tail_rows = left_rows
         self._retire(old)
-        self.engine.compactor.appended(self.physical, 0)
         self.engine.compactor.settle(self.physical)  # the dropped rows' memory goes
 
     def _retire(self, old: _Base | None) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -38,8 +40,6 @@ _IDENTS = itertools.count(1)
 FENCE_WAIT_S = 10.0
 """How long an insert waits at a fence before it asks its client to retry."""
 
-CHECKPOINT_BATCH_ROWS = 256_000
-"""Rows a background checkpoint reads from a pinned snapshot at a time."""
 COMPACT_TAIL_BATCHES = 32
 """Small inserted batches are merged once this many pile up (scans of tiny batches are slow)."""
 RECENT_BYTES = 64 << 20
@@ -312,10 +312,8 @@ class Shard:
                     else:
                         tables = recovered.tables
                         if recovered.checkpoint is not None:
-                            local = self.store.local_checkpoint(
-                                recovered.checkpoint, tempfile.gettempdir()
-                            )
-                            tables = [read_checkpoint(local).cast(self.schema), *tables]
+                            base = self._read_checkpoint(recovered.checkpoint)
+                            tables = [base, *tables]
                         self.data.reset(tables)
                 break
             except FileNotFoundError:  # superseded by a checkpoint meanwhile: list again
@@ -329,6 +327,16 @@ class Shard:
             self._wal_bytes = recovered.wal_bytes
         self.store.settle_claim(recovered.lsn)
 
+    def _read_checkpoint(self, path: str) -> pa.Table:
+        """A checkpoint file's rows, read whole (rows kept as Arrow); a copy made to read it
+        (the data directory is not local) goes after."""
+        local = self.store.local_checkpoint(path, tempfile.gettempdir())
+        try:
+            return read_checkpoint(local).cast(self.schema)
+        finally:
+            if local != path:
+                os.unlink(local)
+
     def stage(self, table: pa.Table) -> None:
         """Load rows into a new shard, streaming them into memory and into the base being
         written (a checkpoint file, which the shard then reads: it holds them once).
@@ -337,8 +345,7 @@ class Shard:
         with self._lock:
             if self.writer and self._base_writer is None and self._load_file is None:
                 if isinstance(self.data, CheckpointRows):
-                    self._load_file = self.store.new_checkpoint(self.lsn, self.data.scratch)
-                    self.data.begin_load(self._load_file.path)
+                    self._begin_load_file()
                 else:
                     self._base_writer = self.store.base_writer(self.lsn, self.schema)
             self._staging.append(table)
@@ -375,16 +382,29 @@ class Shard:
         if not self.writer:
             return
         if self._load_file is None:  # nothing was staged: an empty checkpoint all the same
-            self._load_file = self.store.new_checkpoint(self.lsn, self.data.scratch)
-            self.data.begin_load(self._load_file.path)
+            self._begin_load_file()
+        assert self._load_file is not None
         load, self._load_file = self._load_file, None
+        self._finish_file(load, self.data.finish_load, self._applied)
+
+    def _begin_load_file(self) -> None:
+        assert isinstance(self.data, CheckpointRows)
+        self._load_file = self.store.new_checkpoint(self.lsn, self.data.scratch)
+        self.data.begin_load(self._load_file.path)
+
+    def _finish_file(
+        self, written: CheckpointFile, write: Callable[[], tuple[int, int, int]], applied: Applied
+    ) -> None:
+        """Write a checkpoint file (``write``: its rows, digest and bytes), make it the
+        shard's base, and read the shard from it from then on; abandoned if it fails."""
+        assert isinstance(self.data, CheckpointRows)
         try:
-            sums = self.data.finish_load()
+            sums = write()
         except BaseException:
-            load.abandon()
+            written.abandon()
             raise
-        meta = load.finish(*sums, self._applied)
-        self.data.use_checkpoint(load.opened_at, meta)
+        meta = written.finish(*sums, applied)
+        self.data.use_checkpoint(written.opened_at, meta)
 
     def abandon_load(self) -> None:
         with self._lock:
@@ -546,13 +566,8 @@ class Shard:
         rows logged since added to it; the shard reads it from then on."""
         assert isinstance(self.data, CheckpointRows)
         written = self.store.new_checkpoint(lsn, self.data.scratch)
-        try:
-            sums = self.data.write_checkpoint(written.path, lsn)
-        except BaseException:
-            written.abandon()
-            raise
-        meta = written.finish(*sums, applied)
-        self.data.use_checkpoint(written.opened_at, meta)
+        data = self.data
+        self._finish_file(written, lambda: data.write_checkpoint(written.path, lsn), applied)
 
     def _start_checkpoint(self) -> None:
         """Write the rows up to this LSN as the new base on a thread of their own, so
@@ -560,17 +575,14 @@ class Shard:
         (an insert p99 of seconds in ``bench/elasticity.py``). Log entries after the LSN
         stay; if the checkpoint fails they all stay, and the next append tries again. A
         checkpoint file needs nothing pinned (the rows logged up to the LSN change no
-        more); a Parquet base reads a snapshot pinned now, under the lock (cheap)."""
+        more); a Parquet base (rows kept as Arrow) reads the rows as they are now."""
         done = (self.lsn, dict(self._applied), self._wal_entries, self._wal_bytes)
         self._wal_entries = self._wal_bytes = 0
         self._checkpointing = True
         if isinstance(self.data, CheckpointRows):
             thread = threading.Thread(target=self._checkpoint_file, args=done, daemon=True)
         else:
-            stream = getattr(self.data, "stream", None)
-            pinned: BatchStream = (
-                stream(CHECKPOINT_BATCH_ROWS) if stream is not None else _OneBatch(self.data.read())
-            )
+            pinned = _OneBatch(self.data.read())
             thread = threading.Thread(
                 target=self._checkpoint_pinned, args=(pinned, *done), daemon=True
             )

@@ -351,14 +351,19 @@ class ShardStore:
         """What the checkpoint file ``name`` holds; ``StorageError`` if its record is
         missing or does not match the file (cut short)."""
         record_path = self._path(_meta_name(name))
+        found = self._dir.fs.get_file_info(self._path(name))
+        if found.type == pafs.FileType.NotFound:  # superseded since it was listed
+            raise FileNotFoundError(self._path(name))
         try:
             record = json.loads(self._dir.read(record_path))
             meta = CheckpointMeta(**record)
         except FileNotFoundError:
+            if self._dir.fs.get_file_info(self._path(name)).type == pafs.FileType.NotFound:
+                raise  # both went meanwhile: superseded, list again
             raise StorageError(f"checkpoint {self._path(name)} has no record beside it") from None
         except (ValueError, TypeError) as error:
             raise StorageError(f"checkpoint record {record_path} is damaged: {error}") from None
-        size = self._dir.fs.get_file_info(self._path(name)).size
+        size = found.size
         if size != meta.file_bytes:
             raise StorageError(
                 f"checkpoint {self._path(name)} is damaged: {size} bytes, written as "

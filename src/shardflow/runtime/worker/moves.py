@@ -396,11 +396,9 @@ class TargetSide:
             if wait > 0:
                 time.sleep(wait)
 
-        stored: dict[str, Checksum] = {table: Checksum() for table, _ in move.shards}
-        for (table, _), shard in move.shards.items():
-            hashed = _physical(shard).checksum_in_steps(HASH_STEP_ROWS, after_step)
-            stored[table] = stored[table] + Checksum(*hashed)
-        move.stored = stored
+        move.stored = self._stored_checksums(
+            move, lambda rows: rows.checksum_in_steps(HASH_STEP_ROWS, after_step)
+        )
         if pacer.waited:
             log.info("move %s: its hash gave way for %.1f s", move.plan.move_id, pacer.waited)
         return CopyResult(rows, size)
@@ -536,12 +534,16 @@ class TargetSide:
                 if move.shares_files:
                     shard.lsn = pinned.lsn  # it continues the source's log
 
-    def _stored_checksums(self, move: Import) -> dict[str, Checksum]:
-        """Per table, rows and hash sum of what the new shards hold, read from the shards."""
+    def _stored_checksums(
+        self,
+        move: Import,
+        hashed: Callable[[NativeRows], tuple[int, int]] = NativeRows.checksum,
+    ) -> dict[str, Checksum]:
+        """Per table, rows and hash sum of what the new shards hold, read from the shards
+        (by ``hashed``: at once, or a step at a time)."""
         stored: dict[str, Checksum] = {table: Checksum() for table, _ in move.shards}
         for (table, _), shard in move.shards.items():
-            rows, digest = _physical(shard).checksum()
-            stored[table] = stored[table] + Checksum(rows, digest)
+            stored[table] = stored[table] + Checksum(*hashed(_physical(shard)))
         return stored
 
     def _apply(self, move: Import, changes: ChangeSet) -> int:

@@ -205,15 +205,50 @@ def test_an_object_store_data_directory_is_read_through_local_copies(tmp_path: P
             engine.close()
 
 
-def test_a_copy_is_hashed_in_steps_to_the_same_sum(workers: list[Worker], tmp_path: Path) -> None:
-    """A move's target hashes its copy a step at a time (paced between steps): the sum
-    is the whole's, the steps cover the base's rows once each."""
+def test_a_move_trusts_the_record_of_a_file_read_in_place_and_hashes_a_copy(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    """A move's target reading the unit's checkpoint file where it lies takes its record's
+    sums (the file the source's checksum names); one reading a local copy of it (an
+    object store) hashes the copy a step at a time, to the same sum."""
     shard, native = started(workers, tmp_path).shard()
     loaded(shard)
     steps: list[int] = []
-    stepped = native.checksum_in_steps(300, lambda nbytes, seconds: steps.append(nbytes))
-    assert stepped == native.checksum() and stepped[0] == 1050
-    assert len(steps) == 4 and all(nbytes > 0 for nbytes in steps)  # 1030 rows in the base
+    in_place = native.checksum_in_steps(300, lambda nbytes, seconds: steps.append(nbytes))
+    assert in_place == native.checksum() and in_place[0] == 1050 and steps == []
+
+    store_fs = pafs._MockFileSystem()
+    data_dir = DataDir(store_fs, "data", "mock://data")
+    engine = DuckDBEngine(threads=1, temp_directory=str(tmp_path / "scratch"))
+    try:
+        copied = engine.native_rows("t_0", SCHEMA, index="id")
+        loaded(Shard(ShardStore(data_dir, "table-uid", "0"), SCHEMA, rows=copied))
+        stepped = copied.checksum_in_steps(300, lambda nbytes, seconds: steps.append(nbytes))
+        assert stepped == copied.checksum() == in_place
+        assert len(steps) == 4 and all(nbytes > 0 for nbytes in steps)  # 1030 rows in the base
+    finally:
+        engine.close()
+
+
+def test_a_file_damaged_where_it_lies_is_refused_as_it_is_read(
+    workers: list[Worker], tmp_path: Path
+) -> None:
+    """What lets a move trust a file's record: DuckDB checks every block's checksum as it
+    reads it, so a byte changed in the file fails the read instead of answering."""
+    shard, _ = started(workers, tmp_path).shard()
+    shard.stage(rows(0, 200_000))
+    shard.commit_load()
+    again, native = started(workers, tmp_path).shard()
+    again.recover()
+    [path] = (tmp_path / "tables" / "table-uid" / "0").glob("ckpt-*.duckdb")
+    with open(path, "rb+") as handle:  # a byte in each block after the file's headers
+        for offset in range(3 * 4096 + 64, path.stat().st_size, 256 * 1024):
+            handle.seek(offset)
+            byte = handle.read(1)
+            handle.seek(offset)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(duckdb.Error, match="checksum"):
+        native.checksum()
 
 
 def test_a_checkpoint_gone_since_it_was_listed_is_listed_again_not_called_damaged(

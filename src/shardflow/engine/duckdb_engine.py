@@ -512,7 +512,7 @@ class NativeRows:
         """Detach a base; a copy of it made in the local folder (the data directory is not
         local) goes with it."""
         self.engine.detach(base.name)
-        if os.path.dirname(os.path.abspath(base.path)) == os.path.abspath(self.scratch):
+        if self._copied(base):
             with contextlib.suppress(OSError):
                 os.unlink(base.path)
 
@@ -575,14 +575,20 @@ class NativeRows:
         self, step_rows: int, after_step: Callable[[int, float], None]
     ) -> tuple[int, int]:
         """:meth:`checksum` of a shard nothing changes meanwhile (a move's copy before it
-        is served), the base hashed ``step_rows`` rows at a time (by row id: a checkpoint
-        file's rows are numbered without gaps); ``after_step(bytes, seconds)`` follows each
-        step (a move paces itself there: the hash is most of what it costs the target)."""
+        is served). A base read where it lies in the data directory is the very file the
+        source's pinned checksum names: its record's sums stand for it (its LSN and row
+        count were checked when it was attached, and DuckDB checks every block's own
+        checksum as it reads it). A base copied here from elsewhere is hashed
+        ``step_rows`` rows at a time (by row id: a checkpoint file's rows are numbered
+        without gaps); ``after_step(bytes, seconds)`` follows each step (a move paces
+        itself there)."""
         with self._lock:
             base = self._base
         rows, digest = self.engine.checksum(f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail}")
         if base is None:
             return rows, digest
+        if not self._copied(base):
+            return rows + base.meta.rows, digest + base.meta.digest
         row_bytes = base.meta.nbytes / max(base.meta.rows, 1)
         for low in range(0, max(base.meta.rows, 1), step_rows):
             high = "" if low + step_rows >= base.meta.rows else f" AND rowid < {low + step_rows}"
@@ -593,6 +599,11 @@ class NativeRows:
             rows, digest = rows + count, digest + part
             after_step(int(count * row_bytes), time.monotonic() - started)
         return rows, digest
+
+    def _copied(self, base: _Base) -> bool:
+        """Whether ``base`` is a copy made in the local folder (the data directory is not
+        local), not the file itself."""
+        return os.path.dirname(os.path.abspath(base.path)) == os.path.abspath(self.scratch)
 
     @property
     def rows(self) -> int:

@@ -55,8 +55,9 @@ CHUNK_ROWS = 128 * 1024
 """Rows per chunk of a move's snapshot: the unit of transfer and of bandwidth pacing."""
 
 HASH_STEP_ROWS = 1 << 20
-"""Rows of a plain move's copy hashed at a time for VERIFY (~50 ms of one lineitem unit's
-hashing here), paced between steps; smaller steps cost more per row."""
+"""Rows of a plain move's local copy of a checkpoint (an object-store data directory) hashed
+at a time for VERIFY (~50 ms of one lineitem unit's hashing here), paced between steps;
+smaller steps cost more per row."""
 
 RETIRED_READERS_WAIT_S = 60.0
 """How long retired shards wait for the fragments still reading them before they are kept
@@ -372,9 +373,11 @@ class TargetSide:
         after it up to the source's pinned LSN; what the source takes in after that comes
         through catch-up, as with a copy. The source only pins (its checksum: the file's,
         kept in its record, and its tail's); nothing is read out of it, decoded or
-        compressed again. A file that is not what its record says fails the move, and
-        VERIFY hashes every row the new shard reads: that hash is most of what the move
-        costs, so it is paced as a copy is, by how much this node's own work slows down."""
+        compressed again. A file that is not what its record says fails the move. VERIFY
+        hashes the rows replayed from the log; the file read where it lies is the one
+        the source's checksum names, and its record's sums stand for it (DuckDB checks
+        each block as it reads it). A local copy of it (an object-store data directory)
+        is hashed, paced as a copy is, by how much this node's own work slows down."""
         rows = size = 0
         for node in _source_nodes(move.plan):
             pinned = link(node).pin(move.plan)

@@ -1,13 +1,17 @@
 """Catalog transitions and persistence, with plain data and a temporary directory."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec
-from shardflow.catalog.store import KEEP_VERSIONS
+from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
+from shardflow.catalog.store import CATALOG_FAULT_VARIABLE
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 
@@ -63,21 +67,105 @@ def test_json_round_trip() -> None:
     assert not any(t.key_index for t in Catalog.from_json(older).tables.values())
 
 
-def test_store_keeps_recent_versions_and_survives_a_torn_write(tmp_path: Path) -> None:
-    store = CatalogStore(DataDir.resolve(str(tmp_path)))
+def test_the_store_writes_changes_and_now_and_then_a_snapshot(tmp_path: Path) -> None:
+    """Each save writes the change from the version before (a move: a few hundred bytes,
+    however many tables there are); every third change here a snapshot, and only the two
+    newest snapshots and the changes after the older stay. Another store loads the same
+    catalog; one that loaded before reads on from where it was."""
+    store = CatalogStore(DataDir.resolve(str(tmp_path)), snapshot_every=3, background=False)
+    # (here a snapshot also follows whenever the changes since weigh more than it)
+    reader = CatalogStore(DataDir.resolve(str(tmp_path)))
     assert store.load() is None
-    catalog = Catalog(nodes=("n0",))
-    for _ in range(KEEP_VERSIONS + 3):
-        catalog = _with_table(catalog, f"t{catalog.version}")
+    catalog = Catalog(nodes=("n0", "n1"))
+    for name in ("a", "b", "c", "d", "e", "f", "g"):
+        catalog = _with_table(catalog, name)
         store.save(catalog)
-    files = sorted((tmp_path / "catalog").iterdir())
-    assert len(files) == KEEP_VERSIONS
-    latest = store.load()
-    assert latest is not None and latest.version == catalog.version
-    # A newer version that was never fully written: the reader falls back to the last good one.
-    (tmp_path / "catalog" / f"{catalog.version + 1:012d}.json").write_text('{"vers')
-    recovered = store.load()
-    assert recovered is not None and recovered.version == catalog.version
+    assert reader.load() == catalog
+    before = store.written
+    group = catalog.table("g").group
+    unit = catalog.groups[group].units[0]
+    moved = catalog.with_units_replaced(group, [unit.unit_id], [Unit(99, unit.lo, unit.hi, "n1")])
+    store.save(moved)
+    assert store.written - before < 300  # the units it replaced and the epoch
+    names = sorted(p.name for p in (tmp_path / "catalog").iterdir())
+    snapshots = [int(n[9:21]) for n in names if n.startswith("snapshot-")]
+    changes = [int(n[6:18]) for n in names if n.startswith("delta-")]
+    assert len(snapshots) == 2 and snapshots[-1] > 2  # the first (version 2) is gone
+    saved = [*range(4, 15, 2), 15]  # each table two versions on, then the move
+    assert changes == [v for v in saved if v > snapshots[0]]
+    assert reader.load() == moved  # on from version 14
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == moved
+    # the newest snapshot cut short: the older one and the changes after it
+    (tmp_path / "catalog" / "snapshot-000000000015.json").write_text('{"vers')
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == moved
+
+
+def test_a_catalog_kept_whole_by_an_older_store_is_read(tmp_path: Path) -> None:
+    """Data directories written before the change log hold whole versions
+    (``<version>.json``): they are snapshots, the changes go on from the newest."""
+    catalog = _with_table(Catalog(nodes=("n0",)))
+    folder = tmp_path / "catalog"
+    folder.mkdir()
+    (folder / f"{catalog.version:012d}.json").write_text(json.dumps(catalog.to_json()))
+    store = CatalogStore(DataDir.resolve(str(tmp_path)))
+    assert store.load() == catalog
+    newer = _with_table(catalog, "u")
+    store.save(newer)
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == newer
+
+
+CRASHING_SAVE = """
+import sys, uuid
+import pyarrow as pa
+from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec
+store = CatalogStore(DataDir.resolve(sys.argv[1]))
+catalog = store.load()
+catalog, group = catalog.with_new_group(pa.int64(), ["n0", "n1"])
+schema = pa.schema([("k", pa.int64())])
+store.save(catalog.with_table(TableSpec("late", "uid-late", schema, "distributed", "k", group)))
+"""
+
+
+def test_a_crash_in_the_middle_of_writing_a_change_leaves_the_version_before(
+    tmp_path: Path,
+) -> None:
+    """A process killed (SIGKILL) while it writes a change, half of it on disk where it
+    lies (a filesystem without atomic puts; the fault hook): the load passes over it to
+    the version before, whole, and the next owner's changes follow on from that one."""
+    store = CatalogStore(DataDir.resolve(str(tmp_path)))
+    catalog = Catalog(nodes=("n0", "n1"))
+    for name in ("a", "b"):
+        catalog = _with_table(catalog, name)
+        store.save(catalog)
+    env = {**os.environ, CATALOG_FAULT_VARIABLE: "torn-delta"}
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASHING_SAVE, str(tmp_path)], env=env, capture_output=True
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()
+    torn = tmp_path / "catalog" / f"delta-{catalog.version + 2:012d}.json"
+    assert torn.exists() and not _parses(torn)
+    again = CatalogStore(DataDir.resolve(str(tmp_path)))
+    assert again.load() == catalog
+    # the next owner's save is three steps on: the torn change stays, passed over
+    following = _with_table(catalog.with_node_added("n2"), "c")
+    assert following.version > catalog.version + 2
+    again.save(following)
+    assert torn.exists()
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == following
+    # without the fault the same save goes through
+    clean = subprocess.run(
+        [sys.executable, "-c", CRASHING_SAVE, str(tmp_path)], capture_output=True
+    )
+    assert clean.returncode == 0, clean.stderr.decode()
+    assert "late" in CatalogStore(DataDir.resolve(str(tmp_path))).load().tables
+
+
+def _parses(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except ValueError:
+        return False
+    return True
 
 
 def test_data_dir_accepts_file_uris(tmp_path: Path) -> None:

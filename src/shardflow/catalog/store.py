@@ -1,9 +1,9 @@
-"""Where the catalog lives: versioned JSON documents in the data directory.
+"""Where the catalog lives: a log of changes and snapshots in the data directory.
 
-The data directory is any pyarrow filesystem URI or a local path. Each catalog version is
-written as a new object (``catalog/<version>.json``) and never overwritten, so a crash
-mid-write leaves the previous version intact on every filesystem, object stores included;
-the reader takes the highest complete version. Local writes are fsync'ed before rename.
+The data directory is any pyarrow filesystem URI or a local path. Each catalog change is
+written as a new object (``catalog/delta-<version>.json``, see :class:`CatalogStore`) and
+never overwritten, so a crash mid-write leaves every version before it intact on every
+filesystem, object stores included. Local writes are fsync'ed before rename.
 """
 
 from __future__ import annotations
@@ -12,20 +12,34 @@ import contextlib
 import dataclasses
 import errno
 import json
+import logging
 import os
 import posixpath
+import signal
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pafs
 
-from shardflow.catalog.model import Catalog
+from shardflow.catalog import delta
+from shardflow.catalog.model import Catalog, collector_paused
 from shardflow.errors import OwnershipLostError, StorageError
 
-KEEP_VERSIONS = 5
 CATALOG_FOLDER = "catalog"
+DELTA_PREFIX = "delta-"
+SNAPSHOT_PREFIX = "snapshot-"
+SNAPSHOT_EVERY = 1000
+"""Changes between two snapshots of the whole catalog (``CatalogStore``)."""
+KEEP_SNAPSHOTS = 2
+CATALOG_FAULT_VARIABLE = "SHARDFLOW_TEST_FAULT_CATALOG"
+"""Tests only: "torn-delta" writes the next catalog change half, where it lies, and kills
+the process (SIGKILL): a crash in the middle of writing it, on a filesystem without
+atomic puts. The load must pass over it, and the version before must be whole."""
 LEASE_FILE = "owner.json"
 """The data directory's owner record (see ``shardflow.catalog.lease``)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -214,29 +228,205 @@ def fsync_dir(directory: str) -> None:
 
 
 class CatalogStore:
-    """Loads and saves :class:`Catalog` versions under ``<data dir>/catalog``."""
+    """Loads and saves :class:`Catalog` versions under ``<data dir>/catalog`` as a log of
+    changes: each save writes one small document, ``delta-<version>.json``, with what the
+    version changed of the one saved before (``catalog/delta.py``); now and then a whole
+    catalog, ``snapshot-<version>.json``, is written in the background, and the changes
+    before the older of the two newest snapshots go. A load takes the newest snapshot that
+    reads whole and applies the changes after it, each to the version it was made to. Every
+    document is a new object written whole (fsync'ed before rename on local disks), so a
+    crash mid-write leaves a document that does not parse, which the load passes over: it
+    was never acknowledged. Writes check the owner's fencing token, as every durable write.
+    """
 
-    def __init__(self, data_dir: DataDir) -> None:
+    def __init__(
+        self,
+        data_dir: DataDir,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        background: bool = True,
+    ) -> None:
+        """``snapshot_every``: changes between snapshots (also one whenever the changes
+        since the last snapshot weigh more than it). ``background``: snapshots are written
+        on a thread of their own (False: in :meth:`save`, for tests and tools)."""
         self._dir = data_dir
         self._folder = data_dir.path(CATALOG_FOLDER)
         data_dir.fs.create_dir(self._folder, recursive=True)
+        self.snapshot_every = snapshot_every
+        self._background = background
+        self._last: Catalog | None = None
+        """The newest version saved or loaded here: the next change is made to it."""
+        self._since_snapshot = 0
+        self._bytes_since_snapshot = 0
+        self._snapshot_bytes = 0
+        self._snapshotting: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.written = 0
+        """Bytes written by :meth:`save` (snapshots included), for the benches."""
 
+    # -- reading ------------------------------------------------------------------------
     def load(self) -> Catalog | None:
-        for name in reversed(self._versions()):
+        """The newest catalog saved here (None: none yet). A store that loaded or saved
+        before reads only the changes written since, where they follow on from it."""
+        names = self._dir.list(self._folder)
+        changes = sorted(
+            (int(name[len(DELTA_PREFIX) : -5]), name) for name in names if _is_delta(name)
+        )
+        last = self._last
+        catalog: Catalog | None
+        if last is not None and self._follows(last, changes):
+            catalog = self._replay(last, changes)
+        else:
+            catalog = self._from_snapshots(names, changes)
+        if catalog is not None:
+            self._last = catalog
+        return catalog
+
+    def _follows(self, last: Catalog, changes: list[tuple[int, str]]) -> bool:
+        """Whether the changes listed continue from ``last`` (none newer, or the first
+        newer one is made to it)."""
+        newer = [name for version, name in changes if version > last.version]
+        if not newer:
+            return True
+        change = self._read_change(newer[0])
+        return change is not None and change["base"] == last.version
+
+    def _from_snapshots(self, names: list[str], changes: list[tuple[int, str]]) -> Catalog | None:
+        snapshots = sorted((v, name) for name in names if (v := _snapshot_version(name)) >= 0)
+        for _, name in reversed(snapshots):
             try:
-                return Catalog.from_json(json.loads(self._dir.read(self._path(name))))
+                catalog = Catalog.from_json(_parse(self._dir.read(self._path(name))))
             except (ValueError, KeyError):
-                continue  # a torn write on a filesystem without atomic puts: try the older
+                continue  # cut short on a filesystem without atomic puts: an older one
+            return self._replay(catalog, changes)
         return None
 
-    def save(self, catalog: Catalog) -> None:
-        payload = json.dumps(catalog.to_json(), separators=(",", ":")).encode()
-        self._dir.write_atomic(self._path(f"{catalog.version:012d}.json"), payload)
-        for old in self._versions()[:-KEEP_VERSIONS]:
-            self._dir.delete(self._path(old))
+    def _replay(self, catalog: Catalog, changes: list[tuple[int, str]]) -> Catalog:
+        """``catalog`` with the changes after it applied in turn, each to the version it
+        was made to (one that does not read whole was never acknowledged: passed over)."""
+        for version, name in changes:
+            if version <= catalog.version:
+                continue
+            change = self._read_change(name)
+            if change is None or change["base"] != catalog.version:
+                continue
+            catalog = delta.apply(catalog, change)
+        return catalog
 
-    def _versions(self) -> list[str]:
-        return [n for n in self._dir.list(self._folder) if n.endswith(".json")]
+    def _read_change(self, name: str) -> dict[str, Any] | None:
+        try:
+            change = json.loads(self._dir.read(self._path(name)))
+        except FileNotFoundError:
+            return None  # pruned since it was listed
+        except ValueError:
+            return None
+        return change if isinstance(change, dict) and "base" in change else None
+
+    # -- writing ------------------------------------------------------------------------
+    def save(self, catalog: Catalog) -> dict[str, Any] | None:
+        """Make ``catalog`` the newest version: the change from the version saved or
+        loaded before, which it answers; or the whole catalog if there is none (None)."""
+        last = self._last
+        if last is None or last.version >= catalog.version:
+            self._write_snapshot(catalog)
+            self._last = catalog
+            return None
+        change = delta.diff(last, catalog)
+        payload = json.dumps(change, separators=(",", ":")).encode()
+        path = self._path(f"{DELTA_PREFIX}{catalog.version:012d}.json")
+        _inject_catalog_fault(path, payload)
+        self._dir.write_atomic(path, payload)
+        self._last = catalog
+        self.written += len(payload)
+        self._since_snapshot += 1
+        self._bytes_since_snapshot += len(payload)
+        if self._since_snapshot >= self.snapshot_every or (
+            self._bytes_since_snapshot > self._snapshot_bytes > 0
+        ):
+            self._snapshot_soon(catalog)
+        return change
+
+    def _snapshot_soon(self, catalog: Catalog) -> None:
+        with self._lock:
+            if self._snapshotting is not None and self._snapshotting.is_alive():
+                return  # the next change asks again
+            self._since_snapshot = self._bytes_since_snapshot = 0
+            if not self._background:
+                self._snapshot_and_prune(catalog)
+                return
+            self._snapshotting = threading.Thread(
+                target=self._snapshot_and_prune, args=(catalog,), daemon=True
+            )
+            self._snapshotting.start()
+
+    def flush(self) -> None:
+        """Return once no snapshot is being written."""
+        with self._lock:
+            thread = self._snapshotting
+        if thread is not None:
+            thread.join()
+
+    def _snapshot_and_prune(self, catalog: Catalog) -> None:
+        try:
+            self._write_snapshot(catalog)
+            self._prune()
+        except Exception as error:  # the changes stay: a load replays them instead
+            log.warning("catalog snapshot of version %d not written: %s", catalog.version, error)
+
+    def _write_snapshot(self, catalog: Catalog) -> None:
+        payload = _dump(catalog.to_json())
+        self._dir.write_atomic(self._path(f"{SNAPSHOT_PREFIX}{catalog.version:012d}.json"), payload)
+        self.written += len(payload)
+        self._snapshot_bytes = len(payload)
+
+    def _prune(self) -> None:
+        """Keep the two newest snapshots and the changes after the older of them (a load
+        falls back to it if the newest does not read whole)."""
+        names = self._dir.list(self._folder)
+        snapshots = sorted(v for name in names if (v := _snapshot_version(name)) >= 0)
+        if len(snapshots) < KEEP_SNAPSHOTS:
+            return
+        oldest_kept = snapshots[-KEEP_SNAPSHOTS]
+        for name in names:
+            version = _snapshot_version(name)
+            if 0 <= version < oldest_kept or (
+                _is_delta(name) and int(name[len(DELTA_PREFIX) : -5]) <= oldest_kept
+            ):
+                self._dir.delete(self._path(name))
 
     def _path(self, name: str) -> str:
         return posixpath.join(self._folder, name)
+
+
+def _parse(payload: bytes) -> Any:
+    """JSON read with the cyclic collector paused (see ``model.collector_paused``)."""
+    with collector_paused():
+        return json.loads(payload)
+
+
+def _dump(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _is_delta(name: str) -> bool:
+    return name.startswith(DELTA_PREFIX) and name.endswith(".json") and name[6:-5].isdigit()
+
+
+def _snapshot_version(name: str) -> int:
+    """The version of a snapshot's file name (also a whole catalog as stores before the
+    change log wrote them, ``<version>.json``); -1 for any other name."""
+    if not name.endswith(".json"):
+        return -1
+    stem = name[len(SNAPSHOT_PREFIX) : -5] if name.startswith(SNAPSHOT_PREFIX) else name[:-5]
+    return int(stem) if stem.isdigit() else -1
+
+
+def _inject_catalog_fault(path: str, payload: bytes) -> None:
+    """The test-only hook of :data:`CATALOG_FAULT_VARIABLE`: the change is written half,
+    in place (as a filesystem without atomic puts would leave it), and the process dies."""
+    if os.environ.get(CATALOG_FAULT_VARIABLE) != "torn-delta":
+        return
+    with open(path, "wb") as out:
+        out.write(payload[: len(payload) // 2])
+        out.flush()
+        os.fsync(out.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)

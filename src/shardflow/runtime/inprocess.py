@@ -124,6 +124,9 @@ class LocalWorker:
     def sync(self, catalog: CatalogJson) -> Reply[int]:
         return self._call(lambda: self.node.sync(catalog))
 
+    def follow(self, changes: Sequence[CatalogJson]) -> Reply[int]:
+        return self._call(lambda: self.node.follow(changes))
+
     # tables: loads and inserts
     def prepare(self, spec: TableSpec, unit_ids: Sequence[int], primary: bool) -> Reply[None]:
         return self._call(lambda: self.node.prepare(spec, unit_ids, primary))

@@ -21,6 +21,7 @@ from shardflow.control import balancer, cost, forecast
 from shardflow.control.health import HealthSettings, HealthTracker, Transition
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
 from shardflow.errors import Error, MoveRefusedError, StorageError, UnknownShardError, WorkerGone
+from shardflow.runtime.coordinator.announce import Announcer
 from shardflow.runtime.coordinator.migrator import Migrator, record
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
@@ -55,9 +56,12 @@ class Controller:
         self.state = state
         self.workers = workers
         self.settings = settings
+        self.announcer = Announcer(state, workers, settings.retry_deadline_s)
+        """Tells the nodes a move touched of the catalog's change."""
         self.migrator = Migrator(
             state,
             workers,
+            self.announcer,
             MigrationPolicy(),
             bandwidth_bytes_s=settings.migration_bandwidth_mb_s * 1e6,
         )
@@ -94,16 +98,17 @@ class Controller:
     # -- workers ------------------------------------------------------------------------
     def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
         """Tell every live worker about a catalog change (they load what is now theirs)."""
-        replies: list[Reply[int]] = []
+        replies: list[tuple[str, Reply[int]]] = []
         for node in self.state.catalog.nodes:
             try:
-                replies.append(self.workers.get(node).sync(catalog))
+                replies.append((node, self.workers.get(node).sync(catalog)))
             except WorkerGone:
+                self.announcer.forget(node)
                 continue
         if wait:
-            for reply in replies:
+            for node, reply in replies:
                 try:
-                    reply.get(timeout=self.settings.retry_deadline_s)
+                    self.announcer.served(node, reply.get(timeout=self.settings.retry_deadline_s))
                 except Error as error:
                     log.info("a worker did not take the catalog: %s", error)
 

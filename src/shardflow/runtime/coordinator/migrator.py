@@ -39,6 +39,7 @@ from shardflow.control.migration import (
     VerifyCopy,
 )
 from shardflow.errors import Error, MoveRefusedError
+from shardflow.runtime.coordinator.announce import Announcer
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import Reply, Worker, Workers
 
@@ -58,11 +59,13 @@ class Migrator:
         self,
         state: CoordinatorState,
         workers: Workers,
+        announcer: Announcer,
         policy: MigrationPolicy | None = None,
         bandwidth_bytes_s: float = 0.0,
     ) -> None:
         self.state = state
         self.workers = workers
+        self.announcer = announcer
         self.policy = policy or MigrationPolicy()
         self.bandwidth = bandwidth_bytes_s
         self.folder = state.data_dir.path("migrations")
@@ -190,7 +193,7 @@ class Migrator:
             if isinstance(action, CleanUpSource):
                 if action.hand_over:
                     self._retire_sources(plan)
-                self._announce(self.state.catalog_json())
+                self.announcer.announce(plan.nodes)  # writers are free again already
                 for reply in [w.drop_retired(plan.move_id) for w in self._sources(plan)]:
                     reply.get()
                 return CleanedUp()
@@ -246,15 +249,6 @@ class Migrator:
         """The sources stop serving what moved (idempotent)."""
         for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
             reply.get()
-
-    def _announce(self, catalog: dict[str, Any]) -> None:
-        """Routing news for every node, once writers are free again (sessions learn on
-        their own, from ``Moved``)."""
-        for node in self.state.catalog.nodes:
-            try:
-                self.workers.get(node).sync(catalog)  # not waited for
-            except Error:
-                pass
 
     def _roll_back(self, plan: MovePlan) -> None:
         """The target drops its copy, the sources serve writes again (all asked at once;

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +44,9 @@ from shardflow.telemetry.devices import NodeProfile
 
 log = logging.getLogger(__name__)
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CHANGES_KEPT = 10_000
+"""Catalog changes kept in memory to tell workers of: a node whose catalog is older than
+the oldest is sent the catalog whole."""
 
 CREATE_WAITS_FOR_MOVES_S = 600.0
 """How long creating a table co-located with others waits for splits and merges of their
@@ -76,6 +79,9 @@ class CoordinatorState:
         self.store = CatalogStore(self.data_dir)
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
+        self._changes: deque[dict[str, Any]] = deque(maxlen=CHANGES_KEPT)
+        """The latest changes of the catalog, which workers are told of as they concern
+        them (``runtime/coordinator/announce.py``)."""
         self.pending: dict[str, PendingTable] = {}
         self.profiles: dict[str, NodeProfile] = {}
         """Every live worker's device profile and calibration, as it reported them."""
@@ -109,9 +115,31 @@ class CoordinatorState:
         lease.release(self.data_dir, self.owner)
 
     def _save(self, catalog: Catalog) -> dict[str, Any]:
-        self.store.save(catalog)
-        self.catalog = catalog
+        """:meth:`_commit`, answering the catalog whole (to tell every node)."""
+        self._commit(catalog)
         return catalog.to_json()
+
+    def _commit(self, catalog: Catalog) -> None:
+        """Make ``catalog`` the current version, saved as a change (kept for
+        :meth:`changes_since`)."""
+        change = self.store.save(catalog)
+        if change is None:  # saved whole: no change leads to it
+            self._changes.clear()
+        else:
+            self._changes.append(change)
+        self.catalog = catalog
+
+    def changes_since(self, version: int) -> list[dict[str, Any]] | None:
+        """The changes made after ``version``, oldest first (empty: none); None where
+        they are not all kept (``CHANGES_KEPT``)."""
+        with self._lock:
+            if version == self.catalog.version:
+                return []
+            changes = list(self._changes)
+        for index, change in enumerate(changes):
+            if change["base"] == version:
+                return changes[index:]
+        return None
 
     def catalog_json(self) -> dict[str, Any]:
         with self._lock:
@@ -187,7 +215,7 @@ class CoordinatorState:
             ids = [sources[0].unit_id]
         else:
             catalog, ids = self._past_taken_ids().with_unit_ids_reserved(len(targets))
-            self._save(catalog)
+            self._commit(catalog)
         plan = MovePlan(
             move_id=uuid.uuid4().hex[:12],
             kind=kind,
@@ -234,11 +262,11 @@ class CoordinatorState:
         present = {u.unit_id: u.node for u in group.units} if group is not None else {}
         return all(present.get(t.unit_id) == t.node for t in plan.targets)
 
-    def apply_switch(self, plan: MovePlan) -> dict[str, Any]:
+    def apply_switch(self, plan: MovePlan) -> None:
         """Route the moved buckets to the targets (epoch bump, persisted). Idempotent."""
         with self._lock:
             if self.switched(plan):
-                return self.catalog.to_json()
+                return
             group = self.catalog.groups.get(plan.group)
             current = {u.unit_id: u for u in group.units} if group is not None else {}
             for source in plan.sources:
@@ -247,7 +275,7 @@ class CoordinatorState:
                     raise MoveRefusedError(f"unit {source.unit_id} changed owner during the move")
             added = [Unit(t.unit_id, t.lo, t.hi, t.node) for t in plan.targets]
             removed = [s.unit_id for s in plan.sources]
-            return self._save(self.catalog.with_units_replaced(plan.group, removed, added))
+            self._commit(self.catalog.with_units_replaced(plan.group, removed, added))
 
     def finish_move(self, plan: MovePlan) -> None:
         with self._lock:

@@ -324,6 +324,10 @@ class WorkerService:
     def sync(self, catalog: CatalogJson) -> int:
         return self.node.sync(catalog)
 
+    @ray.method
+    def follow(self, changes: list[CatalogJson]) -> int:
+        return self.node.follow(changes)
+
     # -- tables: loads and inserts ----------------------------------------------------------
     @ray.method
     def prepare(self, spec: TableSpec, unit_ids: list[int], primary: bool) -> None:

@@ -100,6 +100,9 @@ class RayWorker:
     def sync(self, catalog: CatalogJson) -> Reply[int]:
         return self._reply(self.handle.sync.remote(dict(catalog)))
 
+    def follow(self, changes: Sequence[CatalogJson]) -> Reply[int]:
+        return self._reply(self.handle.follow.remote([dict(c) for c in changes]))
+
     # tables: loads and inserts
     def prepare(self, spec: TableSpec, unit_ids: Sequence[int], primary: bool) -> Reply[None]:
         return self._reply(self.handle.prepare.remote(spec, list(unit_ids), primary))

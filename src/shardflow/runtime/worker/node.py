@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec, delta
 from shardflow.catalog.store import CATALOG_FOLDER
 from shardflow.config import Settings
 from shardflow.control.admission import Foreground
@@ -149,6 +149,9 @@ class WorkerNode:
         """Replicated tables with a view of their name in the engine."""
         self._catalog_seen = 0
         """The catalog folder's change time when this node last found itself a member."""
+        self._catalog_store = CatalogStore(self.data_dir)
+        """Reads the catalog kept in the data directory: after the first, only the changes
+        written since."""
         self.loading: dict[str, dict[int | str, Shard]] = {}
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
@@ -217,24 +220,41 @@ class WorkerNode:
         """Serve what ``catalog_json`` assigns to this node: load missing shards, drop others."""
         return self.serve(Catalog.from_json(catalog_json))
 
-    def serve(self, catalog: Catalog) -> int:
+    def follow(self, changes: Sequence[Mapping[str, Any]]) -> int:
+        """Take the catalog's changes as this node is told them (``catalog/delta.for_node``:
+        the coordinator tells a node of the moves, splits and merges that give or take its
+        units, not of the others'): after moves alone only their units are looked at.
+        Changes it has already (it was sent the catalog whole since) are passed over.
+        Answers the version served, or -1 where this node's catalog is at another version
+        than a change was made to (the coordinator then sends the catalog whole)."""
+        with self.lock:
+            try:
+                catalog, applied = delta.follow(self.catalog, changes)
+            except delta.ChangeError:
+                return -1
+            if any(delta.concerns_every_node(change) for change in applied):
+                return self.serve(catalog)
+            return self.serve(catalog, only=delta.shards_touched(catalog, applied))
+
+    def serve(self, catalog: Catalog, only: set[ShardKey] | None = None) -> int:
         """:meth:`sync` with the catalog read already (again with its own, after a move it
-        was building shards for ends)."""
+        was building shards for ends); with ``only``, just those shards are looked at (a
+        change of units; replicated tables stay as they are)."""
         with self.lock:
             if catalog.version < self.catalog.version:
                 return self.catalog.version
             changed: set[str] = set()
-            wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
-            for key in list(self.shards):
+            if only is None:
+                wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
+                held = list(self.shards)
+            else:
+                wanted = {key for key in only if self._owns(catalog, key)}
+                held = [key for key in only if key in self.shards]
+            for key in held:
                 uid = self._uid(catalog, key[0])
                 if key not in wanted or uid != self.shards[key].store.table_uid:
                     self._release_when_read(key, self.shards.pop(key))
                     changed.add(key[0])
-            for name in list(self.replicas):
-                spec = catalog.tables.get(name)
-                if spec is None or spec.uid != self.replicas[name].store.table_uid:
-                    self.release(self.replicas.pop(name))
-                    changed.add(name)
             for table, unit_id in sorted(wanted - set(self.shards)):
                 if self.target.building(table, unit_id):
                     continue  # built by a move in progress, served once it switches
@@ -242,21 +262,41 @@ class WorkerNode:
                 if shard is not None:
                     self.shards[(table, unit_id)] = shard
                     changed.add(table)
-            primary = self._is_primary(catalog)
-            for spec in catalog.replicated_tables():
-                if spec.name not in self.replicas:
-                    shard = self._take(catalog, spec.name, REPLICA, writer=primary)
-                    if shard is not None:
-                        self.replicas[spec.name] = shard
-                        changed.add(spec.name)
-            for shard in self.replicas.values():
-                if primary and not shard.writer:  # the log's writer from now on
-                    shard.claim(self.node_id, catalog.epoch)
-                shard.writer = primary
+            if only is None:
+                changed |= self._serve_replicas(catalog)
             for table in changed:
                 self.refresh_view(table)
             self.catalog = catalog
             return catalog.version
+
+    def _owns(self, catalog: Catalog, key: ShardKey) -> bool:
+        spec = catalog.tables.get(key[0])
+        if spec is None or spec.group is None or spec.group not in catalog.groups:
+            return False
+        units = catalog.groups[spec.group].units
+        return any(u.unit_id == key[1] and u.node == self.node_id for u in units)
+
+    def _serve_replicas(self, catalog: Catalog) -> set[str]:
+        """Serve the replicated tables ``catalog`` has (the first node writes their log),
+        let go of those it has not; answers the tables changed."""
+        changed: set[str] = set()
+        for name in list(self.replicas):
+            spec = catalog.tables.get(name)
+            if spec is None or spec.uid != self.replicas[name].store.table_uid:
+                self.release(self.replicas.pop(name))
+                changed.add(name)
+        primary = self._is_primary(catalog)
+        for spec in catalog.replicated_tables():
+            if spec.name not in self.replicas:
+                shard = self._take(catalog, spec.name, REPLICA, writer=primary)
+                if shard is not None:
+                    self.replicas[spec.name] = shard
+                    changed.add(spec.name)
+        for shard in self.replicas.values():
+            if primary and not shard.writer:  # the log's writer from now on
+                shard.claim(self.node_id, catalog.epoch)
+            shard.writer = primary
+        return changed
 
     def _take(self, catalog: Catalog, table: str, name: str, *, writer: bool) -> Shard | None:
         """A shard ``catalog`` gives this node, rebuilt from storage; a writer claims it
@@ -287,7 +327,7 @@ class WorkerNode:
             return
         if stamp == self._catalog_seen:
             return
-        latest = CatalogStore(self.data_dir).load()
+        latest = self._catalog_store.load()
         if latest is not None and latest.version > self.catalog.version:
             if self.node_id not in latest.nodes:
                 raise Moved(f"replicas on {self.node_id}, no longer a member", latest.epoch)

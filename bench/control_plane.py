@@ -67,10 +67,7 @@ class Worker:
             catalog, applied = delta.follow(self.catalog, changes)
         except delta.ChangeError:
             return Answer(-1)
-        if any(delta.concerns_every_node(change) for change in applied):
-            catalog.shards_on(self.node)  # a whole reconciliation
-        else:
-            delta.shards_touched(catalog, applied)
+        delta.shards_touched(catalog, applied)
         self.catalog = catalog
         self.cpu_s.append(time.thread_time() - started)
         return Answer(catalog.version)
@@ -148,8 +145,7 @@ def day(
         started = time.thread_time()
         if roll < 0.05:
             kind = "create"
-            told, whole_sent = create_table(state, workers, index)
-            sent -= whole_sent  # sent by the session, not the announcer
+            told = create_table(state, announcer, index)
         else:
             group = rng.choice(list(state.catalog.groups.values()))
             unit = rng.choice(group.units)
@@ -179,17 +175,14 @@ def day(
     return done
 
 
-def create_table(state: CoordinatorState, workers: Workers, index: int) -> tuple[int, int]:
-    """A table created as a session does it: planned, committed, and the catalog sent
-    whole to every node (``finish_load``); answers the nodes told and the bytes sent."""
+def create_table(state: CoordinatorState, announcer: Announcer, index: int) -> int:
+    """A table created as a session does it: planned, committed, and every node told the
+    change (``Coordinator.announce``); answers the nodes told."""
     schema = SCHEMA.serialize().to_pybytes()
     state.begin_create(NewTable(f"new{index}", schema, "distributed", "id", size_bytes=1 << 30))
-    whole = state.commit_create(f"new{index}", 0)
-    first, *others = workers.workers.values()
-    first.sync(whole)  # one parses it, as each would: the others take its catalog
-    for worker in others:
-        worker.catalog = first.catalog
-    return len(workers.workers), len(json.dumps(whole)) * len(workers.workers)
+    state.commit_create(f"new{index}", 0)
+    announcer.announce(state.catalog.nodes)
+    return len(state.catalog.nodes)
 
 
 def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float]:
@@ -237,6 +230,7 @@ def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float
         "split_written": statistics.median(c.written for c in splits) if splits else 0,
         "split_sent": statistics.median(c.sent for c in splits) if splits else 0,
         "create_written": statistics.median(c.written for c in creates) if creates else 0,
+        "create_sent": statistics.median(c.sent for c in creates) if creates else 0,
         "coordinator_ms": statistics.median(c.coordinator_s * 1000 for c in moves + splits),
         "worker_ms": statistics.median(worker_ms),
         "worker_ms_max": max(worker_ms),
@@ -255,11 +249,12 @@ def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float
         f"{figures['move_sent']:.0f} bytes sent to {figures['move_told']:.0f} nodes "
         f"(whole versions: {whole_bytes / 1e6:.1f} MB written, "
         f"{whole_bytes * nodes / 1e9:.2f} GB sent); a split: "
-        f"{figures['split_written']:.0f} written, {figures['split_sent']:.0f} sent\n"
+        f"{figures['split_written']:.0f} written, {figures['split_sent']:.0f} sent; a table "
+        f"created: {figures['create_written'] / 1e3:.1f} KB written, "
+        f"{figures['create_sent'] / 1e3:.0f} KB sent to {nodes} nodes\n"
         f"  CPU per move or split: coordinator {figures['coordinator_ms']:.1f} ms, a worker "
         f"told {figures['worker_ms']:.2f} ms (max {figures['worker_ms_max']:.2f}); a table "
-        f"created: {figures['create_written'] / 1e3:.1f} KB written, each worker "
-        f"{figures['create_worker_ms']:.0f} ms on the whole catalog\n"
+        f"created: {figures['create_worker_ms']:.2f} ms a worker\n"
         f"  restart after the day: {restart_s:.2f} s (the snapshot and {len(changes)} changes)",
         flush=True,
     )

@@ -96,7 +96,9 @@ def follow(
 
 
 def shards_touched(view: Catalog, changes: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
-    """The shards (table, unit id) whose units ``changes`` give or take."""
+    """The shards (table, unit id) ``changes`` give, take or make, as ``view`` (the
+    catalog after them) has them: units moved, and every unit of a table put (a new
+    table). A dropped table's shards are not in ``view``: its holder looks for them."""
     keys: set[tuple[str, int]] = set()
     for change in changes:
         for group_id, units in change.get("groups", {}).get("units", {}).items():
@@ -105,7 +107,16 @@ def shards_touched(view: Catalog, changes: Sequence[Mapping[str, Any]]) -> set[t
             keys.update(
                 (table, unit_id) for table in view.group_tables(group_id) for unit_id in ids
             )
+        for data in change.get("tables", {}).get("put", ()):
+            spec = view.tables.get(data["name"])
+            if spec is not None and spec.group is not None and spec.group in view.groups:
+                keys.update((spec.name, unit.unit_id) for unit in view.groups[spec.group].units)
     return keys
+
+
+def tables_dropped(changes: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The tables ``changes`` drop."""
+    return {name for change in changes for name in change.get("tables", {}).get("drop", ())}
 
 
 def touched_nodes(change: Mapping[str, Any]) -> set[str]:

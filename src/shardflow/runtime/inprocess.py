@@ -137,8 +137,8 @@ class LocalWorker:
     def commit_load(self, table: str) -> Reply[int]:
         return self._call(lambda: self.node.commit_load(table))
 
-    def finish_load(self, table: str, catalog: CatalogJson) -> Reply[None]:
-        return self._call(lambda: self.node.finish_load(table, catalog))
+    def finish_load(self, table: str) -> Reply[None]:
+        return self._call(lambda: self.node.finish_load(table))
 
     def abort_load(self, table: str) -> Reply[None]:
         return self._call(lambda: self.node.abort_load(table))
@@ -325,6 +325,9 @@ class LocalCoordinator:
 
     def commit_create(self, name: str, rows: int) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.commit_create(name, rows))
+
+    def announce(self, nodes: Sequence[str]) -> Reply[None]:
+        return self._call(lambda: self.node.announce(nodes))
 
     def abort_create(self, name: str) -> Reply[None]:
         return self._call(lambda: self.node.abort_create(name))

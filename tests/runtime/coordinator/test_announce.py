@@ -90,3 +90,32 @@ def test_a_node_at_another_version_is_sent_the_catalog_whole(cluster: LocalClust
     assert node.catalog == cluster.catalog
     assert ("events", unit.unit_id) in node.shards
     assert_serves(cluster, events(0, ROWS))
+
+
+def test_a_table_created_is_told_as_a_change_to_every_node(cluster: LocalCluster) -> None:
+    """A load's shards are served where they were loaded; each node is then told the
+    table and its units, not the catalog whole (every node's version is known here)."""
+    seen = told(cluster)
+    cluster.create_table("more", events(0, ROWS), "id")
+    whole = len(json.dumps(cluster.state.catalog_json()))
+    for node in cluster.catalog.nodes:
+        [(kind, size)] = seen[node]
+        assert kind == "follow" and size < whole / 2
+        assert version(cluster, node) == cluster.catalog.version
+        held = {unit for table, unit in cluster.workers.get(node).node.shards if table == "more"}
+        assert held == {u.unit_id for u in cluster.units("more") if u.node == node}
+    assert cluster.sql("SELECT count(*) AS n FROM more").column("n")[0].as_py() == ROWS
+
+
+def test_a_table_dropped_is_told_as_a_change_and_its_shards_go(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster.create_table("more", events(0, ROWS), "id")
+    uid = cluster.catalog.table("more").uid
+    seen = told(cluster)
+    cluster.session.drop_table("more")
+    for node in cluster.catalog.nodes:
+        assert [kind for kind, _ in seen[node]] == ["follow"]
+        assert not any(table == "more" for table, _ in cluster.workers.get(node).node.shards)
+    assert not (tmp_path / "data" / "tables" / uid).exists()
+    assert_serves(cluster, events(0, ROWS))

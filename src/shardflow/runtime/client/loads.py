@@ -99,8 +99,10 @@ class Loader:
         except BaseException:
             self._abort(spec, preview)
             raise
-        for finished in [self.workers.get(n).finish_load(name, catalog) for n in preview.nodes]:
+        for finished in [self.workers.get(n).finish_load(name) for n in preview.nodes]:
             finished.get()
+        # each node is told the change (the table, its units), not the catalog whole
+        self.coordinator.announce(list(catalog["nodes"])).get()
         return rows
 
     def _load(

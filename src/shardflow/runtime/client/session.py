@@ -354,11 +354,9 @@ class Session:
     def drop_table(self, name: str) -> None:
         self.table_spec(name)
         catalog, uid = self._change(f"drop_table {name}", lambda c: c.drop_table(name))
-        for node in Catalog.from_json(catalog).nodes:
-            try:
-                self.workers.get(node).sync(catalog).get()
-            except Retryable:
-                pass  # a restarting worker loads the new catalog anyway
+        # every node is told the change (it lets the table's shards go) before the files go;
+        # one that does not answer is sent the catalog whole later, or loads it restarting
+        self.coordinator.announce(list(catalog["nodes"])).get()
         self.coordinator.delete_files(uid).get()
         self.refresh()
 

@@ -7,6 +7,7 @@ and the read-only console page beside it. ``runtime/ray/actors.py`` puts it on R
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -88,6 +89,9 @@ class CoordinatorNode:
 
     def commit_create(self, name: str, rows: int) -> dict[str, Any]:
         return self.state.commit_create(name, rows)
+
+    def announce(self, nodes: Sequence[str]) -> None:
+        self.controller.announcer.announce(nodes)
 
     def abort_create(self, name: str) -> None:
         self.state.abort_create(name)

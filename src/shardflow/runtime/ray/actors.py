@@ -148,6 +148,10 @@ class CoordinatorService:
         return self.node.commit_create(name, rows)
 
     @ray.method
+    def announce(self, nodes: list[str]) -> None:
+        self.node.announce(nodes)
+
+    @ray.method
     def abort_create(self, name: str) -> None:
         self.node.abort_create(name)
 
@@ -343,8 +347,8 @@ class WorkerService:
         return self.node.commit_load(table)
 
     @ray.method
-    def finish_load(self, table: str, catalog: CatalogJson) -> None:
-        self.node.finish_load(table, catalog)
+    def finish_load(self, table: str) -> None:
+        self.node.finish_load(table)
 
     @ray.method
     def abort_load(self, table: str) -> None:

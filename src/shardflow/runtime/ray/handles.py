@@ -115,8 +115,8 @@ class RayWorker:
     def commit_load(self, table: str) -> Reply[int]:
         return self._reply(self.handle.commit_load.remote(table))
 
-    def finish_load(self, table: str, catalog: CatalogJson) -> Reply[None]:
-        return self._reply(self.handle.finish_load.remote(table, dict(catalog)))
+    def finish_load(self, table: str) -> Reply[None]:
+        return self._reply(self.handle.finish_load.remote(table))
 
     def abort_load(self, table: str) -> Reply[None]:
         return self._reply(self.handle.abort_load.remote(table))
@@ -389,6 +389,9 @@ class RayCoordinator:
 
     def commit_create(self, name: str, rows: int) -> Reply[CatalogJson]:
         return self._reply(self.handle.commit_create.remote(name, rows))
+
+    def announce(self, nodes: Sequence[str]) -> Reply[None]:
+        return self._reply(self.handle.announce.remote(list(nodes)))
 
     def abort_create(self, name: str) -> Reply[None]:
         return self._reply(self.handle.abort_create.remote(name))

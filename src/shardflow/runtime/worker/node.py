@@ -223,7 +223,8 @@ class WorkerNode:
     def follow(self, changes: Sequence[Mapping[str, Any]]) -> int:
         """Take the catalog's changes as this node is told them (``catalog/delta.for_node``:
         the coordinator tells a node of the moves, splits and merges that give or take its
-        units, not of the others'): after moves alone only their units are looked at.
+        units, not of the others'): only the shards they give, take, make or drop are
+        looked at, and the replicated tables after a change that concerns every node.
         Changes it has already (it was sent the catalog whole since) are passed over.
         Answers the version served, or -1 where this node's catalog is at another version
         than a change was made to (the coordinator then sends the catalog whole)."""
@@ -232,14 +233,18 @@ class WorkerNode:
                 catalog, applied = delta.follow(self.catalog, changes)
             except delta.ChangeError:
                 return -1
-            if any(delta.concerns_every_node(change) for change in applied):
-                return self.serve(catalog)
-            return self.serve(catalog, only=delta.shards_touched(catalog, applied))
+            keys = delta.shards_touched(catalog, applied)
+            dropped = delta.tables_dropped(applied)
+            keys.update(key for key in self.shards if key[0] in dropped)
+            everyone = any(delta.concerns_every_node(change) for change in applied)
+            return self.serve(catalog, only=keys, replicas=everyone)
 
-    def serve(self, catalog: Catalog, only: set[ShardKey] | None = None) -> int:
+    def serve(
+        self, catalog: Catalog, only: set[ShardKey] | None = None, replicas: bool = True
+    ) -> int:
         """:meth:`sync` with the catalog read already (again with its own, after a move it
         was building shards for ends); with ``only``, just those shards are looked at (a
-        change of units; replicated tables stay as they are)."""
+        change), and the replicated tables only with ``replicas``."""
         with self.lock:
             if catalog.version < self.catalog.version:
                 return self.catalog.version
@@ -262,7 +267,7 @@ class WorkerNode:
                 if shard is not None:
                     self.shards[(table, unit_id)] = shard
                     changed.add(table)
-            if only is None:
+            if only is None or replicas:
                 changed |= self._serve_replicas(catalog)
             for table in changed:
                 self.refresh_view(table)
@@ -427,8 +432,9 @@ class WorkerNode:
         shards = self.loading[table]
         return sum(shard.commit_load() for shard in shards.values())
 
-    def finish_load(self, table: str, catalog_json: Mapping[str, Any]) -> None:
-        """Make a committed load visible: the staged shards become served shards."""
+    def finish_load(self, table: str) -> None:
+        """Make a committed load visible: the staged shards become served shards (the
+        catalog with the table follows: :meth:`follow`, or :meth:`sync` with it whole)."""
         with self.lock:
             shards = self.loading.pop(table, {})
             for unit, shard in shards.items():
@@ -438,7 +444,6 @@ class WorkerNode:
                     assert isinstance(unit, int)
                     self.shards[(table, unit)] = shard
             self.refresh_view(table)
-        self.sync(catalog_json)
         for shard in shards.values():
             if isinstance(shard.data, NativeRows):
                 shard.data.settle()  # the load's last rows, below the compactor's threshold

@@ -17,12 +17,11 @@ True
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from shardflow.catalog.model import Catalog, Group, TableSpec, Unit
+from shardflow.catalog.model import Catalog, Group, TableSpec, Unit, with_fields
 
 SCALARS = ("epoch", "n_buckets", "nodes", "next_unit_id", "next_node_index", "excluded")
 """The catalog's fields other than its tables and groups (and its version)."""
@@ -73,7 +72,7 @@ def apply(catalog: Catalog, change: Mapping[str, Any]) -> Catalog:
         )
     if "groups" in change:
         fields["groups"] = _apply_groups(catalog.groups, change["groups"])
-    return dataclasses.replace(catalog, **fields)
+    return with_fields(catalog, **fields)
 
 
 UNIT_SCALARS = frozenset({"epoch", "next_unit_id"})

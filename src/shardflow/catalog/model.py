@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import gc
 import itertools
-import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -157,28 +156,12 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_BY_GROUP: dict[int, tuple[Mapping[str, TableSpec], Mapping[str, tuple[str, ...]]]] = {}
-_BY_GROUP_LOCK = threading.Lock()
-
-
-def _tables_by_group(tables: Mapping[str, TableSpec]) -> Mapping[str, tuple[str, ...]]:
-    """The tables of each group, found once per ``tables`` mapping: a move, split or merge
-    keeps the catalog's mapping of tables, so the index outlives the versions they make
-    (a few mappings are remembered, by identity)."""
-    with _BY_GROUP_LOCK:
-        found = _BY_GROUP.get(id(tables))
-        if found is not None and found[0] is tables:
-            return found[1]
-    index: dict[str, list[str]] = {}
-    for spec in tables.values():
-        if spec.group is not None:
-            index.setdefault(spec.group, []).append(spec.name)
-    frozen = {group: tuple(names) for group, names in index.items()}
-    with _BY_GROUP_LOCK:
-        _BY_GROUP[id(tables)] = (tables, frozen)
-        while len(_BY_GROUP) > 8:
-            del _BY_GROUP[next(iter(_BY_GROUP))]
-    return frozen
+def with_fields(catalog: Catalog, **changes: Any) -> Catalog:
+    """``catalog`` with ``changes`` (``dataclasses.replace``), keeping what it found of its
+    tables only while they stay the same."""
+    if "tables" in changes:
+        changes["tables_by_group"] = []
+    return dataclasses.replace(catalog, **changes)
 
 
 @dataclass(frozen=True)
@@ -194,6 +177,12 @@ class Catalog:
     excluded: tuple[str, ...] = ()
     """Nodes that get no new work (suspect or failing): no units are placed there and
     stages that may run anywhere run elsewhere."""
+    tables_by_group: list[Mapping[str, tuple[str, ...]]] = field(
+        default_factory=list, compare=False, repr=False
+    )
+    """The tables of each group, found once (empty until asked) and shared by the versions
+    that keep these ``tables`` (a move, split or merge keeps them); a version with other
+    tables starts a list of its own."""
 
     # -- reading -------------------------------------------------------------------------
     def find_table(self, name: str) -> TableSpec | None:
@@ -249,11 +238,17 @@ class Catalog:
         return [spec for spec in self.tables.values() if spec.kind == "replicated"]
 
     def group_tables(self, group_id: str) -> list[str]:
-        return list(_tables_by_group(self.tables).get(group_id, ()))
+        if not self.tables_by_group:
+            index: dict[str, list[str]] = {}
+            for spec in self.tables.values():
+                if spec.group is not None:
+                    index.setdefault(spec.group, []).append(spec.name)
+            self.tables_by_group.append({g: tuple(names) for g, names in index.items()})
+        return list(self.tables_by_group[0].get(group_id, ()))
 
     # -- changing ------------------------------------------------------------------------
     def _next(self, **changes: Any) -> Catalog:
-        return dataclasses.replace(self, version=self.version + 1, **changes)
+        return with_fields(self, version=self.version + 1, **changes)
 
     def with_nodes(self, nodes: Iterable[str], placement: Mapping[int, str]) -> Catalog:
         """Register the live node set; ``placement`` gives new owners of orphaned units."""

@@ -23,7 +23,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path / "data")
     local.create_table("events", events(0, ROWS), "id")
     local.create_table("orders_e", orders(0, ROWS), "oid", colocate_with="events")
-    local.controller.broadcast(local.state.catalog_json())  # every node's version known
+    local.controller.broadcast()  # every node's version known
     yield local
     local.close()
 
@@ -118,4 +118,23 @@ def test_a_table_dropped_is_told_as_a_change_and_its_shards_go(
         assert [kind for kind, _ in seen[node]] == ["follow"]
         assert not any(table == "more" for table, _ in cluster.workers.get(node).node.shards)
     assert not (tmp_path / "data" / "tables" / uid).exists()
+    assert_serves(cluster, events(0, ROWS))
+
+
+def test_a_node_gone_is_told_as_a_change_and_its_units_are_served_again(
+    cluster: LocalCluster,
+) -> None:
+    """A failover: the nodes left are told the change (the node gone, the units it held
+    with their new owners), which rebuild those units from the data directory."""
+    gone = cluster.units("events")[0].node
+    orphans = {u.unit_id for u in cluster.units("events") if u.node == gone}
+    seen = told(cluster)
+    cluster.workers.stop(gone)
+    assert cluster.controller.fail_node(gone) is not None
+    assert gone not in cluster.catalog.nodes and seen[gone] == []
+    for node in cluster.catalog.nodes:
+        assert [kind for kind, _ in seen[node]] == ["follow"]
+    for unit in cluster.units("events"):
+        if unit.unit_id in orphans:
+            assert ("events", unit.unit_id) in cluster.workers.get(unit.node).node.shards
     assert_serves(cluster, events(0, ROWS))

@@ -195,7 +195,7 @@ class Chaos:
         joined = f"node-{next(self.new_nodes)}"
         cluster.state.node_joined(joined)
         cluster.workers.start(joined, cluster.state.catalog_json())
-        cluster.controller.broadcast(cluster.state.catalog_json())
+        cluster.controller.broadcast()
 
     def restart_coordinator(self) -> list[str]:
         """A new coordinator over the same data directory and workers; it finishes or

@@ -25,7 +25,6 @@ from shardflow.runtime.coordinator.announce import Announcer
 from shardflow.runtime.coordinator.migrator import Migrator, record
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
-    CatalogJson,
     DrainReport,
     LoadReport,
     NodeLoad,
@@ -96,21 +95,18 @@ class Controller:
         self._history_saved = time.time()
 
     # -- workers ------------------------------------------------------------------------
-    def broadcast(self, catalog: CatalogJson, wait: bool = True) -> None:
-        """Tell every live worker about a catalog change (they load what is now theirs)."""
-        replies: list[tuple[str, Reply[int]]] = []
-        for node in self.state.catalog.nodes:
-            try:
-                replies.append((node, self.workers.get(node).sync(catalog)))
-            except WorkerGone:
-                self.announcer.forget(node)
-                continue
+    def broadcast(self, wait: bool = True) -> None:
+        """Tell every live worker of a catalog change that concerns them all (a node gone,
+        joined or excluded): each is told the changes since the version it serves, or the
+        catalog whole (``announce.py``), and loads what is now its own. Without ``wait``
+        this happens on a thread of its own (a node that hangs holds nothing up)."""
+        nodes = list(self.state.catalog.nodes)
         if wait:
-            for node, reply in replies:
-                try:
-                    self.announcer.served(node, reply.get(timeout=self.settings.retry_deadline_s))
-                except Error as error:
-                    log.info("a worker did not take the catalog: %s", error)
+            self.announcer.announce(nodes)
+            return
+        threading.Thread(
+            target=self.announcer.announce, args=(nodes,), name="announce", daemon=True
+        ).start()
 
     # -- failover -----------------------------------------------------------------------
     def start(self) -> None:
@@ -211,7 +207,7 @@ class Controller:
         self.health.forget(node)
         self.workers.fence(node)  # declared dead: it must not go on serving, if it still runs
         self.state.profiles.pop(node, None)
-        self.broadcast(catalog)
+        self.broadcast()
         record = Failover(node, detected, units, time.time() - detected)
         self.failovers.append(record)
         return record
@@ -283,7 +279,7 @@ class Controller:
         if catalog is not None:
             self.workers.forget(node)
             self.state.profiles.pop(node, None)
-            self.broadcast(catalog)
+            self.broadcast()
         return DrainReport(drained=True, node=node, moved=tuple(moved), remaining=0, reason="")
 
     # -- reports ------------------------------------------------------------------------
@@ -406,7 +402,7 @@ class Controller:
         changes = self.health.evaluate(time.monotonic())
         catalog = self.state.exclude(self.health.excluded())
         if catalog is not None:  # sessions send no work there from now on
-            self.broadcast(catalog, wait=False)
+            self.broadcast(wait=False)
         for change in changes:
             log.warning("node %s: %s -> %s (%s)", change.node, change.before.value,
                         change.after.value, change.reason)  # fmt: skip

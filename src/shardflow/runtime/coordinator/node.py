@@ -132,7 +132,8 @@ class CoordinatorNode:
         worker learns of it."""
         with self._hosts_lock:
             self._hosts[node] = host
-        self.controller.broadcast(self.state.node_joined(node), wait=False)
+        self.state.node_joined(node)
+        self.controller.broadcast(wait=False)
 
     def drain(self, node: str, deadline_s: float) -> DrainReport:
         return self.controller.drain(node, deadline_s)

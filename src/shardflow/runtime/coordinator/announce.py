@@ -3,11 +3,13 @@
 A move, split or merge changes which node owns a few units. The nodes that gain or lose
 them are told just that (``catalog/delta.for_node``: the change folded with any earlier
 ones they were not told of); the other nodes are told nothing, and their catalogs keep
-older owners of units they never read. A change that concerns every node (a table, a
-node joining or leaving) is sent to every node whole by whoever makes it; a node whose
-catalog the coordinator does not know (after a restart), or that answers its catalog is at
-another version than the changes were made to, is sent the catalog whole too. So a move
-costs network in proportion to the nodes it touches, not to the cluster.
+older owners of units they never read. A change that concerns every node (a table created
+or dropped, a node joining, leaving or excluded) is told to every node the same way, by
+whoever makes it asking for it (``Coordinator.announce``, the controller's broadcast). A
+node whose catalog the coordinator does not know (after a restart, or one that just
+joined), or that answers its catalog is at another version than the changes were made to,
+is sent the catalog whole. So a move costs network in proportion to the nodes it touches,
+not to the cluster, and a table its own size times the nodes.
 """
 
 from __future__ import annotations
@@ -56,10 +58,9 @@ class Announcer:
             self._known.pop(node, None)
 
     def announce(self, nodes: Iterable[str]) -> None:
-        """Tell ``nodes`` (those a move touched) of the changes since the version each
-        serves, and wait for their answers. (A change that concerns every node is sent
-        to every node whole by whoever makes it: a table's load, the controller's
-        broadcast.)"""
+        """Tell ``nodes`` (those a move touched; every node, for a change that concerns
+        them all) of the changes since the version each serves, and wait for their
+        answers."""
         live = set(self.state.catalog.nodes)
         whole: CatalogJson | None = None
         replies: list[tuple[str, Reply[int], bool]] = []

@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec, delta
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec
 from shardflow.catalog.store import CATALOG_FOLDER
 from shardflow.config import Settings
 from shardflow.control.admission import Foreground
@@ -58,6 +58,7 @@ from shardflow.runtime.worker.profile import (
     resident_shards,
 )
 from shardflow.runtime.worker.resident import KeepsFrames
+from shardflow.runtime.worker.serving import CatalogServing
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
 from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.calibration import calibrate, operator_mix
@@ -102,7 +103,7 @@ def _operators(sql: str) -> tuple[str, ...]:
     return operator_mix(sql)
 
 
-class WorkerNode:
+class WorkerNode(CatalogServing):
     """A worker's logic, independent of Ray (``runtime/ray/actors.py`` wraps it, and
     ``runtime/inprocess.py`` calls it in this process)."""
 
@@ -215,109 +216,6 @@ class WorkerNode:
         threads = self.settings.engine_threads or os.cpu_count()
         return calibration_path(self.data_dir, self.device, self.executor, threads, self.slowdown)
 
-    # -- catalog ------------------------------------------------------------------------
-    def sync(self, catalog_json: Mapping[str, Any]) -> int:
-        """Serve what ``catalog_json`` assigns to this node: load missing shards, drop others."""
-        return self.serve(Catalog.from_json(catalog_json))
-
-    def follow(self, changes: Sequence[Mapping[str, Any]]) -> int:
-        """Take the catalog's changes as this node is told them (``catalog/delta.for_node``:
-        the coordinator tells a node of the moves, splits and merges that give or take its
-        units, not of the others'): only the shards they give, take, make or drop are
-        looked at, and the replicated tables after a change that concerns every node.
-        Changes it has already (it was sent the catalog whole since) are passed over.
-        Answers the version served, or -1 where this node's catalog is at another version
-        than a change was made to (the coordinator then sends the catalog whole)."""
-        with self.lock:
-            try:
-                catalog, applied = delta.follow(self.catalog, changes)
-            except delta.ChangeError:
-                return -1
-            keys = delta.shards_touched(catalog, applied)
-            dropped = delta.tables_dropped(applied)
-            keys.update(key for key in self.shards if key[0] in dropped)
-            everyone = any(delta.concerns_every_node(change) for change in applied)
-            return self.serve(catalog, only=keys, replicas=everyone)
-
-    def serve(
-        self, catalog: Catalog, only: set[ShardKey] | None = None, replicas: bool = True
-    ) -> int:
-        """:meth:`sync` with the catalog read already (again with its own, after a move it
-        was building shards for ends); with ``only``, just those shards are looked at (a
-        change), and the replicated tables only with ``replicas``."""
-        with self.lock:
-            if catalog.version < self.catalog.version:
-                return self.catalog.version
-            changed: set[str] = set()
-            if only is None:
-                wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
-                held = list(self.shards)
-            else:
-                wanted = {key for key in only if self._owns(catalog, key)}
-                held = [key for key in only if key in self.shards]
-            for key in held:
-                uid = self._uid(catalog, key[0])
-                if key not in wanted or uid != self.shards[key].store.table_uid:
-                    self._release_when_read(key, self.shards.pop(key))
-                    changed.add(key[0])
-            for table, unit_id in sorted(wanted - set(self.shards)):
-                if self.target.building(table, unit_id):
-                    continue  # built by a move in progress, served once it switches
-                shard = self._take(catalog, table, str(unit_id), writer=True)
-                if shard is not None:
-                    self.shards[(table, unit_id)] = shard
-                    changed.add(table)
-            if only is None or replicas:
-                changed |= self._serve_replicas(catalog)
-            for table in changed:
-                self.refresh_view(table)
-            self.catalog = catalog
-            return catalog.version
-
-    def _owns(self, catalog: Catalog, key: ShardKey) -> bool:
-        spec = catalog.tables.get(key[0])
-        if spec is None or spec.group is None or spec.group not in catalog.groups:
-            return False
-        units = catalog.groups[spec.group].units
-        return any(u.unit_id == key[1] and u.node == self.node_id for u in units)
-
-    def _serve_replicas(self, catalog: Catalog) -> set[str]:
-        """Serve the replicated tables ``catalog`` has (the first node writes their log),
-        let go of those it has not; answers the tables changed."""
-        changed: set[str] = set()
-        for name in list(self.replicas):
-            spec = catalog.tables.get(name)
-            if spec is None or spec.uid != self.replicas[name].store.table_uid:
-                self.release(self.replicas.pop(name))
-                changed.add(name)
-        primary = self._is_primary(catalog)
-        for spec in catalog.replicated_tables():
-            if spec.name not in self.replicas:
-                shard = self._take(catalog, spec.name, REPLICA, writer=primary)
-                if shard is not None:
-                    self.replicas[spec.name] = shard
-                    changed.add(spec.name)
-        for shard in self.replicas.values():
-            if primary and not shard.writer:  # the log's writer from now on
-                shard.claim(self.node_id, catalog.epoch)
-            shard.writer = primary
-        return changed
-
-    def _take(self, catalog: Catalog, table: str, name: str, *, writer: bool) -> Shard | None:
-        """A shard ``catalog`` gives this node, rebuilt from storage; a writer claims it
-        first (any copy that wrote it before is fenced). None where a copy given it at a
-        later epoch holds it: this node's catalog is older than that copy's."""
-        shard = self.new_shard(catalog.table(table), name, writer=writer)
-        try:
-            if writer:
-                shard.claim(self.node_id, catalog.epoch, recovering=True)
-            shard.recover()
-        except Moved as held:
-            log.warning("%s: not served here: %s", self.node_id, held)
-            self.release(shard)
-            return None
-        return shard
-
     def _check_member(self) -> None:
         """Serve no read once the catalog kept in the data directory no longer lists this
         node (failed over while cut off from the coordinator, which could not tell it): its
@@ -390,14 +288,6 @@ class WorkerNode:
         switch), where this node keeps frames: the first query after finds them."""
         if self.resident is not None:
             self.resident.prewarm(shards)
-
-    def _uid(self, catalog: Catalog, table: str) -> str | None:
-        spec = catalog.tables.get(table)
-        return spec.uid if spec is not None else None
-
-    def _is_primary(self, catalog: Catalog) -> bool:
-        """The node that writes the log of replicated tables (the first live node)."""
-        return catalog.primary == self.node_id
 
     def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)

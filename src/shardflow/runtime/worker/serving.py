@@ -1,0 +1,155 @@
+"""What a worker serves, as the catalog says: the catalog whole (``sync``), or the changes
+it is told (``follow``: ``catalog/delta.for_node``), each looked at for the shards it
+gives, takes, makes or drops. A part of :class:`~shardflow.runtime.worker.node.WorkerNode`
+(a mixin: the node's shards, lock and storage are its own)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardflow.catalog import Catalog, TableSpec, delta
+from shardflow.errors import Moved
+from shardflow.runtime.protocol import REPLICA, ShardKey
+from shardflow.storage import Shard
+
+if TYPE_CHECKING:
+    from shardflow.runtime.worker.moves import TargetSide
+
+log = logging.getLogger(__name__)
+
+
+class CatalogServing:
+    """Serving what the catalog gives this node (see the module)."""
+
+    node_id: str
+    catalog: Catalog
+    lock: threading.RLock
+    shards: dict[ShardKey, Shard]
+    replicas: dict[str, Shard]
+    target: TargetSide
+
+    # the node's own (``WorkerNode``)
+    def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
+        raise NotImplementedError
+
+    def release(self, shard: Shard) -> None:
+        raise NotImplementedError
+
+    def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
+        raise NotImplementedError
+
+    def refresh_view(self, table: str) -> None:
+        raise NotImplementedError
+
+    def sync(self, catalog_json: Mapping[str, Any]) -> int:
+        """Serve what ``catalog_json`` assigns to this node: load missing shards, drop others."""
+        return self.serve(Catalog.from_json(catalog_json))
+
+    def follow(self, changes: Sequence[Mapping[str, Any]]) -> int:
+        """Take the catalog's changes as this node is told them (``catalog/delta.for_node``:
+        the coordinator tells a node of the moves, splits and merges that give or take its
+        units, not of the others'): only the shards they give, take, make or drop are
+        looked at, and the replicated tables after a change that concerns every node.
+        Changes it has already (it was sent the catalog whole since) are passed over.
+        Answers the version served, or -1 where this node's catalog is at another version
+        than a change was made to (the coordinator then sends the catalog whole)."""
+        with self.lock:
+            try:
+                catalog, applied = delta.follow(self.catalog, changes)
+            except delta.ChangeError:
+                return -1
+            keys = delta.shards_touched(catalog, applied)
+            dropped = delta.tables_dropped(applied)
+            keys.update(key for key in self.shards if key[0] in dropped)
+            everyone = any(delta.concerns_every_node(change) for change in applied)
+            return self.serve(catalog, only=keys, replicas=everyone)
+
+    def serve(
+        self, catalog: Catalog, only: set[ShardKey] | None = None, replicas: bool = True
+    ) -> int:
+        """:meth:`sync` with the catalog read already (again with its own, after a move it
+        was building shards for ends); with ``only``, just those shards are looked at (a
+        change), and the replicated tables only with ``replicas``."""
+        with self.lock:
+            if catalog.version < self.catalog.version:
+                return self.catalog.version
+            changed: set[str] = set()
+            if only is None:
+                wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
+                held = list(self.shards)
+            else:
+                wanted = {key for key in only if self._owns(catalog, key)}
+                held = [key for key in only if key in self.shards]
+            for key in held:
+                uid = self._uid(catalog, key[0])
+                if key not in wanted or uid != self.shards[key].store.table_uid:
+                    self._release_when_read(key, self.shards.pop(key))
+                    changed.add(key[0])
+            for table, unit_id in sorted(wanted - set(self.shards)):
+                if self.target.building(table, unit_id):
+                    continue  # built by a move in progress, served once it switches
+                shard = self._take(catalog, table, str(unit_id), writer=True)
+                if shard is not None:
+                    self.shards[(table, unit_id)] = shard
+                    changed.add(table)
+            if only is None or replicas:
+                changed |= self._serve_replicas(catalog)
+            for table in changed:
+                self.refresh_view(table)
+            self.catalog = catalog
+            return catalog.version
+
+    def _owns(self, catalog: Catalog, key: ShardKey) -> bool:
+        spec = catalog.tables.get(key[0])
+        if spec is None or spec.group is None or spec.group not in catalog.groups:
+            return False
+        units = catalog.groups[spec.group].units
+        return any(u.unit_id == key[1] and u.node == self.node_id for u in units)
+
+    def _serve_replicas(self, catalog: Catalog) -> set[str]:
+        """Serve the replicated tables ``catalog`` has (the first node writes their log),
+        let go of those it has not; answers the tables changed."""
+        changed: set[str] = set()
+        for name in list(self.replicas):
+            spec = catalog.tables.get(name)
+            if spec is None or spec.uid != self.replicas[name].store.table_uid:
+                self.release(self.replicas.pop(name))
+                changed.add(name)
+        primary = self._is_primary(catalog)
+        for spec in catalog.replicated_tables():
+            if spec.name not in self.replicas:
+                shard = self._take(catalog, spec.name, REPLICA, writer=primary)
+                if shard is not None:
+                    self.replicas[spec.name] = shard
+                    changed.add(spec.name)
+        for shard in self.replicas.values():
+            if primary and not shard.writer:  # the log's writer from now on
+                shard.claim(self.node_id, catalog.epoch)
+            shard.writer = primary
+        return changed
+
+    def _take(self, catalog: Catalog, table: str, name: str, *, writer: bool) -> Shard | None:
+        """A shard ``catalog`` gives this node, rebuilt from storage; a writer claims it
+        first (any copy that wrote it before is fenced). None where a copy given it at a
+        later epoch holds it: this node's catalog is older than that copy's."""
+        shard = self.new_shard(catalog.table(table), name, writer=writer)
+        try:
+            if writer:
+                shard.claim(self.node_id, catalog.epoch, recovering=True)
+            shard.recover()
+        except Moved as held:
+            log.warning("%s: not served here: %s", self.node_id, held)
+            self.release(shard)
+            return None
+        return shard
+
+    def _uid(self, catalog: Catalog, table: str) -> str | None:
+        spec = catalog.tables.get(table)
+        return spec.uid if spec is not None else None
+
+    def _is_primary(self, catalog: Catalog) -> bool:
+        """The node that writes the log of replicated tables (the first live node)."""
+        return catalog.primary == self.node_id

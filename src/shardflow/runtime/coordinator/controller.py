@@ -400,8 +400,7 @@ class Controller:
         """Apply the changes of node health due now: suspect and failing nodes get no new
         units (the balancer moves theirs off), re-admitted ones get units again."""
         changes = self.health.evaluate(time.monotonic())
-        catalog = self.state.exclude(self.health.excluded())
-        if catalog is not None:  # sessions send no work there from now on
+        if self.state.exclude(self.health.excluded()):  # sessions send no work there now
             self.broadcast(wait=False)
         for change in changes:
             log.warning("node %s: %s -> %s (%s)", change.node, change.before.value,

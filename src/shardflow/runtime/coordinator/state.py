@@ -297,12 +297,13 @@ class CoordinatorState:
         """Nodes that get no new units or work (suspect or failing: ``control/health.py``)."""
         return frozenset(self.catalog.excluded)
 
-    def exclude(self, nodes: frozenset[str]) -> dict[str, Any] | None:
-        """Make ``nodes`` the excluded ones; the new catalog (to broadcast) if it changed."""
+    def exclude(self, nodes: frozenset[str]) -> bool:
+        """Make ``nodes`` the excluded ones; whether that changed the catalog (to announce)."""
         with self._lock:
             if frozenset(nodes) & set(self.catalog.nodes) == self.excluded:
-                return None
-            return self._save(self.catalog.with_excluded(nodes))
+                return False
+            self._commit(self.catalog.with_excluded(nodes))
+            return True
 
     def placement_capacities(self, nodes: list[str]) -> dict[str, float]:
         """:meth:`capacities` of the nodes that may receive units: not the excluded ones

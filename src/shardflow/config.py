@@ -16,6 +16,8 @@ RESIDENT_FAULTS = ("", "skip_append")
 
 MIN_WORKER_MEMORY_MB = 16
 """Below this DuckDB cannot hold even one block per thread."""
+MAX_BUCKETS = 1 << 30
+"""The most virtual buckets, and the default: a bucket and a range's end fit an int32."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,9 @@ class Settings:
     Attributes:
         buckets: virtual buckets a distribution key hashes into. Fixed for the life of a data
             directory; a shard owns a contiguous range of them, so this bounds how finely a
-            table can ever be split.
+            table can ever be split. The default (and most), 2^30, is fine-grained from the
+            start: a petabyte table's buckets hold about a megabyte each, and nothing is
+            kept per bucket (units are ranges, a batch's retry record is a range).
         shards_per_worker: shards a new distributed table gets per worker at creation
             (more give finer moves from the start, and cost every query over the table a
             UNION of the worker's shards; the balancer splits what grows too big or hot);
@@ -166,7 +170,7 @@ class Settings:
             milliseconds), so that a test sees a move in flight (the console) or cancels it.
     """
 
-    buckets: int = 256
+    buckets: int = MAX_BUCKETS
     shards_per_worker: int = 1
     engine_threads: int = 0
     worker_memory_mb: int = 0
@@ -231,8 +235,8 @@ class Settings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
-        if self.buckets > 1 << 20:
-            raise ConfigError(f"setting buckets must be at most {1 << 20}, got {self.buckets}")
+        if self.buckets > MAX_BUCKETS:
+            raise ConfigError(f"setting buckets must be at most {MAX_BUCKETS}, got {self.buckets}")
         for name in (
             "engine_threads",
             "worker_memory_mb",

@@ -8,6 +8,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
@@ -26,8 +27,11 @@ def _with_table(catalog: Catalog, name: str = "t") -> Catalog:
 def test_new_group_units_cover_all_buckets() -> None:
     catalog = _with_table(Catalog(n_buckets=256, nodes=("n0", "n1")))
     group = catalog.group_of("t")
-    owners = group.bucket_owners(256)
-    assert -1 not in owners
+    owners = group.owners_of(np.arange(256))
+    assert sorted(set(owners.tolist())) == sorted(u.unit_id for u in group.units)
+    assert all(
+        u.lo <= b < u.hi for b, o in enumerate(owners) for u in group.units if u.unit_id == o
+    )
     assert [u.node for u in group.units] == ["n0", "n1", "n0", "n1"]
     assert {str(r) for r in catalog.shards_on("n1")} == {"t#1", "t#3"}
 

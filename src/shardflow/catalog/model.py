@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog.buckets import key_family, split_range
@@ -69,12 +70,12 @@ class Group:
                 return unit
         raise KeyError(f"group {self.group_id} has no unit {unit_id}")
 
-    def bucket_owners(self, n_buckets: int) -> list[int]:
-        """unit_id of every bucket, as a lookup list indexed by bucket."""
-        owners = [-1] * n_buckets
-        for unit in self.units:
-            owners[unit.lo : unit.hi] = [unit.unit_id] * unit.buckets
-        return owners
+    def owners_of(self, buckets: np.ndarray) -> np.ndarray:
+        """The unit_id owning each bucket (units are kept in bucket order and cover every
+        bucket once, so a search over their upper bounds finds it whatever the count)."""
+        highs = np.fromiter((unit.hi for unit in self.units), np.int64, len(self.units))
+        ids = np.fromiter((unit.unit_id for unit in self.units), np.int64, len(self.units))
+        return ids[np.searchsorted(highs, buckets, side="right")]
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,21 @@ class Catalog:
     @functools.cached_property
     def _tables_by_key(self) -> Mapping[str, TableSpec]:
         return {name_key(name): spec for name, spec in self.tables.items()}
+
+    def routing(self, names: Iterable[str]) -> Catalog:
+        """What a session needs to plan and route queries over the tables ``names``: this
+        version's scalars (epoch, nodes, buckets), those tables (names it does not know are
+        left out) and their groups' units; no other table. A session keeps such a view and
+        asks again when a ``Moved`` or a new table says it must, so what it fetches grows
+        with the tables it uses, not with the cluster."""
+        specs = {spec.name: spec for n in names if (spec := self.find_table(n)) is not None}
+        groups = {s.group: self.groups[s.group] for s in specs.values() if s.group is not None}
+        return dataclasses.replace(
+            self,
+            tables=MappingProxyType(specs),
+            groups=MappingProxyType(groups),
+            tables_by_group=[],
+        )
 
     def group_of(self, table: str) -> Group:
         spec = self.table(table)

@@ -12,6 +12,9 @@ from shardflow.catalog.buckets import bucket_of
 
 _round_robin_start = itertools.count()
 
+ROUND_ROBIN_LANES = 4096
+"""Rows of a table without a key are dealt to this many evenly spaced buckets in turn."""
+
 
 def buckets_for(
     table: pa.Table, spec: TableSpec, n_buckets: int, salt: int | None = None
@@ -21,7 +24,12 @@ def buckets_for(
     if spec.key:
         return bucket_of(table.column(spec.key), n_buckets)
     start = (salt if salt is not None else next(_round_robin_start)) * 7919
-    return ((np.arange(table.num_rows, dtype=np.int64) + start) % n_buckets).astype(np.int32)
+    turn = np.arange(table.num_rows, dtype=np.int64) + start
+    # consecutive rows go to buckets spread over the whole range (so over every unit),
+    # however many buckets there are: a turn of ``lanes`` rows visits each lane once
+    lanes = min(n_buckets, ROUND_ROBIN_LANES)
+    lane_width = n_buckets // lanes
+    return ((turn % lanes) * lane_width + (turn // lanes) % lane_width).astype(np.int32)
 
 
 def route(
@@ -30,8 +38,7 @@ def route(
     """Rows (and their buckets) grouped by the unit of ``group_id`` that owns them."""
     if table.num_rows == 0:
         return {}
-    owners = np.asarray(catalog.groups[group_id].bucket_owners(catalog.n_buckets), np.int64)
-    units = owners[buckets]
+    units = catalog.groups[group_id].owners_of(buckets)
     order = np.argsort(units, kind="stable")
     sorted_units = units[order]
     cut = np.flatnonzero(np.diff(sorted_units)) + 1

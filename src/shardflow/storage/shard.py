@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.errors import Moved, Retryable
+from shardflow.storage.held import Held, claim, covered, merge_held
 from shardflow.storage.shard_store import (
     RECENT_BATCH_IDS,
     Applied,
@@ -30,7 +31,6 @@ from shardflow.storage.shard_store import (
     CheckpointFile,
     CheckpointMeta,
     ShardStore,
-    merge_buckets,
     read_checkpoint,
 )
 
@@ -252,7 +252,7 @@ class Shard:
         self._staged_rows = 0
         self._staging: list[pa.Table] = []
         """Staged rows not handed to the row store yet (fewer than STAGE_ROWS)."""
-        self._applied: OrderedDict[str, list[int] | None] = OrderedDict()
+        self._applied: OrderedDict[str, Held] = OrderedDict()
         self._wal_entries = 0
         self._wal_bytes = 0
         self._lock = threading.Condition()
@@ -428,9 +428,10 @@ class Shard:
     ) -> AppendResult:
         """Append rows durably. Rows of a batch id whose bucket this shard already holds are
         dropped, so a retried insert is applied once even if the shard was split or merged
-        in between. ``buckets`` gives each row's bucket; without it the batch is all or
-        nothing (replicated tables). ``lsn`` replays an insert another copy of this shard
-        logged under that number (a live move that keeps the shard's files).
+        in between. ``buckets`` gives each row's bucket, and the rows must be every row of
+        the batch in the buckets they span (:mod:`shardflow.storage.held`); without it the
+        batch is all or nothing (replicated tables). ``lsn`` replays an insert another copy
+        of this shard logged under that number (a live move that keeps the shard's files).
 
         Appends that arrive while another is being written are *group-committed*: the next
         writer logs them all (a file each) with one directory sync and adds their rows to
@@ -472,12 +473,12 @@ class Shard:
 
     def _admit(
         self, group: list[_Pending]
-    ) -> list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]]:
+    ) -> list[tuple[_Pending, pa.Table, np.ndarray | None, Held, int]]:
         """The appends of ``group`` to apply, with their rows, buckets and LSNs: a retried
         batch's rows this shard holds already (or an earlier append of the group brought)
         are dropped."""
-        admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]] = []
-        added: dict[str, list[int] | None] = {}
+        admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, Held, int]] = []
+        added: dict[str, Held] = {}
         next_lsn = self.lsn
         for entry in group:
             if self.retired:
@@ -487,24 +488,24 @@ class Shard:
             known = entry.batch_id in self._applied or entry.batch_id in added
             held = self._applied.get(entry.batch_id, [])
             if entry.batch_id in added:
-                held = merge_buckets(held, added[entry.batch_id])
+                held = merge_held(held, added[entry.batch_id])
             if known and (held is None or buckets is None):
                 entry.result = AppendResult(next_lsn, 0, duplicate=True)
                 continue
+            present = claim(buckets)  # before dropping: held rows count as carried
             if buckets is not None and held:
-                fresh = ~np.isin(buckets, held)
+                fresh = ~covered(buckets, held)
                 if not fresh.any():
                     entry.result = AppendResult(next_lsn, 0, duplicate=True)
                     continue
                 table, buckets = table.filter(pa.array(fresh)), buckets[fresh]
-            present = sorted({int(b) for b in np.unique(buckets)}) if buckets is not None else None
             next_lsn = next_lsn + 1 if entry.lsn is None else entry.lsn
-            added[entry.batch_id] = merge_buckets(added.get(entry.batch_id, []), present)
+            added[entry.batch_id] = merge_held(added.get(entry.batch_id, []), present)
             admitted.append((entry, table, buckets, present, next_lsn))
         return admitted
 
     def _apply(
-        self, admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, list[int] | None, int]]
+        self, admitted: list[tuple[_Pending, pa.Table, np.ndarray | None, Held, int]]
     ) -> None:
         if not admitted:
             return
@@ -691,9 +692,9 @@ class Shard:
             while self._checkpointing:
                 self._lock.wait()
 
-    def _remember(self, batch_id: str, buckets: list[int] | None) -> None:
+    def _remember(self, batch_id: str, buckets: Held) -> None:
         held = self._applied.pop(batch_id, [])
-        self._applied[batch_id] = merge_buckets(held, buckets)
+        self._applied[batch_id] = merge_held(held, buckets)
         while len(self._applied) > RECENT_BATCH_IDS:
             self._applied.popitem(last=False)
 

@@ -58,15 +58,17 @@ import pyarrow.parquet as pq
 
 from shardflow.catalog.store import DataDir, fsync_dir
 from shardflow.errors import Moved, StorageError
+from shardflow.storage.held import Held, merge_held
 
 log = logging.getLogger(__name__)
 
 RECENT_BATCH_IDS = 4096
 """How many insert batch ids a shard remembers (and persists) to make retries idempotent."""
 
-Applied = dict[str, list[int] | None]
-"""Per recent insert batch id, the buckets of it this shard holds (None: all of it). Kept per
-bucket because a split or merge can bring rows of one batch together from several shards."""
+Applied = dict[str, Held]
+"""Per recent insert batch id, the bucket ranges of it this shard holds (None: all of it),
+kept by range because a split or merge can bring rows of one batch together from several
+shards (:mod:`shardflow.storage.held`)."""
 
 
 HOLDER_FILE = "holder.json"
@@ -230,11 +232,11 @@ class ShardStore:
         table: pa.Table,
         lsn: int,
         batch_id: str,
-        buckets: list[int] | None = None,
+        buckets: Held = None,
         *,
         sync_dir: bool = True,
     ) -> int:
-        """Persist one insert (and which buckets of its batch it holds); returns the bytes
+        """Persist one insert (and which bucket ranges of its batch it holds); returns the bytes
         written. With ``sync_dir`` False the entry's file is synced but not the folder's
         listing: the caller calls :meth:`sync_dir` once for several entries before any of
         them is acknowledged (a group commit)."""
@@ -268,9 +270,7 @@ class ShardStore:
         """Make the files written in this shard's folder so far part of its durable listing."""
         self._dir.sync_dir(self.folder)
 
-    def write_base(
-        self, table: pa.Table, lsn: int, applied: Mapping[str, list[int] | None]
-    ) -> None:
+    def write_base(self, table: pa.Table, lsn: int, applied: Mapping[str, Held]) -> None:
         """Make ``table`` the shard's content at ``lsn``, then drop what it supersedes."""
         writer = self.base_writer(lsn, table.schema)
         writer.write(table)
@@ -339,7 +339,7 @@ class ShardStore:
             tables.append(entry.replace_schema_metadata(None).cast(schema))
             lsns.append(entry_lsn)
             buckets = json.loads((entry.schema.metadata or {}).get(b"shardflow.buckets", b"null"))
-            applied[batch_id] = merge_buckets(applied.get(batch_id, []), buckets)
+            applied[batch_id] = merge_held(applied.get(batch_id, []), buckets)
             lsn = entry_lsn
             wal_entries += 1
             wal_bytes += len(payload)
@@ -423,7 +423,7 @@ class BaseWriter:
         if table.num_rows:
             self.writer.write_table(table)
 
-    def finish(self, applied: Mapping[str, list[int] | None]) -> None:
+    def finish(self, applied: Mapping[str, Held]) -> None:
         recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
         self.writer.add_key_value_metadata({"shardflow.applied": json.dumps(recent)})
         try:  # the base takes effect below: only while our cluster owns the directory and
@@ -551,13 +551,6 @@ def _superseded(holders: list[Holder]) -> dict[str, int]:
         if holder.start_lsn is not None:
             lowest = holder.start_lsn if lowest is None else min(lowest, holder.start_lsn)
     return limits
-
-
-def merge_buckets(held: list[int] | None, more: list[int] | None) -> list[int] | None:
-    """Buckets of a batch held after adding ``more`` (None stands for every bucket)."""
-    if held is None or more is None:
-        return None
-    return sorted(set(held) | set(more))
 
 
 def _entry_of(name: str) -> tuple[str, str]:

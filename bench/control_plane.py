@@ -33,7 +33,7 @@ import pyarrow as pa
 from shardflow.catalog import Catalog, CatalogStore, DataDir, Group, TableSpec, Unit, delta
 from shardflow.catalog.buckets import key_family, split_range
 from shardflow.catalog.model import collector_paused
-from shardflow.config import Settings
+from shardflow.config import MAX_BUCKETS, Settings
 from shardflow.runtime.coordinator.announce import Announcer
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import NewTable
@@ -119,7 +119,7 @@ def build(nodes: int, units: int, tables: int) -> Catalog:
     round-robin over ``nodes`` nodes (built at once: table by table would copy the groups
     ``tables`` times)."""
     per_table = max(units // tables, 1)
-    buckets = 1 << max(8, (per_table * 4 - 1).bit_length())
+    buckets = MAX_BUCKETS  # the default: fine-grained from the start, nothing kept per bucket
     names = [f"node-{i}" for i in range(nodes)]
     groups: dict[str, Group] = {}
     specs: dict[str, TableSpec] = {}
@@ -211,6 +211,20 @@ def create_table(state: CoordinatorState, announcer: Announcer, index: int) -> i
     return len(state.catalog.nodes)
 
 
+SESSION_TABLES = 3
+
+
+def session_refresh(state: CoordinatorState) -> tuple[float, int]:
+    """What a session that uses ``SESSION_TABLES`` tables fetches when a ``Moved`` makes it
+    refresh its routing (``Session.refresh``): the coordinator's seconds and the bytes."""
+    tables = sorted(state.catalog.tables)[:SESSION_TABLES]
+    started = time.thread_time()
+    routing = state.catalog_json(tables)
+    took = time.thread_time() - started
+    assert sorted(spec["name"] for spec in routing["tables"]) == tables
+    return took, len(json.dumps(routing))
+
+
 def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float]:
     started = time.perf_counter()
     catalog = build(nodes, units, tables)
@@ -231,6 +245,7 @@ def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float
         for node in state.catalog.nodes:
             announcer.served(node, state.catalog.version)
         changes = day(state, announcer, workers, count)
+        session_s, session_bytes = session_refresh(state)
         state.store.flush()
         started = time.perf_counter()
         restarted = CatalogStore(data_dir).load()
@@ -268,6 +283,8 @@ def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float
         "create_worker_ms": (
             statistics.median(s * 1000 for c in creates for s in c.worker_s) if creates else 0
         ),
+        "session_bytes": session_bytes,
+        "session_ms": session_s * 1000,
         "restart_s": restart_s,
         "collect_s": collect_s,
         "first_load_s": first_load_s,
@@ -287,6 +304,9 @@ def run_size(nodes: int, units: int, tables: int, count: int) -> dict[str, float
         f"  CPU per move or split: coordinator {figures['coordinator_ms']:.1f} ms, a worker "
         f"told {figures['worker_ms']:.2f} ms (max {figures['worker_ms_max']:.2f}); a table "
         f"created: {figures['create_worker_ms']:.2f} ms a worker\n"
+        f"  a session's refresh of the {SESSION_TABLES} tables it uses: "
+        f"{session_bytes / 1e3:.1f} KB in {session_s * 1000:.2f} ms of the coordinator "
+        f"(the catalog whole: {whole_bytes / 1e6:.1f} MB)\n"
         f"  restart after the day: {restart_s:.2f} s (the snapshot and {len(changes)} changes); "
         f"a pass of Python's cyclic collector over the catalog {collect_s * 1000:.0f} ms",
         flush=True,

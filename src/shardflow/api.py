@@ -281,7 +281,7 @@ class Cluster:
         session = self._db._session_or_raise()
         infos = session.worker_infos()
         loads = session.shard_loads()
-        catalog = session.catalog
+        catalog = session.whole()
         rows: dict[str, list[Any]] = defaultdict(list)
         for node_id, info in sorted(infos.items()):
             if info is None:  # gone: it holds nothing any more
@@ -459,10 +459,8 @@ class Database:
 
     @_while_open
     def table_names(self) -> list[str]:
-        """The tables' names, as this database's routing snapshot knows them: no worker is
-        asked (a table made a moment ago by another client shows once the snapshot is
-        refreshed, by any call that meets it)."""
-        return sorted(self._session_or_raise().catalog.tables)
+        """The tables' names, as the coordinator knows them now (no worker is asked)."""
+        return sorted(self._session_or_raise().whole().tables)
 
     @_while_open
     def schema(self, name: str) -> pa.Schema:
@@ -483,7 +481,7 @@ class Database:
                 shards[shard.table] += 1
             for replica in info.replicas if info is not None else ():
                 shards[replica.table] += 1  # a replicated table's copies, one a node
-        catalog = session.catalog
+        catalog = session.whole()
         primary_info = infos.get(catalog.primary) if catalog.primary is not None else None
         for replica in primary_info.replicas if primary_info is not None else ():
             rows[replica.table] = replica.rows

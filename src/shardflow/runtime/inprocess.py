@@ -304,8 +304,8 @@ class LocalCoordinator:
     def ping(self) -> Reply[bool]:
         return self._call(lambda: True)
 
-    def catalog(self) -> Reply[CatalogJson]:
-        return self._call(self.node.catalog)
+    def catalog(self, tables: Sequence[str] | None = None) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.catalog(None if tables is None else list(tables)))
 
     def owner_token(self) -> Reply[OwnerToken]:
         return self._call(self.node.owner_token)

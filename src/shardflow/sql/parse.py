@@ -175,6 +175,25 @@ def resolve(tree: exp.Expr, catalog: Catalog) -> exp.Expr:
     return qualified
 
 
+def named_tables(sql: str, error: Exception | None = None) -> set[str]:
+    """The table names ``sql`` reads as far as SQLGlot can read it (CTE names among them),
+    and the table DuckDB's ``error`` says it does not have: what a session that routes only
+    the tables it has used fetches before planning ``sql`` again."""
+    names: set[str] = set()
+    try:
+        for statement in _DIALECT.parse(sql):
+            if statement is not None:
+                names |= a.table_names(statement)
+    except (ParseError, TokenError, RecursionError):
+        pass
+    if error is not None:
+        names |= set(_MISSING_TABLE.findall(str(error)))
+    return names
+
+
+_MISSING_TABLE = re.compile(r'Table with name "?([^"\s!]+)"? does not exist')
+
+
 def tables_read(tree: exp.Expr, catalog: Catalog) -> tuple[list[TableSpec], set[str]]:
     """The catalog tables ``tree`` reads, and the keys of the CTE names it defines. Raises
     :class:`UnknownTableError` for a table that is neither."""

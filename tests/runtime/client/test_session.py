@@ -9,6 +9,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -17,6 +19,7 @@ import pytest
 from shardflow.errors import (
     ClosedError,
     MoveRefusedError,
+    QueryError,
     SqlSyntaxError,
     TableExistsError,
     UnknownShardError,
@@ -175,9 +178,10 @@ def test_plans_outlive_moves_splits_and_merges_not_new_tables(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plan names no node: the queries after a move, a split or a merge are bound to the
-    plans made before (not planned again), and still answer right. A new table, or a group
-    gathered onto one node (its queries then run whole there), is planned anew."""
-    for query in QUERIES:
+    plans made before (not planned again), and still answer right. A table the session
+    starts to use, or a group gathered onto one node (its queries then run whole there), is
+    planned anew; a table made elsewhere that it does not use changes nothing."""
+    for query in QUERIES * 2:  # the first round learns the tables' routing one by one
         cluster.session.query(query)
     planned: list[str] = []
     real = planning.plan_query
@@ -199,6 +203,11 @@ def test_plans_outlive_moves_splits_and_merges_not_new_tables(
     cluster.session.create_table("more", NATIONS, None, True, None)
     for query in QUERIES:
         cluster.session.query(query)
+    assert planned == [], "a table the session does not use changed its plans"
+    cluster.session.query("SELECT count(*) FROM more")
+    planned.clear()
+    for query in QUERIES:
+        cluster.session.query(query)
     assert planned == list(QUERIES)
     planned.clear()
     for unit in cluster.units("events"):  # every unit onto one node
@@ -208,3 +217,96 @@ def test_plans_outlive_moves_splits_and_merges_not_new_tables(
     assert planned == [QUERIES[2]]
     assert [s.strategy for s in report.stages] == [WHOLE]
     assert answer.to_pylist() == oracle(rows_of(cluster), QUERIES[2])
+
+
+def spy_on_routing(session: Session) -> list[tuple[list[str] | None, int]]:
+    """What ``session`` asks the coordinator for from now on: the tables (None: the catalog
+    whole) and the tables answered."""
+    asked: list[tuple[list[str] | None, int]] = []
+    original = session.coordinator.catalog
+
+    def spy(tables: Any = None) -> Any:
+        reply = original(tables)
+        asked.append((None if tables is None else list(tables), len(reply.get()["tables"])))
+        return reply
+
+    coordinator = session.coordinator
+    calls = {n: getattr(coordinator, n) for n in dir(coordinator) if not n.startswith("_")}
+    session.coordinator = SimpleNamespace(**{**calls, "catalog": spy})  # type: ignore[assignment]
+    return asked
+
+
+def test_a_session_fetches_the_routing_of_the_tables_it_uses_only(
+    cluster: LocalCluster,
+) -> None:
+    """A new session knows no table; each query or insert fetches the routing of a table
+    it names the first time; a ``Moved`` refreshes those tables only, however many the
+    cluster has; answers stay DuckDB's."""
+    for index in range(6):  # tables this session never uses
+        cluster.session.create_table(f"other_{index}", events(0, 50), "id", False, None)
+    session = Session(cluster.backend)
+    try:
+        assert dict(session.catalog.tables) == {} and session.catalog.nodes
+        asked = spy_on_routing(session)
+        query = QUERIES[2]  # events joined with orders_e
+        assert session.query(query)[0].to_pylist() == oracle(rows_of(cluster), query)
+        assert sorted(session.catalog.tables) == ["events", "orders_e"]
+        assert asked and all(t is not None and len(t) <= 2 for t, _ in asked)
+        session.insert("nations", NATIONS.slice(0, 1).set_column(0, "nid", pa.array([99])))
+        assert sorted(session.catalog.tables) == ["events", "nations", "orders_e"]
+        # moved behind the session's back: the next query is told Moved and refreshes
+        [unit, *_] = cluster.units("events")
+        target = next(n for n in cluster.catalog.nodes if n != unit.node)
+        assert cluster.backend.node.migrate(unit.unit_id, target)["phase"] == "done"
+        asked.clear()
+        assert session.query(QUERIES[0])[0].to_pylist() == oracle(rows_of(cluster), QUERIES[0])
+        assert session.catalog.epoch == cluster.catalog.epoch
+        assert asked and all(t is not None and answered <= 3 for t, answered in asked), asked
+        assert len(cluster.catalog.tables) == 9
+    finally:
+        session.close()
+
+
+def test_tables_made_or_dropped_elsewhere_are_found_and_unknown_ones_named_in_full(
+    cluster: LocalCluster,
+) -> None:
+    session = Session(cluster.backend)
+    try:
+        assert session.query("SELECT count(*) AS n FROM events")[0].to_pylist() == [{"n": ROWS}]
+        cluster.session.create_table("late", events(0, 40), "id", False, None)
+        answer = session.query("SELECT count(*) AS n FROM late JOIN events USING (id)")[0]
+        assert answer.to_pylist() == [{"n": 40}]
+        with pytest.raises(UnknownTableError) as raised:
+            session.query("SELECT * FROM nope")
+        # every table of the cluster is named, not only the ones this session routes
+        assert "(tables: events, late, nations, orders_e)" in str(raised.value)
+        with pytest.raises(UnknownTableError, match="nations"):
+            session.table_spec("nope")
+        cluster.session.drop_table("late")
+        with pytest.raises(QueryError, match="dropped while it ran"):  # routed as it was
+            session.query("SELECT count(*) FROM late")
+        with pytest.raises(UnknownTableError):  # and now known to be gone
+            session.query("SELECT count(*) FROM late")
+        # a query DuckDB reads but shardflow's parser does not still finds its table
+        answer = session.query("FROM nations SELECT count(*) AS n")[0]
+        assert answer.to_pylist() == [{"n": NATIONS.num_rows}]
+    finally:
+        session.close()
+
+
+def test_a_unit_is_split_far_finer_than_the_old_bucket_count(cluster: LocalCluster) -> None:
+    """Buckets are fine-grained from the start (2^30): one unit split ten times over holds
+    a 3,000th of the key space, finer than the 256 buckets of before allowed, and inserts
+    (one sent twice) and queries stay exact."""
+    assert cluster.catalog.n_buckets == 1 << 30
+    lowest = min(cluster.units("events"), key=lambda u: u.lo)
+    for _ in range(10):
+        assert cluster.split(lowest.unit_id)["phase"] == "done"
+        lowest = min(cluster.units("events"), key=lambda u: u.lo)
+    assert lowest.hi - lowest.lo < (1 << 30) // 3000
+    more = events(ROWS, 500)
+    cluster.insert("events", more, batch_id="twice")
+    cluster.insert("events", more, batch_id="twice")
+    tables = {**rows_of(cluster), "events": pa.concat_tables([events(0, ROWS), more])}
+    for query in QUERIES:
+        assert cluster.sql(query).to_pylist() == oracle(tables, query), query

@@ -1,7 +1,8 @@
 """The client session: plans queries, scatters their fragments straight to the workers,
 merges; routes inserts to shard owners; loads and drops tables; asks the coordinator for
-cluster operations and reports. It caches the routing snapshot (the catalog) and refreshes
-it when a worker answers ``Moved`` or dies, then retries what failed.
+cluster operations and reports. It caches the routing of the tables it uses (a partial
+catalog, ``Catalog.routing``), learns a table's the first time a query or insert names it,
+refreshes it when a worker answers ``Moved`` or dies, then retries what failed.
 
 It speaks to the coordinator and the workers through the protocol only
 (``runtime/protocol.py``), over whatever :class:`Backend` it is given: Ray
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -56,6 +57,7 @@ from shardflow.runtime.query.fragments import FragmentCalls
 from shardflow.runtime.query.planning import Binder, PlanCache, PlannedQuery, answer
 from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
+from shardflow.sql.parse import named_tables
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route
 
@@ -115,16 +117,40 @@ class Session:
             self.coordinator, self.workers, self.lanes, self.settings, self.closed
         )
         self.catalog = Catalog()
+        """The routing of the tables this session has used (not every table's)."""
+        self._fetching = threading.Lock()
+        self._fetches = (0, 0)
+        """Routing fetches started, and the number of the last one answered."""
         self.refresh()
 
     # -- routing ------------------------------------------------------------------------
-    def refresh(self) -> Catalog:
-        found = self._read("the catalog", lambda c: c.catalog())
-        catalog = Catalog.from_json(found)
+    def refresh(self, more: Iterable[str] = ()) -> Catalog:
+        """Fetch the routing of the tables this session uses, and of ``more`` (names as a
+        user wrote them; those the cluster does not have are left out). One fetch at a
+        time: each asks for every table learned before it, and a caller that waited while
+        a fetch started after it asked takes that one's answer."""
+        more = list(more)
         with self._lock:
-            if catalog.version >= self.catalog.version:
-                self.catalog = catalog
-            return self.catalog
+            ticket = self._fetches[0]
+        with self._fetching:
+            with self._lock:
+                started, answered = self._fetches
+                if answered > ticket and all(self.catalog.find_table(n) for n in more):
+                    return self.catalog
+                self._fetches = (started + 1, answered)
+                wanted = sorted({*self.catalog.tables, *more})
+            found = self._read("the routing", lambda c: c.catalog(wanted))
+            catalog = Catalog.from_json(found)
+            with self._lock:
+                self._fetches = (self._fetches[0], started + 1)
+                if catalog.version >= self.catalog.version:
+                    self.catalog = catalog
+                return self.catalog
+
+    def whole(self) -> Catalog:
+        """The catalog with every table: for listings (``db.tables()``, shards, nodes) and
+        checks of names, not kept for routing."""
+        return Catalog.from_json(self._read("the catalog", lambda c: c.catalog()))
 
     def retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Work on the workers, retried with fresh routing (see :func:`retry.retrying`)."""
@@ -140,9 +166,9 @@ class Session:
             raise UnknownTableError(f"a table name must be a string, not {type(name).__name__}")
         spec = self.catalog.find_table(name)
         if spec is None:
-            spec = self.refresh().find_table(name)
+            spec = self.refresh([name]).find_table(name)
         if spec is None:
-            known = ", ".join(sorted(self.catalog.tables)) or "none yet"
+            known = ", ".join(sorted(self.whole().tables)) or "none yet"
             raise UnknownTableError(f"unknown table {name!r} (tables: {known})")
         return spec
 
@@ -175,6 +201,18 @@ class Session:
 
     # -- queries ------------------------------------------------------------------------
     def plan(self, sql: str) -> PlannedQuery:
+        """``sql``'s plan; the routing of a table it names that this session has not used
+        yet is fetched first (a name the cluster does not have either is the error it was,
+        said against every table)."""
+        for _ in range(QUERY_ATTEMPTS):
+            try:
+                return self._plans.plan(sql, self.catalog)
+            except UnknownTableError as error:
+                known = set(self.catalog.tables)
+                if set(self.refresh(named_tables(sql, error)).tables) == known:
+                    # the cluster has no such table either: the error, naming every table
+                    # (or a plan, if it was made just now: then its routing is fetched)
+                    self._plans.plan(sql, self.whole())
         return self._plans.plan(sql, self.catalog)
 
     def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
@@ -348,7 +386,7 @@ class Session:
         rows = self._loader.create(
             name, source, distributed_by, replicated, colocate_with, progress, key_index
         )
-        self.refresh()
+        self.refresh([name])  # a table made here is one this session will use
         return rows
 
     def drop_table(self, name: str) -> None:
@@ -364,7 +402,7 @@ class Session:
     def unit_of(self, shard: str | int) -> int:
         """The unit of a shard named like ``lineitem#3``, checked whole: the table exists, is
         distributed, and unit 3 is one of its shards (a bare unit id must exist)."""
-        catalog = self.refresh()
+        catalog = self.whole()
         units = {u.unit_id for g in catalog.groups.values() for u in g.units}
         if isinstance(shard, int) and not isinstance(shard, bool):
             if shard not in units:

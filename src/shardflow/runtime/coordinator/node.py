@@ -65,8 +65,8 @@ class CoordinatorNode:
         self.console.close()
 
     # -- the catalog and its owner --------------------------------------------------------
-    def catalog(self) -> dict[str, Any]:
-        return self.state.catalog_json()
+    def catalog(self, tables: list[str] | None = None) -> dict[str, Any]:
+        return self.state.catalog_json(tables)
 
     def owner_token(self) -> OwnerToken:
         return self.state.owner

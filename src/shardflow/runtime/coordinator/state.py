@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -114,10 +115,12 @@ class CoordinatorState:
         """Give the data directory up (a clean shutdown): the next cluster takes it at once."""
         lease.release(self.data_dir, self.owner)
 
-    def _save(self, catalog: Catalog) -> dict[str, Any]:
-        """:meth:`_commit`, answering the catalog whole (to tell every node)."""
+    def _save(self, catalog: Catalog, tables: Sequence[str] | None = None) -> dict[str, Any]:
+        """:meth:`_commit`, answering the catalog whole, or only the routing of ``tables``
+        (what a session that changed them needs: a table made or dropped costs what the
+        table is, not what the cluster is)."""
         self._commit(catalog)
-        return catalog.to_json()
+        return (catalog if tables is None else catalog.routing(tables)).to_json()
 
     def _commit(self, catalog: Catalog) -> None:
         """Make ``catalog`` the current version, saved as a change (kept for
@@ -141,9 +144,11 @@ class CoordinatorState:
                 return changes[index:]
         return None
 
-    def catalog_json(self) -> dict[str, Any]:
+    def catalog_json(self, tables: Sequence[str] | None = None) -> dict[str, Any]:
+        """The catalog whole, or only the routing of ``tables`` (:meth:`Catalog.routing`)."""
         with self._lock:
-            return self.catalog.to_json()
+            catalog = self.catalog
+        return (catalog if tables is None else catalog.routing(tables)).to_json()
 
     # -- nodes --------------------------------------------------------------------------
     def register_nodes(self, nodes: list[str]) -> dict[str, Any]:
@@ -371,7 +376,7 @@ class CoordinatorState:
             )
             catalog = catalog.with_table(spec)
             self.pending[name_key(name)] = PendingTable(spec, catalog)
-            return catalog.to_json()
+            return catalog.routing([spec.name]).to_json()  # the new table's units, no other
 
     def _wait_for_moves_of(self, table: str, creating: str) -> None:
         """Wait (the lock released meanwhile) until no split or merge of ``table``'s
@@ -435,7 +440,7 @@ class CoordinatorState:
                 catalog = catalog.with_group(
                     pending.catalog.groups[spec.group], pending.catalog.next_unit_id
                 )
-            return self._save(catalog.with_table(replace(spec, rows=rows)))
+            return self._save(catalog.with_table(replace(spec, rows=rows)), [spec.name])
 
     def abort_create(self, name: str) -> None:
         with self._lock:
@@ -448,7 +453,7 @@ class CoordinatorState:
             spec = self.catalog.find_table(name)
             if spec is None:
                 raise UnknownTableError(f"unknown table {name!r}")
-            return self._save(self.catalog.without_table(spec.name)), spec.uid
+            return self._save(self.catalog.without_table(spec.name), []), spec.uid
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

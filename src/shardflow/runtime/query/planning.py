@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import duckdb
 import pyarrow as pa
 
-from shardflow.catalog import Catalog
+from shardflow.catalog import Catalog, TableSpec
 from shardflow.engine import DuckDBEngine, query_error
 from shardflow.errors import (
     NotDistributable,
@@ -59,13 +60,15 @@ class Binder:
 
     def __init__(self, engine: DuckDBEngine) -> None:
         self.engine = engine
-        self._empties: tuple[int, dict[str, pa.Table]] | None = None
+        self._empties: tuple[Mapping[str, TableSpec], dict[str, pa.Table]] | None = None
+        """The tables the empties were made of (a session's routing may gain tables within
+        one catalog version), and the empties."""
 
     def schema(self, sql: str, catalog: Catalog) -> pa.Schema:
         empties = self._empties
-        if empties is None or empties[0] != catalog.version:
+        if empties is None or empties[0] is not catalog.tables:
             tables = {n: s.schema.empty_table() for n, s in catalog.tables.items()}
-            empties = self._empties = (catalog.version, tables)
+            empties = self._empties = (catalog.tables, tables)
         try:
             return self.engine.run(sql, empties[1]).schema
         except duckdb.ParserException as error:
@@ -125,16 +128,17 @@ class PlanCache:
         self._lock = threading.Lock()
         self._exact: OrderedDict[tuple[str, int], PlannedQuery] = OrderedDict()
         self._shapes: OrderedDict[tuple[object, int], _Shaped | str] = OrderedDict()
-        self._basis: tuple[int, int] = (-1, -1)
-        """The last catalog version seen and the number of its plan basis."""
+        self._basis: tuple[tuple[int, int], int] = ((-1, -1), -1)
+        """The last catalog seen (its version, and how many tables it routes: a session's
+        routing gains tables within a version) and the number of its plan basis."""
         self._bases: OrderedDict[tuple[object, ...], int] = OrderedDict()
         self._numbered = itertools.count()
 
     def _basis_of(self, catalog: Catalog) -> int:
         """The number of ``catalog``'s :func:`plan_basis`: the same for every version with
         the same basis (worked out once per version, not per query)."""
-        version, number = self._basis
-        if version == catalog.version:
+        seen, number = self._basis
+        if seen == (catalog.version, len(catalog.tables)):
             return number
         basis = plan_basis(catalog)
         with self._lock:
@@ -144,7 +148,7 @@ class PlanCache:
             number = self._bases[basis]
             while len(self._bases) > self.size:  # a forgotten basis is numbered anew
                 self._bases.popitem(last=False)
-            self._basis = (catalog.version, number)
+            self._basis = ((catalog.version, len(catalog.tables)), number)
         return number
 
     def plan(self, sql: str, catalog: Catalog) -> PlannedQuery:

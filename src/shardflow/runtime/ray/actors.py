@@ -119,8 +119,8 @@ class CoordinatorService:
         return os.getpid()
 
     @ray.method
-    def catalog(self) -> dict[str, Any]:
-        return self.node.catalog()
+    def catalog(self, tables: list[str] | None = None) -> dict[str, Any]:
+        return self.node.catalog(tables)
 
     @ray.method
     def owner_token(self) -> OwnerToken:

@@ -368,8 +368,8 @@ class RayCoordinator:
     def pid(self) -> Reply[int]:
         return self._reply(self.handle.pid.remote())
 
-    def catalog(self) -> Reply[CatalogJson]:
-        return self._reply(self.handle.catalog.remote())
+    def catalog(self, tables: Sequence[str] | None = None) -> Reply[CatalogJson]:
+        return self._reply(self.handle.catalog.remote(None if tables is None else list(tables)))
 
     def owner_token(self) -> Reply[OwnerToken]:
         return self._reply(self.handle.owner_token.remote())

@@ -200,7 +200,9 @@ def test_plans_outlive_moves_splits_and_merges_not_new_tables(
         assert answer.to_pylist() == oracle(rows_of(cluster), query), query
     assert planned == [], "queries were planned again after a move and a split"
 
-    cluster.session.create_table("more", NATIONS, None, True, None)
+    other = Session(cluster.backend)  # another client makes a table
+    other.create_table("more", NATIONS, None, True, None)
+    other.close()
     for query in QUERIES:
         cluster.session.query(query)
     assert planned == [], "a table the session does not use changed its plans"

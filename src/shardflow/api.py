@@ -14,6 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow as pa
 
 from shardflow.catalog import DataDir
+from shardflow.catalog.grants import Grant, granted, privileges_of, revoked
 from shardflow.config import Settings
 from shardflow.errors import ClosedError, ConfigError, DrainTimeoutError, MigrationError
 from shardflow.flightsql.client import RemoteDatabase
@@ -29,6 +30,16 @@ from shardflow.telemetry.profile import QueryProfile
 MAX_LOCAL_WORKERS = 64
 CLOSED = "the database is closed; call shardflow.connect() again"
 CLOSE_WAIT_S = 10.0
+GRANTS_SCHEMA = pa.schema(
+    [
+        ("table", pa.string()),
+        ("grantee", pa.string()),
+        ("privilege", pa.string()),
+        ("grantee_id", pa.string()),
+    ]
+)
+"""The columns of :meth:`Database.grants` (and of ``SHOW GRANTS`` over the service)."""
+_GRANT_COLUMNS = GRANTS_SCHEMA.names
 """How long ``close()`` waits for the calls in flight to end before it stops Ray."""
 
 P = ParamSpec("P")
@@ -408,6 +419,7 @@ class Database:
         colocate_with: str | None = None,
         key_index: bool = False,
         progress: bool = False,
+        grants: Sequence[tuple[str, str, str]] | None = None,
     ) -> int:
         """Create and load a table from a Parquet file/directory (path or URI), a
         ``pyarrow.Table`` or an Arrow stream (a ``pyarrow.RecordBatchReader``, or anything with
@@ -424,11 +436,21 @@ class Database:
         serve point lookups, above all those with long text columns (a scan that returns
         one row decodes their compressed text whole). Nothing is visible, and nothing stays
         behind on failure, until the load is complete and durable.
+
+        ``grants`` are who may reach it through the Flight SQL service (see :meth:`grants`;
+        the service gives OWNER to the account making it, and nothing else). Without them
+        the table is shared: PUBLIC holds every privilege.
         """
         session = self._session_or_raise()
         if not progress:
             return session.create_table(
-                name, source, distributed_by, replicated, colocate_with, key_index=key_index
+                name,
+                source,
+                distributed_by,
+                replicated,
+                colocate_with,
+                key_index=key_index,
+                grants=grants,
             )
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -441,7 +463,7 @@ class Database:
                 bar.update(task, completed=done, total=total)
 
             return session.create_table(
-                name, source, distributed_by, replicated, colocate_with, report, key_index
+                name, source, distributed_by, replicated, colocate_with, report, key_index, grants
             )
 
     @_while_open
@@ -456,6 +478,68 @@ class Database:
     @_while_open
     def drop_table(self, name: str) -> None:
         self._session_or_raise().drop_table(name)
+
+    @_while_open
+    def grants(self, table: str | None = None) -> pa.Table:
+        """Who may do what with each table (or only ``table``, read from the coordinator
+        now) through the Flight SQL service: a row per grant with the table, the
+        ``grantee`` (an account, a role: every account of it or a higher one, or PUBLIC:
+        every account), the ``privilege`` (SELECT, INSERT, UPDATE, DELETE, or OWNER: all
+        of them, granting them and dropping the table) and ``grantee_id`` (the account's id:
+        one removed and made again under the name is another and does not inherit). A
+        table without grants has one row, grantee and privilege null: only operators reach
+        it. This API is the cluster owner's door: nothing here checks grants; the service
+        does, on every call."""
+        session = self._session_or_raise()
+        if table is None:
+            specs = sorted(session.whole().tables.values(), key=lambda s: s.name)
+        else:
+            spec = session.access(table)
+            if spec is None:
+                session.table_spec(table)  # the unknown table's error, naming the tables
+            specs = [spec] if spec is not None else []
+        rows: dict[str, list[Any]] = defaultdict(list)
+        for spec in specs:
+            for grant in spec.grants or [(None, None, None)]:
+                values = (spec.name, *grant)
+                for column, value in zip(_GRANT_COLUMNS, values, strict=True):
+                    rows[column].append(value)
+        return pa.table({c: rows[c] for c in _GRANT_COLUMNS}, schema=GRANTS_SCHEMA)
+
+    @_while_open
+    def grant(
+        self, table: str, privileges: str | Sequence[str], to: str, *, grantee_id: str = ""
+    ) -> None:
+        """Give ``to`` (an account, a role or PUBLIC) ``privileges`` (SELECT, INSERT,
+        UPDATE, DELETE, ALL) on ``table``, as ``GRANT`` over the service does.
+        ``grantee_id``: the account's id (the service gives it), so that the grant ends with
+        that account."""
+        self._change_grants(
+            table, privileges, lambda old, wanted: granted(old, to, wanted, grantee_id)
+        )
+
+    @_while_open
+    def revoke(self, table: str, privileges: str | Sequence[str], from_: str) -> None:
+        """Take ``privileges`` on ``table`` from ``from_``, as ``REVOKE`` over the service
+        does (a grant to a role or PUBLIC is taken from the role, not from each account)."""
+        self._change_grants(table, privileges, lambda old, wanted: revoked(old, from_, wanted))
+
+    def _change_grants(
+        self,
+        table: str,
+        privileges: str | Sequence[str],
+        change: Callable[[tuple[Grant, ...], tuple[str, ...]], tuple[Grant, ...]],
+    ) -> None:
+        session = self._session_or_raise()
+        try:
+            wanted = privileges_of([privileges] if isinstance(privileges, str) else privileges)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        spec = session.access(table)
+        if spec is None:
+            session.table_spec(table)  # the unknown table's error, naming the tables
+            return
+        session.set_grants(spec.name, change(spec.grants, wanted))
 
     @_while_open
     def table_names(self) -> list[str]:

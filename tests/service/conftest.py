@@ -107,7 +107,8 @@ def sample_table(rows: int = 2000) -> pa.Table:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One service with users alice (reader), bob (writer), olga (operator) and a table
-    ``t`` (distributed by ``id``) made through the service by olga."""
+    ``t`` (distributed by ``id``) made through the service by olga, who grants every
+    privilege on it to every reader (and so to writers: roles still cap what they do)."""
     import shardflow
 
     data_dir = tmp_path_factory.mktemp("served")
@@ -116,6 +117,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         with shardflow.connect(service.uri, user="olga", password=PASSWORDS["olga"]) as db:
             db.create_table("t", sample_table(), distributed_by="id")
+            db.sql("GRANT ALL ON t TO reader")
         yield service
     finally:
         code = service.stop()

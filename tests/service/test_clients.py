@@ -174,6 +174,7 @@ def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> 
         db.create_table("big", stream, distributed_by="v", key_index=True)  # sent whole
         (big,) = [t for t in db.tables().to_pylist() if t["name"] == "big"]
         assert big["key_index"] is True  # the option went along
+        db.sql("GRANT SELECT ON big TO alice")
     with adbc(served, "alice") as conn, conn.cursor() as cur:
         cur.execute("SELECT v, w FROM big")
         got = cur.fetch_arrow_table()

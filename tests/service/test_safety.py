@@ -12,6 +12,7 @@ from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.cluster
 
 
 def as_user(served: Served, user: str) -> shardflow.flightsql.client.RemoteDatabase:
-    return shardflow.connect(served.uri, user=user, password=PASSWORDS[user])
+    password = PASSWORDS.get(user, f"{user}-pass")  # made by add_user below
+    return shardflow.connect(served.uri, user=user, password=password)
 
 
 def authenticated(served: Served, user: str = "alice") -> tuple[flight.FlightClient, object]:
@@ -224,6 +226,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_the_server_serving(served: 
             olga.create_table(
                 "wide", pa.table({"v": np.arange(2_000_000, dtype=np.int64)}), distributed_by="v"
             )
+            olga.sql("GRANT SELECT ON wide TO reader")
     client, options = authenticated(served)
     command = fsql.pack(fsql.new("CommandStatementQuery", query="SELECT v, v * 2 AS w FROM wide"))
     info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
@@ -440,3 +443,219 @@ def test_the_servers_own_state_is_an_operators_only(served: Served, query: str) 
         assert olga.sql(query).num_rows >= 1
     refused = [e for e in audit(served) if e["action"] == "server state"]
     assert any(e["who"] == "alice" and e["outcome"] == "denied: needs operator" for e in refused)
+
+
+def adbc(served: Served, user: str) -> flight_sql.Connection:
+    credentials = {"username": user, "password": PASSWORDS[user]}
+    return flight_sql.connect(served.uri, db_kwargs=credentials, autocommit=True)
+
+
+PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+def add_user(served: Served, name: str, role: str) -> None:
+    made = shardflow_cli("user", "add", name, "--role", role, "--password-stdin",
+                         "--data-dir", str(served.data_dir), stdin=f"{name}-pass\n")  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+
+
+def test_a_reader_granted_one_table_sees_and_reads_exactly_that_table(served: Served) -> None:
+    """Grants per table: a table made through the service is its maker's; granted one
+    table, a reader lists and reads that one through ADBC, pyarrow.flight and
+    shardflow.connect, and a query naming the other is refused whole, naming it."""
+    opened, closed = sample_table(300), sample_table(200)
+    with as_user(served, "olga") as olga:
+        olga.create_table("g_open", opened, distributed_by="id")
+        olga.create_table("g_closed", closed, distributed_by="id")
+        olga.sql("GRANT SELECT ON g_open TO alice")
+    with as_user(served, "alice") as alice:
+        names = set(alice.tables()["name"].to_pylist())
+        assert "g_open" in names and "g_closed" not in names
+        got = alice.sql("SELECT g, sum(x) AS x FROM g_open GROUP BY g ORDER BY g")
+        expected = duckdb.sql("SELECT g, sum(x) AS x FROM opened GROUP BY g ORDER BY g")
+        assert got.to_pylist() == expected.to_arrow_table().to_pylist()
+        for query in (
+            "SELECT count(*) FROM g_closed",
+            "SELECT count(*) FROM g_open JOIN g_closed USING (id)",
+            "SELECT * FROM g_open WHERE id IN (SELECT id FROM g_closed)",
+            "WITH c AS (SELECT * FROM g_closed) SELECT count(*) FROM c",
+        ):
+            with pytest.raises(PermissionDeniedError, match="may not SELECT table g_closed"):
+                alice.sql(query)
+        with pytest.raises(shardflow.UnknownTableError) as unknown:
+            alice.sql("SELECT * FROM nowhere")
+        assert "g_closed" not in str(unknown.value)  # named only to whom may see it
+    with adbc(served, "alice") as conn, conn.cursor() as cur:
+        objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+        listed = {t["table_name"] for c in objects for s in c["catalog_db_schemas"]
+                  for t in s["db_schema_tables"]}  # fmt: skip
+        assert "g_open" in listed and "g_closed" not in listed
+        cur.execute("SELECT count(*) FROM g_open")
+        assert cur.fetchall() == [(300,)]
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match="g_closed"):
+            cur.execute("SELECT count(*) FROM g_closed")
+    client, options = authenticated(served, "alice")
+    command = fsql.pack(fsql.new("CommandGetTables", include_schema=False))
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+    listed = set(
+        client.do_get(info.endpoints[0].ticket, options).read_all()["table_name"].to_pylist()
+    )
+    assert "g_open" in listed and "g_closed" not in listed
+    with pytest.raises(flight.FlightUnauthorizedError, match="g_closed"):
+        query = fsql.pack(fsql.new("CommandStatementQuery", query="SELECT * FROM g_closed"))
+        client.get_flight_info(flight.FlightDescriptor.for_command(query), options)
+    client.close()
+    with as_user(served, "olga") as olga:
+        olga.drop_table("g_open")
+        olga.drop_table("g_closed")
+
+
+def test_owners_grant_revocation_bites_and_a_new_user_of_an_old_name_inherits_nothing(
+    served: Served,
+) -> None:
+    """A writer's table is theirs: they grant and revoke on it, others may not; a revoke
+    ends a live session's reading within the service's one-second cache; SHOW GRANTS
+    names other accounts only to the table's owner; a user removed and made again under
+    the same name does not inherit the old one's grants; only the owner drops."""
+    add_user(served, "carol", "reader")
+    with as_user(served, "bob") as bob:
+        bob.sql("CREATE TABLE mine AS SELECT id, s FROM t WHERE id < 100")
+        bob.sql("GRANT SELECT ON mine TO carol")
+        with as_user(served, "carol") as carol_db, as_user(served, "alice") as alice:
+            assert carol_db.sql("SELECT count(*) AS n FROM mine")["n"][0].as_py() == 100
+            with pytest.raises(PermissionDeniedError, match="may not SELECT table mine"):
+                alice.sql("SELECT count(*) FROM mine")
+            with pytest.raises(PermissionDeniedError, match="owner of mine or an operator"):
+                carol_db.sql("GRANT SELECT ON mine TO alice")
+            shown = carol_db.sql("SHOW GRANTS ON mine").to_pylist()
+            assert shown == [{"table": "mine", "grantee": "carol", "privilege": "SELECT"}]
+            owner_sees = {r["grantee"] for r in bob.sql("SHOW GRANTS ON mine").to_pylist()}
+            assert owner_sees == {"bob", "carol"}
+            bob.sql("REVOKE SELECT ON mine FROM carol")
+            deadline = time.monotonic() + 10
+            with pytest.raises(PermissionDeniedError):
+                while time.monotonic() < deadline:  # at most a second's cache
+                    carol_db.sql("SELECT count(*) AS n FROM mine")
+                    time.sleep(0.1)
+        bob.sql("GRANT SELECT ON mine TO carol")
+        removed = shardflow_cli("user", "remove", "carol", "--data-dir", str(served.data_dir))
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        add_user(served, "carol", "reader")
+        with as_user(served, "carol") as new_carol:
+            with pytest.raises(PermissionDeniedError, match="may not SELECT table mine"):
+                new_carol.sql("SELECT count(*) FROM mine")
+        with as_user(served, "olga") as olga:
+            olga.sql("GRANT INSERT ON mine TO alice")  # an operator grants on any table
+        with as_user(served, "alice") as alice:
+            with pytest.raises(PermissionDeniedError, match="needs role writer"):
+                alice.sql("INSERT INTO mine VALUES (1000, 'x')")  # the role still caps it
+        bob.sql("DROP TABLE mine")
+    removed = shardflow_cli("user", "remove", "carol", "--data-dir", str(served.data_dir))
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+
+
+def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
+    add_user(served, "walt", "writer")
+    with as_user(served, "bob") as bob:
+        bob.sql("CREATE TABLE bobs AS SELECT id FROM t WHERE id < 10")
+        bob.grant("bobs", ["ALL"], "walt")  # the Python API over the service
+        held = {(r["grantee"], r["privilege"]) for r in bob.grants("bobs").to_pylist()}
+        assert held == {("bob", "OWNER"), *(("walt", p) for p in PRIVILEGES)}
+    with as_user(served, "walt") as walt:
+        walt.sql("INSERT INTO bobs VALUES (77)")  # granted INSERT: appends
+        with pytest.raises(PermissionDeniedError, match="may not OWNER table bobs"):
+            walt.drop_table("bobs")
+        with pytest.raises(PermissionDeniedError, match="may not OWNER table bobs"):
+            walt.sql("DROP TABLE bobs")
+    with as_user(served, "bob") as bob:
+        assert bob.sql("SELECT count(*) AS n FROM bobs")["n"][0].as_py() == 11
+        bob.revoke("bobs", "INSERT", "walt")
+        with as_user(served, "walt") as walt, pytest.raises(PermissionDeniedError):
+            walt.sql("INSERT INTO bobs VALUES (78)")
+        bob.drop_table("bobs")
+    shardflow_cli("user", "remove", "walt", "--data-dir", str(served.data_dir))
+
+
+FILE_FUNCTIONS = (
+    "read_text", "read_blob", "read_csv", "read_csv_auto", "read_json", "read_json_auto",
+    "read_ndjson", "read_parquet", "parquet_scan", "parquet_metadata", "parquet_schema",
+    "sniff_csv", "glob",
+)  # fmt: skip
+ESCAPES = [
+    # files and the network through table functions
+    *(f"SELECT * FROM {function}('{{users}}')" for function in FILE_FUNCTIONS),
+    "SELECT * FROM read_parquet('http://127.0.0.1:9/x.parquet')",
+    "SELECT * FROM read_csv('s3://bucket/x.csv')",
+    "SELECT count(*) FROM t WHERE s IN (SELECT content FROM read_text('{users}'))",
+    "SELECT * FROM \"read_text\"('{users}')",
+    "SELECT * FROM READ_TEXT('{users}')",
+    "SELECT * FROM read_text /* a comment */ ('{users}')",
+    "SELECT * FROM query('SELECT * FROM read_text(''{users}'')')",
+    "SELECT * FROM query_table('duckdb_settings')",
+    # writing files, other databases, extensions, settings
+    "COPY t TO '{scratch}/out.csv'",
+    "COPY (SELECT 1) TO '{scratch}/out.parquet' (FORMAT parquet)",
+    "EXPORT DATABASE '{scratch}/export'",
+    "ATTACH '{scratch}/other.duckdb' AS other",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "SET temp_directory = '/'",
+    "RESET enable_external_access",
+    "PRAGMA database_list",
+    "CALL pragma_version()",
+    "CREATE SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')",
+    "CREATE VIEW v AS SELECT * FROM t",
+    "CREATE MACRO m(x) AS x + 1",
+    # stacked statements and tricks around keywords
+    "SELECT 1; DROP TABLE t",
+    "SELECT 1 AS one; SELECT * FROM read_text('{users}')",
+    "SELECT 1 --\n; DROP TABLE t",
+    "SELECT * FROM ｒｅａｄ_text('{users}')",  # noqa: RUF001 (full-width letters)
+    "SEL\u200bECT * FROM t",
+    # size
+    "SELECT " + "(" * 2000 + "1" + ")" * 2000,
+    "SELECT " + " + ".join(["1"] * 20000),
+    "SELECT '" + "x" * (2 << 20) + "'",
+]
+SERVER_STATE = [
+    "SELECT * FROM duckdb_settings()",
+    "SELECT * FROM duckdb_extensions()",
+    "SELECT * FROM duckdb_secrets()",
+    "SELECT * FROM duckdb_temporary_files()",
+    "SELECT getenv('HOME')",
+    "SELECT current_setting('home_directory')",
+    "SELECT * FROM pragma_database_size()",
+    "SELECT * FROM duckdb_settings() WHERE name = 'temp_directory'",
+    "SELECT * FROM (SELECT * FROM (SELECT version()))",
+]
+
+
+@pytest.mark.parametrize("user", ["alice", "bob", "olga"])
+def test_hostile_statements_are_refused_for_every_role_and_the_service_serves_on(
+    served: Served, user: str, tmp_path: Path
+) -> None:
+    """Escape attempts as a stranger would try them, as each role: files and the network
+    through every table function that reads them, writing files, other databases,
+    extensions and settings, stacked statements and tricks around keywords, very deep,
+    long and big statements. Each is refused, leaves no file, names no server path and
+    shows no stack nor any of the server's folders; the server's own state is an operator's
+    only; the service serves on."""
+    users = served.data_dir / "auth" / "users.json"
+    answered = []
+    with as_user(served, user) as db:
+        for template in ESCAPES + (SERVER_STATE if user != "olga" else []):
+            query = template.replace("{users}", str(users)).replace("{scratch}", str(tmp_path))
+            try:
+                db.sql(query)
+            except shardflow.Error as error:
+                message = str(error)
+                assert "Traceback" not in message and 'File "' not in message, message
+                # the server's folders are said by name, even where the query's own text
+                # is quoted back: "<data directory>/auth/users.json"
+                assert str(served.data_dir) not in message, message
+                continue
+            answered.append(template[:80])
+        assert answered == [], f"answered for {user}: {answered}"
+        assert list(tmp_path.iterdir()) == []
+        assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000

@@ -1,5 +1,6 @@
 """Catalog transitions and persistence, with plain data and a temporary directory."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from shardflow.catalog import Catalog, CatalogStore, DataDir, TableSpec, Unit
+from shardflow.catalog.grants import PRIVILEGES, SHARED, granted, privileges_of, revoked
 from shardflow.catalog.store import CATALOG_FAULT_VARIABLE
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
@@ -192,3 +195,23 @@ def test_a_cluster_that_starts_again_keeps_its_node_ids() -> None:
     assert catalog.node_ids(3) == ["node-0", "node-3", "node-5"]
     assert catalog.node_ids(5) == ["node-0", "node-3", "node-5", "node-7", "node-8"]
     assert catalog.node_ids(2) == ["node-0", "node-3"]
+
+
+def test_a_tables_grants_travel_with_it_and_old_catalogs_read_as_shared() -> None:
+    catalog = _with_table(Catalog(n_buckets=256, nodes=("n0", "n1")))
+    spec = catalog.table("t")
+    assert spec.grants == SHARED  # made through the Python API: every account, by role
+    owned = dataclasses.replace(spec, grants=(("bob", "OWNER", "2026-01-01"),))
+    changed = catalog.with_table(owned)
+    assert Catalog.from_json(changed.to_json()).table("t").grants == owned.grants
+    old = changed.to_json()
+    for table in old["tables"]:
+        del table["grants"]  # a catalog written before grants existed
+    assert Catalog.from_json(old).table("t").grants == SHARED
+    assert granted((), "alice", ["SELECT"], "s1") == (("alice", "SELECT", "s1"),)
+    assert revoked((("alice", "SELECT", "s1"), ("bob", "SELECT", "")), "alice", ["SELECT"]) == (
+        ("bob", "SELECT", ""),
+    )
+    assert privileges_of(["all privileges"]) == PRIVILEGES
+    with pytest.raises(ValueError, match="unknown privilege 'DROP'"):
+        privileges_of(["DROP"])

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog.buckets import key_family, split_range
+from shardflow.catalog.grants import SHARED, Grant
 from shardflow.catalog.names import duplicate_names, find_name, name_key
 from shardflow.errors import TableError, TableExistsError
 
@@ -91,6 +92,8 @@ class TableSpec:
     rows: int = 0
     key_index: bool = False
     """Whether every shard keeps an index on ``key`` (``create_table(key_index=True)``)."""
+    grants: tuple[Grant, ...] = SHARED
+    """Who else may do what with it (:mod:`shardflow.catalog.grants`)."""
 
     @property
     def distributed(self) -> bool:
@@ -115,6 +118,7 @@ class TableSpec:
             "group": self.group,
             "rows": self.rows,
             "key_index": self.key_index,
+            "grants": [list(grant) for grant in self.grants],
         }
 
     @classmethod
@@ -129,6 +133,7 @@ class TableSpec:
             data["group"],
             data.get("rows", 0),
             data.get("key_index", False),
+            tuple(tuple(g) for g in data["grants"]) if "grants" in data else SHARED,
         )
 
 

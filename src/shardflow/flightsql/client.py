@@ -309,6 +309,20 @@ class RemoteDatabase:
     def drop_table(self, name: str) -> None:
         self._action("drop_table", {"name": name})
 
+    def grants(self, table: str | None = None) -> pa.Table:
+        """``SHOW GRANTS [ON table]``: the grants this account may see (an operator: all;
+        a table's owner: all of that table's; others: those to PUBLIC, to roles and to
+        themselves)."""
+        return self.sql("SHOW GRANTS" if table is None else f"SHOW GRANTS ON {_quoted(table)}")
+
+    def grant(self, table: str, privileges: str | Sequence[str], to: str) -> None:
+        """``GRANT privileges ON table TO to`` (the table's owner or an operator)."""
+        self.sql(f"GRANT {_privileges(privileges)} ON {_quoted(table)} TO {_quoted(to)}")
+
+    def revoke(self, table: str, privileges: str | Sequence[str], from_: str) -> None:
+        """``REVOKE privileges ON table FROM from_`` (the table's owner or an operator)."""
+        self.sql(f"REVOKE {_privileges(privileges)} ON {_quoted(table)} FROM {_quoted(from_)}")
+
     def _ingest(self, name: str, table: pa.Table, mode: str, options: dict[str, str]) -> int:
         command = fsql.new("CommandStatementIngest", table=name)
         definition = command.table_definition_options
@@ -365,3 +379,14 @@ def _as_table(source: object) -> pa.Table:
     raise ConfigError(
         f"send a pyarrow.Table, an Arrow stream or a Parquet path, not {type(source).__name__}"
     )
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _privileges(privileges: str | Sequence[str]) -> str:
+    words = [privileges] if isinstance(privileges, str) else list(privileges)
+    if not words or not all(w.replace(" ", "").isalpha() for w in words):
+        raise errors.ConfigError(f"privileges are words such as SELECT or ALL, not {words!r}")
+    return ", ".join(words)

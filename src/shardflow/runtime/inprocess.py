@@ -338,6 +338,9 @@ class LocalCoordinator:
     def delete_files(self, uid: str) -> Reply[None]:
         return self._call(lambda: self.node.delete_files(uid))
 
+    def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.set_grants(name, [list(g) for g in grants]))
+
     # cluster operations
     def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]:
         return self._call(lambda: self.node.migrate(unit_id, to))

@@ -256,6 +256,9 @@ class NewTable:
     size_bytes: int | None = None
     """The source's Arrow size, where known before the load (how many units it gets);
     None for a stream."""
+    grants: tuple[tuple[str, str, str], ...] | None = None
+    """Its grants (``catalog/grants.py``); None: shared, PUBLIC holds every privilege (the
+    service gives OWNER to the account making it, and nothing else)."""
 
 
 # -- the interfaces ------------------------------------------------------------------------
@@ -497,6 +500,9 @@ class Coordinator(Protocol):
         ...
 
     def delete_files(self, uid: str) -> Reply[None]: ...
+    def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
+        """Replace a table's grants (``catalog/grants.py``); answers its routing."""
+        ...
 
     # cluster operations
     def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]: ...

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,9 @@ class Principal:
     name: str
     role: str
     kind: str  # "user" or "service"
+    account_id: str = field(default="", compare=False)
+    """The account's own id (new each time an account is made): a grant to it names this
+    too, so an account removed and made again under the name inherits nothing."""
 
 
 def _check_name(name: str, what: str) -> None:
@@ -227,7 +230,12 @@ class AuthStore:
             users = dict(self._users.read())
             if name in users:
                 raise ConfigError(f"user {name!r} exists; remove it first to replace it")
-            users[name] = {"role": role, "hash": hashed, "created": _stamp(self._clock())}
+            users[name] = {
+                "role": role,
+                "hash": hashed,
+                "created": _stamp(self._clock()),
+                "id": secrets.token_hex(8),
+            }
             self._users.write(users)
 
     def remove_user(self, name: str) -> None:
@@ -263,7 +271,7 @@ class AuthStore:
             return None
         if self._hasher.check_needs_rehash(stored):
             self._rehash(name, stored, password)
-        return Principal(name, str(record["role"]), "user")
+        return Principal(name, str(record["role"]), "user", _account_id(record))
 
     def _dummy(self) -> str:
         with self._lock:
@@ -298,6 +306,7 @@ class AuthStore:
             "name": name,
             "role": role,
             "created": _stamp(now),
+            "id": secrets.token_hex(8),
             "expires": None if ttl_s is None else _stamp(now + ttl_s, "microseconds"),
         }
         with self._writing():
@@ -319,7 +328,13 @@ class AuthStore:
                 'characters (make one with: python -c "import secrets; '
                 f"print('{TOKEN_PREFIX}' + secrets.token_urlsafe(32))\")"
             )
-        record = {"name": name, "role": role, "created": _stamp(self._clock()), "expires": None}
+        record = {
+            "name": name,
+            "role": role,
+            "created": _stamp(self._clock()),
+            "id": secrets.token_hex(8),
+            "expires": None,
+        }
         with self._writing():
             tokens = {h: r for h, r in self._tokens.read().items() if r.get("name") != name}
             tokens[_digest(token)] = record
@@ -378,7 +393,7 @@ class AuthStore:
             record = self._users.read().get(principal.name)
         if record is None:
             return None
-        return Principal(principal.name, str(record["role"]), "user")
+        return Principal(principal.name, str(record["role"]), "user", _account_id(record))
 
     def principal_for_token(self, token: str) -> Principal | None:
         """The account of a service token; None if unknown, revoked or expired."""
@@ -388,7 +403,20 @@ class AuthStore:
             record = self._tokens.read().get(_digest(token))
         if record is None or _expired(record, self._clock()):
             return None
-        return Principal(str(record["name"]), str(record["role"]), "service")
+        return Principal(str(record["name"]), str(record["role"]), "service", _account_id(record))
+
+    def account(self, name: str) -> Principal | None:
+        """The user or service account called ``name`` (what a grant to it names), or
+        None."""
+        with self._lock:
+            user = self._users.read().get(name)
+            if user is not None:
+                return Principal(name, str(user["role"]), "user", _account_id(user))
+            tokens = [r for r in self._tokens.read().values() if r.get("name") == name]
+        if not tokens:
+            return None
+        record = tokens[0]
+        return Principal(name, str(record["role"]), "service", _account_id(record))
 
 
 def _expired(record: Mapping[str, Any], now: float) -> bool:
@@ -407,7 +435,7 @@ class TokenIssuer:
     >>> issuer = TokenIssuer(ttl_s=60.0)
     >>> token = issuer.issue(Principal("ada", "reader", "user"))
     >>> issuer.resolve(token)
-    Principal(name='ada', role='reader', kind='user')
+    Principal(name='ada', role='reader', kind='user', account_id='')
     >>> issuer.resolve("a guess") is None
     True
     """
@@ -776,3 +804,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         raise ConfigError(
             f"since takes an age such as 30s, 10m, 2h or 1d, or an ISO-8601 time, not {text!r}"
         ) from None
+
+
+def _account_id(record: Mapping[str, Any]) -> str:
+    """An account's id: its own, or for one made before ids, when it was made."""
+    return str(record.get("id") or record.get("created", ""))

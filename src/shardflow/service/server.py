@@ -18,8 +18,10 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 import traceback
@@ -31,6 +33,7 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
@@ -39,6 +42,7 @@ from shardflow.errors import (
     ConfigError,
     Error,
     MoveRefusedError,
+    PermissionDeniedError,
     QueryError,
     SchemaMismatchError,
     SqlSyntaxError,
@@ -48,6 +52,8 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.flightsql import wire as fsql
+from shardflow.service import access as grants
+from shardflow.service.access import Access, Needs
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
 
@@ -191,8 +197,11 @@ def flight_error(error: BaseException) -> BaseException:
         if arrow_answer:
             setattr(error, "shardflow_error", type(error).__name__)  # noqa: B010
         return error
+    text = _without_paths(text)
     kind: type[Exception] = flight.FlightServerError
-    if isinstance(error, UnknownTableError | UnknownShardError):
+    if isinstance(error, PermissionDeniedError):
+        kind = flight.FlightUnauthorizedError  # PERMISSION_DENIED: the client's own
+    elif isinstance(error, UnknownTableError | UnknownShardError):
         kind = pa.ArrowKeyError  # NOT_FOUND
     elif isinstance(
         error, QueryError | ConfigError | TableError | SchemaMismatchError | MoveRefusedError
@@ -206,6 +215,25 @@ def flight_error(error: BaseException) -> BaseException:
     answer = kind(text)
     answer.shardflow_error = type(error).__name__  # type: ignore[attr-defined]
     return answer
+
+
+_HIDDEN: dict[str, str] = {}
+"""The server's own folders and what an error says in their place."""
+
+
+def hide_paths(folders: dict[str, str]) -> None:
+    """Say ``folders`` (the data directory, the spill folder, the service user's home) by
+    their names in every error a client gets, not by their paths."""
+    for path, name in folders.items():
+        if path and len(path) > 1:
+            _HIDDEN[os.path.realpath(path)] = name
+            _HIDDEN[path] = name
+
+
+def _without_paths(text: str) -> str:
+    for path in sorted(_HIDDEN, key=len, reverse=True):  # the longest (innermost) first
+        text = text.replace(path, _HIDDEN[path])
+    return text
 
 
 def _plainly(handler: Callable[..., R]) -> Callable[..., R]:
@@ -313,6 +341,11 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self.db = db
         self.options = options
         self.store = AuthStore(data_dir)
+        self.access = Access(db, self.store)
+        spill = db.settings.local_dir or os.path.join(tempfile.gettempdir(), "shardflow-local")
+        hide_paths(
+            {data_dir: "<data directory>", spill: "<local_dir>", os.path.expanduser("~"): "~"}
+        )
         self.audit = AuditLog(data_dir, options.audit_max_bytes, options.audit_max_age_s)
         self.audit.check_private()  # refused at start, before anything is served
         # signed with the data directory's key: every replica takes every replica's tokens
@@ -387,8 +420,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 principal = self._require(context, "query", "reader")
                 table = self._run_prepared(context, principal, command.prepared_statement_handle)
             else:
-                self._require(context, "metadata", "reader")
-                table = self._metadata(name, command)
+                principal = self._require(context, "metadata", "reader")
+                table = self._metadata(principal, name, command)
                 return _info(descriptor, table.schema, descriptor.command, table)
         except Exception as error:
             raise flight_error(error) from None
@@ -423,9 +456,9 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                     f"older than {RESULT_TTL_S:g}s); run the statement again"
                 )
             return _stream(answer.table)
-        self._require(context, "metadata", "reader")
+        principal = self._require(context, "metadata", "reader")
         try:
-            return _stream(self._metadata(name, command))
+            return _stream(self._metadata(principal, name, command))
         except Exception as error:
             raise flight_error(error) from None
 
@@ -502,7 +535,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         principal = self._require(context, kind, needed, arguments)
         started = time.perf_counter()
         try:
-            answer = self._control(kind, arguments)
+            answer = self._control(principal, kind, arguments)
         except Exception as error:
             if kind in CONTROL_ACTIONS:
                 self.audit.record(
@@ -527,13 +560,43 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         shown = _server_state(query, self._table_names)
         if shown is not None:
             self._require(context, "server state", "operator", {"reads": shown})
+        tree, needs = self._needs_of(query)
+        if isinstance(tree, exp.Grant | exp.Revoke):
+            arguments = {"statement": query[:1000]}
+            with self._audited(principal.name, tree.key, arguments):
+                change = tree
+                return self._checked(
+                    principal, "grant", lambda: self.access.statement(principal, change)
+                )
+        listing = self.access.show(principal, query)
+        if listing is not None:
+            return listing
         if not _WRITE_VERB.match(query):
+            self._check(principal, needs)
             return self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})
         with self._audited(principal.name, "write statement", {"statement": query[:1000]}):
-            return self._write(query)
+            if not isinstance(tree, exp.Drop):  # a drop needs OWNER: checked as it runs
+                self._check(principal, needs)
+            return self._write(principal, query)
 
-    def _write(self, query: str) -> pa.Table:
+    def _check(self, principal: Principal, needs: Needs) -> None:
+        """Refuse a statement whose tables ``principal`` may not reach (audited)."""
+        self._checked(principal, "grants", lambda: self.access.check(principal, needs))
+
+    def _checked(self, principal: Principal, what: str, call: Callable[[], R]) -> R:
+        try:
+            return call()
+        except PermissionDeniedError as error:
+            self.audit.record(principal.name, what, {}, f"denied: {error}", 0.0)
+            self._count(what)
+            raise
+
+    def _owns(self, principal: Principal, name: str) -> None:
+        """Refuse to drop or replace a table ``principal`` does not own (audited)."""
+        self._check(principal, Needs((), name, grants.OWNER))
+
+    def _write(self, principal: Principal, query: str) -> pa.Table:
         statement = _parse(query)
         empty = pa.table({})
         if isinstance(statement, exp.Drop) and statement.kind == "TABLE":
@@ -541,9 +604,11 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             if dropped is None:
                 raise QueryError("DROP TABLE names no table")
             name = dropped.name
-            if statement.args.get("exists") and name not in self._table_names():
+            if statement.args.get("exists") and name not in self.access.visible(principal):
                 return empty
+            self._owns(principal, name)
             self.db.drop_table(name)
+            self.access.forget()
             return empty
         if isinstance(statement, exp.Create) and statement.kind == "TABLE":
             select = statement.expression
@@ -552,7 +617,9 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                     "shardflow creates tables from a query (CREATE TABLE t AS SELECT ...) or "
                     "by bulk ingest; a column list alone has no rows to place"
                 )
-            self.db.create_table(statement.this.name, self.db.sql(select.sql("duckdb")))
+            rows = self.db.sql(select.sql("duckdb"))
+            self.db.create_table(statement.this.name, rows, grants=self._owned_by(principal))
+            self.access.forget()
             return empty
         if isinstance(statement, exp.Insert):
             target = statement.this
@@ -572,6 +639,23 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT and INSERT INTO "
             f"... SELECT/VALUES; not {type(statement).__name__.upper()}"
         )
+
+    def _needs_of(self, query: str) -> tuple[exp.Expr | None, Needs]:
+        """``query`` parsed (None: SQLGlot cannot), and the tables it reads and writes."""
+        tree = grants.parse(query)
+        if tree is None:
+            return None, grants.needs_of_text(query, self._table_names())
+        return tree, grants.needs_of(tree)
+
+    def _readable(self, principal: Principal, arguments: dict[str, Any]) -> str:
+        """The action's query, once its tables are checked for ``principal``."""
+        query: str = _arg(arguments, "query", str)
+        self._check(principal, self._needs_of(query)[1])
+        return query
+
+    def _owned_by(self, principal: Principal) -> list[tuple[str, str, str]]:
+        """The grants of a table ``principal`` makes: it is theirs, and no one else's."""
+        return [(principal.name, grants.OWNER, principal.account_id)]
 
     def _columns(self, name: str) -> list[str]:
         return list(self.db.schema(name).names)
@@ -667,14 +751,21 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 f"Table {name} does not exist (ingest mode 'append'): ingest with mode "
                 "'create' or 'create_append' to make it"
             )
+        replace = exists and definition.if_exists == fsql.IF_EXISTS["REPLACE"]
+        if replace:
+            self._owns(principal, name)
+        elif exists:
+            self._check(principal, Needs((), name))
         table = self._read_bounded(reader)  # refused whole if too big: nothing kept
-        if exists and definition.if_exists == fsql.IF_EXISTS["REPLACE"]:
+        if replace:
             self.db.drop_table(name)
             exists = False
         if not exists:  # all or nothing: the table appears whole, or not at all
+            self.access.forget()
             return self.db.create_table(
                 name,
                 table,
+                grants=self._owned_by(principal),
                 distributed_by=options.get("shardflow.distributed_by") or None,
                 replicated=options.get("shardflow.replicated", "").lower() == "true",
                 colocate_with=options.get("shardflow.colocate_with") or None,
@@ -705,7 +796,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             )
 
     # -- metadata ------------------------------------------------------------------------
-    def _metadata(self, name: str, command: Any) -> pa.Table:
+    def _metadata(self, principal: Principal, name: str, command: Any) -> pa.Table:
         if name == "CommandGetSqlInfo":
             return self._sql_info(list(command.info))
         if name == "CommandGetCatalogs":
@@ -720,7 +811,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 rows or {"catalog_name": [], "db_schema_name": []}, schema=fsql.DB_SCHEMAS_SCHEMA
             )
         if name == "CommandGetTables":
-            return self._tables(command)
+            return self._tables(principal, command)
         if name == "CommandGetTableTypes":
             return pa.table({"table_type": [TABLE_TYPE]}, schema=fsql.TABLE_TYPES_SCHEMA)
         if name == "CommandGetPrimaryKeys":
@@ -745,7 +836,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             values = {k: v for k, v in values.items() if k in wanted}
         return fsql.sql_info_table(values)
 
-    def _tables(self, command: Any) -> pa.Table:
+    def _tables(self, principal: Principal, command: Any) -> pa.Table:
+        """The tables ``principal`` may see (any privilege on them), as GetTables lists."""
         wanted_types = set(command.table_types)
         in_scope = (
             command.catalog in ("", CATALOG)
@@ -754,7 +846,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         )
         names = [
             n
-            for n in self._table_names()
+            for n in self.access.visible(principal)
             if in_scope and _matches(command.table_name_filter_pattern, n)
         ]
         columns: dict[str, list[Any]] = {
@@ -769,18 +861,23 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         return pa.table(columns, schema=fsql.TABLES_WITH_SCHEMA)
 
     # -- control and data actions ---------------------------------------------------------
-    def _control(self, kind: str, arguments: dict[str, Any]) -> bytes:
+    def _control(self, principal: Principal, kind: str, arguments: dict[str, Any]) -> bytes:
         cluster = self.db.cluster
         if kind == "explain":
-            return _json(self.db.explain(_arg(arguments, "query", str)))
-        if kind == "tables":
-            return _ipc(self.db.tables())
+            return _json(self.db.explain(self._readable(principal, arguments)))
+        if kind == "tables":  # those the caller may see
+            listed = self.db.tables()
+            seen = pa.array(self.access.visible(principal), pa.string())
+            return _ipc(listed.filter(pc.is_in(listed.column("name"), seen)))
         if kind == "profile":  # the answer, its profile in the schema's metadata
-            answer, profile = self.db.profile(_arg(arguments, "query", str))
+            answer, profile = self.db.profile(self._readable(principal, arguments))
             found = json.dumps(profile.to_json()).encode()
             return _ipc(answer.replace_schema_metadata({fsql.PROFILE_KEY: found}))
         if kind == "drop_table":
-            self.db.drop_table(_arg(arguments, "name", str))
+            name = _arg(arguments, "name", str)
+            self._owns(principal, name)
+            self.db.drop_table(name)
+            self.access.forget()
             return _json(None)
         if kind == "migrate":
             record = cluster.migrate(_shard(arguments, "shard"), _arg(arguments, "to", str))

@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec, find_name
 from shardflow.catalog.buckets import key_family
+from shardflow.catalog.grants import Grant
 from shardflow.catalog.types import storage_schema
 from shardflow.config import Settings
 from shardflow.errors import ClosedError, TableError, UnknownColumnError, WorkerTimeout
@@ -62,6 +63,7 @@ class Loader:
         colocate_with: str | None,
         progress: Progress | None = None,
         key_index: bool = False,
+        grants: Sequence[Grant] | None = None,
     ) -> int:
         """Create ``name`` from ``source``; returns the rows loaded."""
         if not isinstance(name, str):
@@ -86,6 +88,7 @@ class Loader:
             colocate_with,
             bool(key_index),
             size,
+            None if grants is None else tuple(grants),
         )
         planned = self.coordinator.begin_create(table).get()
         preview = Catalog.from_json(planned)

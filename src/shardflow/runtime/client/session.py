@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec
+from shardflow.catalog.grants import Grant
 from shardflow.config import Settings
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import (
@@ -382,12 +383,26 @@ class Session:
         colocate_with: str | None,
         progress: Progress | None = None,
         key_index: bool = False,
+        grants: Sequence[Grant] | None = None,
     ) -> int:
         rows = self._loader.create(
-            name, source, distributed_by, replicated, colocate_with, progress, key_index
+            name, source, distributed_by, replicated, colocate_with, progress, key_index, grants
         )
         self.refresh([name])  # a table made here is one this session will use
         return rows
+
+    def set_grants(self, name: str, grants: Sequence[Grant]) -> None:
+        spec = self.table_spec(name)
+        catalog = self._change(f"grants of {name}", lambda c: c.set_grants(spec.name, grants))
+        # the nodes are told the change as for any table's (a version each must follow)
+        self.coordinator.announce(list(catalog["nodes"])).get()
+
+    def access(self, name: str) -> TableSpec | None:
+        """The table ``name`` as the coordinator has it now, its owner and grants among
+        it (not this session's routing, which may be older): what the service checks a
+        call against. None where there is no such table."""
+        found = self._read(f"the grants of {name}", lambda c: c.catalog([name]))
+        return Catalog.from_json(found).find_table(name)
 
     def drop_table(self, name: str) -> None:
         self.table_spec(name)

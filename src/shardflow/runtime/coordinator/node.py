@@ -102,6 +102,9 @@ class CoordinatorNode:
     def delete_files(self, uid: str) -> None:
         self.state.delete_files(uid)
 
+    def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
+        return self.state.set_grants(name, grants)
+
     # -- cluster operations -----------------------------------------------------------------
     def migrate(self, unit_id: int, to: str) -> dict[str, Any]:
         return self.controller.run_move(self.state.plan_move(unit_id, to))

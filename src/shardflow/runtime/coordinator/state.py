@@ -29,6 +29,7 @@ from shardflow.catalog import (
     name_key,
 )
 from shardflow.catalog.buckets import key_family
+from shardflow.catalog.grants import SHARED
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
 from shardflow.control.placement import initial_unit_count, node_capacities, place_units
@@ -373,6 +374,7 @@ class CoordinatorState:
                 (key or "") if kind == "distributed" else None,
                 group,
                 key_index=key_index,
+                grants=SHARED if table.grants is None else tuple(sorted(table.grants)),
             )
             catalog = catalog.with_table(spec)
             self.pending[name_key(name)] = PendingTable(spec, catalog)
@@ -441,6 +443,18 @@ class CoordinatorState:
                     pending.catalog.groups[spec.group], pending.catalog.next_unit_id
                 )
             return self._save(catalog.with_table(replace(spec, rows=rows)), [spec.name])
+
+    def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> dict[str, Any]:
+        """Replace the grants of the table ``name`` (``catalog/grants.py``); answers its
+        routing."""
+        with self._lock:
+            spec = self.catalog.find_table(name)
+            if spec is None:
+                raise UnknownTableError(f"unknown table {name!r}")
+            kept = tuple(sorted((str(g), str(p), str(s)) for g, p, s in grants))
+            if kept == spec.grants:
+                return self.catalog.routing([spec.name]).to_json()
+            return self._save(self.catalog.with_table(replace(spec, grants=kept)), [spec.name])
 
     def abort_create(self, name: str) -> None:
         with self._lock:

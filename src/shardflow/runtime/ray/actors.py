@@ -163,6 +163,10 @@ class CoordinatorService:
     def delete_files(self, uid: str) -> None:
         self.node.delete_files(uid)
 
+    @ray.method
+    def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
+        return self.node.set_grants(name, grants)
+
     # -- cluster operations -----------------------------------------------------------------
     @ray.method
     def migrate(self, unit_id: int, to: str) -> dict[str, Any]:

@@ -402,6 +402,9 @@ class RayCoordinator:
     def delete_files(self, uid: str) -> Reply[None]:
         return self._reply(self.handle.delete_files.remote(uid))
 
+    def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
+        return self._reply(self.handle.set_grants.remote(name, [list(g) for g in grants]))
+
     # cluster operations
     def migrate(self, unit_id: int, to: str) -> Reply[dict[str, Any]]:
         return self._reply(self.handle.migrate.remote(unit_id, to))

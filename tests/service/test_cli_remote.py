@@ -57,6 +57,12 @@ def test_the_data_commands_work_against_a_service(served: Served, tmp_path: Path
     assert "loaded 50 rows into remote_k" in loaded
     assert "inserted 50 rows" in ok(as_user("bob", "insert", "remote_k",
                                             str(tmp_path / "k.parquet"), *at))  # fmt: skip
+    one_line_error(as_user("alice", "sql", "SELECT count(*) FROM remote_k", *at),
+                   "PermissionDeniedError", "remote_k")  # fmt: skip
+    ok(as_user("bob", "sql", "GRANT SELECT ON remote_k TO alice", *at))  # bob's table: his grant
+    granted = ok(as_user("alice", "sql", "SELECT count(*) AS n FROM remote_k", "--format",
+                         "json", *at))  # fmt: skip
+    assert json.loads(granted) == {"n": 100}
     nodes = [json.loads(line) for line in ok(as_user(
         "olga", "cluster", "nodes", "--format", "json", *at)).splitlines()]  # fmt: skip
     assert nodes and all(n["alive"] for n in nodes)

@@ -25,6 +25,7 @@ from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerI
 from shardflow.runtime.query.executor import ExecutionReport
 from shardflow.runtime.query.profiling import build_profile
 from shardflow.sql.parameters import bind
+from shardflow.sql.statements import Change, CreateTableAs, DropTable, statement_of
 from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
@@ -378,14 +379,33 @@ class Database:
     # -- queries ------------------------------------------------------------------------
     @_while_open
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run a SELECT over the cluster and return its answer. ``params`` fill the
-        query's ``?`` placeholders in order (or ``$1``, ``$2`` ... by number) as values,
+        """Run a query over the cluster and return its answer; or a statement that changes
+        tables, as the Flight SQL service runs it: ``INSERT INTO t [(columns)] SELECT ... |
+        VALUES ...`` (answers ``count``, the rows appended), ``CREATE TABLE t AS SELECT
+        ...`` and ``DROP TABLE [IF EXISTS] t`` (answer nothing). ``params`` fill the
+        statement's ``?`` placeholders in order (or ``$1``, ``$2`` ... by number) as values,
         never as SQL: ``db.sql("SELECT * FROM t WHERE id = ?", [42])``."""
         if params is not None:
             query = bind(query, params)
+        change = statement_of(query)
+        if change is not None:
+            return self._change(change)
         result, report = self._session_or_raise().query(query)
         self.last_report = report
         return result
+
+    def _change(self, change: Change) -> pa.Table:
+        if isinstance(change, DropTable):
+            if not (change.if_exists and self._session_or_raise().access(change.name) is None):
+                self.drop_table(change.name)
+            return pa.table({})
+        rows = self.sql(change.query)
+        if isinstance(change, CreateTableAs):
+            self.create_table(change.name, rows)
+            return pa.table({})
+        columns = list(change.columns or self.schema(change.name).names)
+        count = self.insert(change.name, rows.rename_columns(columns[: rows.num_columns]))
+        return pa.table({"count": pa.array([count], pa.int64())})
 
     @_while_open
     def explain(self, query: str) -> str:

@@ -145,6 +145,42 @@ def test_a_table_named_like_another_is_refused(db: shardflow.Database) -> None:
     assert db.sql('SELECT count(*) AS n FROM "Orders"').to_pylist() == [{"n": 150_000}]
 
 
+def test_db_sql_changes_tables_as_the_service_does(
+    db: shardflow.Database, small_oracle: duckdb.DuckDBPyConnection
+) -> None:
+    """One statement path for every door: db.sql runs CREATE TABLE ... AS, INSERT INTO ...
+    SELECT | VALUES (with or without a column list; its answer is the rows appended) and
+    DROP TABLE [IF EXISTS], with parameters; what it refuses says what it runs."""
+    made = "SELECT o_orderkey AS k, o_totalprice AS p FROM orders WHERE o_orderkey < 1000"
+    assert db.sql(f"CREATE TABLE cheap AS {made}").num_rows == 0
+    added = db.sql(
+        "INSERT INTO cheap (k, p) VALUES (?, ?), (?, ?)", [5_000_001, 1.5, 5_000_002, 2.5]
+    )
+    assert added.to_pylist() == [{"count": 2}]
+    more = "SELECT o_orderkey + 10000000, o_totalprice FROM orders WHERE o_orderkey < 100"
+    copied = db.sql(f"INSERT INTO cheap {more}").to_pylist()[0]["count"]
+    expected = small_oracle.execute(
+        f"SELECT count(*) AS n, sum(p) AS s FROM ({made} UNION ALL "
+        f"SELECT 5000001, 1.5 UNION ALL SELECT 5000002, 2.5 UNION ALL "
+        f"SELECT o_orderkey + 10000000, o_totalprice FROM orders WHERE o_orderkey < 100)"
+    ).fetchone()
+    got = db.sql("SELECT count(*) AS n, sum(p) AS s FROM cheap").to_pylist()[0]
+    assert copied == small_oracle.execute(f"SELECT count(*) FROM ({more})").fetchone()[0]
+    assert got["n"] == expected[0] and float(got["s"]) == pytest.approx(float(expected[1]))
+    db.sql("DROP TABLE cheap")
+    db.sql("DROP TABLE IF EXISTS cheap")
+    assert "cheap" not in db.table_names()
+    with pytest.raises(shardflow.UnknownTableError):
+        db.sql("DROP TABLE cheap")
+    with pytest.raises(shardflow.QueryError, match="a column list alone has no rows"):
+        db.sql("CREATE TABLE empty (a INTEGER)")
+    with pytest.raises(shardflow.UnsupportedError, match="does not change or delete rows yet"):
+        db.sql("DELETE FROM orders WHERE o_orderkey = 1")
+    with pytest.raises(shardflow.QueryError, match="one statement at a time"):
+        db.sql("INSERT INTO orders SELECT * FROM orders; DROP TABLE orders")
+    assert db.sql("SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 150_000}]
+
+
 def test_explain_says_where_each_part_runs(db: shardflow.Database) -> None:
     text = db.explain(tpch.query(13))
     assert "on every worker, over its shards" in text

@@ -56,6 +56,7 @@ from shardflow.service import access as grants
 from shardflow.service.access import Access, Needs
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
+from shardflow.sql.statements import CreateTableAs, DropTable, statement_of
 
 if TYPE_CHECKING:
     from shardflow.api import Database
@@ -597,48 +598,22 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self._check(principal, Needs((), name, grants.OWNER))
 
     def _write(self, principal: Principal, query: str) -> pa.Table:
-        statement = _parse(query)
-        empty = pa.table({})
-        if isinstance(statement, exp.Drop) and statement.kind == "TABLE":
-            dropped = statement.find(exp.Table)
-            if dropped is None:
-                raise QueryError("DROP TABLE names no table")
-            name = dropped.name
-            if statement.args.get("exists") and name not in self.access.visible(principal):
-                return empty
-            self._owns(principal, name)
-            self.db.drop_table(name)
+        """A statement that changes tables, read as ``db.sql`` reads it
+        (``sql/statements.py``), once its tables are checked: a drop needs OWNER, a table
+        made here is its maker's; an INSERT runs as ``db.sql`` runs it."""
+        change = statement_of(query)
+        if isinstance(change, DropTable):
+            if change.if_exists and change.name not in self.access.visible(principal):
+                return pa.table({})
+            self._owns(principal, change.name)
+        if isinstance(change, CreateTableAs):
+            rows = self.db.sql(change.query)
+            self.db.create_table(change.name, rows, grants=self._owned_by(principal))
             self.access.forget()
-            return empty
-        if isinstance(statement, exp.Create) and statement.kind == "TABLE":
-            select = statement.expression
-            if not isinstance(select, exp.Query):
-                raise QueryError(
-                    "shardflow creates tables from a query (CREATE TABLE t AS SELECT ...) or "
-                    "by bulk ingest; a column list alone has no rows to place"
-                )
-            rows = self.db.sql(select.sql("duckdb"))
-            self.db.create_table(statement.this.name, rows, grants=self._owned_by(principal))
-            self.access.forget()
-            return empty
-        if isinstance(statement, exp.Insert):
-            target = statement.this
-            name = target.this.name if isinstance(target, exp.Schema) else target.name
-            source = statement.expression
-            if isinstance(source, exp.Values):
-                alias = exp.TableAlias(this=exp.to_identifier("v"))
-                source = exp.select("*").from_(exp.Subquery(this=source, alias=alias))
-            rows = self.db.sql(source.sql("duckdb"))
-            columns = self._columns(name)
-            if isinstance(target, exp.Schema):
-                columns = [c.name for c in target.expressions]
-            rows = rows.rename_columns(columns[: rows.num_columns])
-            count = self.db.insert(name, rows)
-            return pa.table({"count": pa.array([count], pa.int64())})
-        raise QueryError(
-            "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT and INSERT INTO "
-            f"... SELECT/VALUES; not {type(statement).__name__.upper()}"
-        )
+            return pa.table({})
+        answer = self.db.sql(query)
+        self.access.forget()
+        return answer
 
     def _needs_of(self, query: str) -> tuple[exp.Expr | None, Needs]:
         """``query`` parsed (None: SQLGlot cannot), and the tables it reads and writes."""
@@ -656,9 +631,6 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def _owned_by(self, principal: Principal) -> list[tuple[str, str, str]]:
         """The grants of a table ``principal`` makes: it is theirs, and no one else's."""
         return [(principal.name, grants.OWNER, principal.account_id)]
-
-    def _columns(self, name: str) -> list[str]:
-        return list(self.db.schema(name).names)
 
     def _table_names(self) -> list[str]:
         """The tables the routing snapshot knows (no call to any worker: metadata calls and

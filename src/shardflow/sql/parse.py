@@ -120,12 +120,15 @@ def parse(sql: str) -> exp.Expr:
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
         hint = (
-            "use db.create_table(), db.insert() and db.drop_table() to change data"
+            "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), makes tables "
+            "(CREATE TABLE ... AS SELECT, db.create_table()) and drops them; it does not "
+            "change or delete rows yet"
             if isinstance(tree, CHANGES)
             else "write it as a SELECT"
         )
         raise UnsupportedError(
-            f"db.sql() runs queries (SELECT); {kind} statements are not supported: {hint}"
+            f"db.sql() runs queries and the statements that add rows, make and drop tables; "
+            f"{kind} statements are not supported: {hint}"
         )
     a.balance_connectors(tree)
     a.balance_set_operations(tree)

@@ -1,0 +1,91 @@
+"""The statements that change tables, read once for every door: ``db.sql``, the Flight SQL
+service and the command line run ``DROP TABLE [IF EXISTS] t``, ``CREATE TABLE t AS
+<query>`` and ``INSERT INTO t [(columns)] <query> | VALUES ...`` through this one reading
+(what to do, and the query that gives the rows); everything else is a query.
+
+>>> statement_of("INSERT INTO t (a, b) VALUES (1, 'x')")
+InsertInto(name='t', columns=('a', 'b'), query="SELECT * FROM (VALUES (1, 'x')) AS v")
+>>> statement_of("SELECT 1") is None
+True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+from shardflow.errors import QueryError, SqlSyntaxError
+
+_CHANGE_VERB = re.compile(r"^\s*(drop|create|insert)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class DropTable:
+    name: str
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class CreateTableAs:
+    name: str
+    query: str
+    """The query whose answer the new table holds."""
+
+
+@dataclass(frozen=True)
+class InsertInto:
+    name: str
+    columns: tuple[str, ...] | None
+    """The target's columns the rows fill, in order (None: all of them, in order)."""
+    query: str
+    """The query whose answer is appended (``VALUES`` as a query over them)."""
+
+
+Change = DropTable | CreateTableAs | InsertInto
+
+
+def statement_of(sql: str) -> Change | None:
+    """What ``sql`` changes, or None where it is a query (the planner's to read). A
+    statement of these verbs that shardflow does not run is a ``QueryError`` saying what
+    it runs."""
+    if not isinstance(sql, str) or not _CHANGE_VERB.match(sql):
+        return None
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+    except sqlglot.errors.ParseError as error:
+        raise SqlSyntaxError(str(error).splitlines()[0]) from None
+    if len(statements) != 1:
+        raise QueryError("one statement at a time; split the text at ';'")
+    statement = statements[0]
+    if isinstance(statement, exp.Drop) and statement.kind == "TABLE":
+        dropped = statement.find(exp.Table)
+        if dropped is None:
+            raise QueryError("DROP TABLE names no table")
+        return DropTable(dropped.name, bool(statement.args.get("exists")))
+    if isinstance(statement, exp.Create) and statement.kind == "TABLE":
+        select = statement.expression
+        if not isinstance(select, exp.Query):
+            raise QueryError(
+                "shardflow creates tables from a query (CREATE TABLE t AS SELECT ...), by "
+                "db.create_table() or by bulk ingest; a column list alone has no rows to place"
+            )
+        return CreateTableAs(statement.this.name, select.sql("duckdb"))
+    if isinstance(statement, exp.Insert):
+        target = statement.this
+        source = statement.expression
+        if isinstance(source, exp.Values):
+            alias = exp.TableAlias(this=exp.to_identifier("v"))
+            source = exp.select("*").from_(exp.Subquery(this=source, alias=alias))
+        if not isinstance(source, exp.Query):
+            raise QueryError("INSERT takes its rows from a query or VALUES")
+        if isinstance(target, exp.Schema):
+            columns = tuple(c.name for c in target.expressions)
+            return InsertInto(target.this.name, columns, source.sql("duckdb"))
+        return InsertInto(target.name, None, source.sql("duckdb"))
+    raise QueryError(
+        "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT and INSERT INTO "
+        f"... SELECT/VALUES; not {type(statement).__name__.upper()}"
+    )

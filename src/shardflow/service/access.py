@@ -127,8 +127,7 @@ class Access:
         for name, privilege in wanted:
             found = tables.get(key(name))
             if found is None:
-                seen = ", ".join(self.visible(principal)) or "none you may read"
-                raise UnknownTableError(f"unknown table {name!r} (tables: {seen})")
+                raise self._unknown(principal, name)
             spelled, grants = found
             if not allows(principal, grants, privilege):
                 raise PermissionDeniedError(
@@ -136,6 +135,11 @@ class Access:
                     f"{spelled} (its owner or an operator grants it: GRANT {privilege} ON "
                     f"{spelled} TO {principal.name})"
                 )
+
+    def _unknown(self, principal: Principal, name: str) -> UnknownTableError:
+        """No table ``name`` that ``principal`` may see: the error names those it may."""
+        seen = ", ".join(self.visible(principal)) or "none you may read"
+        return UnknownTableError(f"unknown table {name!r} (tables: {seen})")
 
     # -- GRANT, REVOKE, SHOW GRANTS -------------------------------------------------------
     def statement(self, principal: Principal, tree: exp.Expr) -> pa.Table:
@@ -146,8 +150,7 @@ class Access:
             raise QueryError("GRANT and REVOKE name one table: GRANT SELECT ON t TO alice")
         found = self.tables().get(key(securable.name))
         if found is None or not any(allows(principal, found[1], p) for p in SEES):
-            seen = ", ".join(self.visible(principal)) or "none you may read"
-            raise UnknownTableError(f"unknown table {securable.name!r} (tables: {seen})")
+            raise self._unknown(principal, securable.name)
         name, grants = found
         if not allows(principal, grants, OWNER):
             raise PermissionDeniedError(

@@ -32,8 +32,10 @@ pytestmark = pytest.mark.cluster
             shardflow.UnknownColumnError,
             "x",
         ),
-        ("INSERT INTO orders VALUES (1)", shardflow.UnsupportedError, "INSERT"),
-        ("DROP TABLE orders", shardflow.UnsupportedError, "DROP"),
+        ("INSERT INTO orders VALUES (1)", shardflow.SchemaMismatchError, "missing column"),
+        ("DELETE FROM orders WHERE o_orderkey = 1", shardflow.UnsupportedError, "DELETE"),
+        ("UPDATE orders SET o_custkey = 1", shardflow.UnsupportedError, "UPDATE"),
+        ("CREATE TABLE t2 (a INTEGER)", shardflow.QueryError, "a column list alone"),
         ("SELECT 1; SELECT 2", shardflow.UnsupportedError, "one statement"),
         ("SELECT o_orderkey + 'abc' FROM orders", shardflow.QueryError, r"(?i)conver|cast"),
         (

@@ -21,6 +21,7 @@ import pytest
 import shardflow
 from shardflow.errors import AuthenticationError, PermissionDeniedError
 from shardflow.flightsql import wire as fsql
+from shardflow.service.auth import AuthStore
 from tests.service.conftest import (
     PASSWORDS,
     Served,
@@ -454,9 +455,13 @@ PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 
 def add_user(served: Served, name: str, role: str) -> None:
-    made = shardflow_cli("user", "add", name, "--role", role, "--password-stdin",
-                         "--data-dir", str(served.data_dir), stdin=f"{name}-pass\n")  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    """A user made in the service's data directory as ``shardflow user add`` makes it (the
+    command itself is tested above; a process per user would cost seconds)."""
+    AuthStore(served.data_dir).add_user(name, role, f"{name}-pass")
+
+
+def remove_user(served: Served, name: str) -> None:
+    AuthStore(served.data_dir).remove_user(name)
 
 
 def test_a_reader_granted_one_table_sees_and_reads_exactly_that_table(served: Served) -> None:
@@ -538,8 +543,7 @@ def test_owners_grant_revocation_bites_and_a_new_user_of_an_old_name_inherits_no
                     carol_db.sql("SELECT count(*) AS n FROM mine")
                     time.sleep(0.1)
         bob.sql("GRANT SELECT ON mine TO carol")
-        removed = shardflow_cli("user", "remove", "carol", "--data-dir", str(served.data_dir))
-        assert removed.returncode == 0, removed.stdout + removed.stderr
+        remove_user(served, "carol")
         add_user(served, "carol", "reader")
         with as_user(served, "carol") as new_carol:
             with pytest.raises(PermissionDeniedError, match="may not SELECT table mine"):
@@ -550,8 +554,7 @@ def test_owners_grant_revocation_bites_and_a_new_user_of_an_old_name_inherits_no
             with pytest.raises(PermissionDeniedError, match="needs role writer"):
                 alice.sql("INSERT INTO mine VALUES (1000, 'x')")  # the role still caps it
         bob.sql("DROP TABLE mine")
-    removed = shardflow_cli("user", "remove", "carol", "--data-dir", str(served.data_dir))
-    assert removed.returncode == 0, removed.stdout + removed.stderr
+    remove_user(served, "carol")
 
 
 def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
@@ -573,7 +576,7 @@ def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
         with as_user(served, "walt") as walt, pytest.raises(PermissionDeniedError):
             walt.sql("INSERT INTO bobs VALUES (78)")
         bob.drop_table("bobs")
-    shardflow_cli("user", "remove", "walt", "--data-dir", str(served.data_dir))
+    remove_user(served, "walt")
 
 
 FILE_FUNCTIONS = (

@@ -16,7 +16,13 @@ import pyarrow as pa
 from shardflow.catalog import DataDir
 from shardflow.catalog.grants import Grant, granted, privileges_of, revoked
 from shardflow.config import Settings
-from shardflow.errors import ClosedError, ConfigError, DrainTimeoutError, MigrationError
+from shardflow.errors import (
+    ClosedError,
+    ConfigError,
+    DrainTimeoutError,
+    MigrationError,
+    MoveCancelled,
+)
 from shardflow.flightsql.client import RemoteDatabase
 from shardflow.records import MigrationRecord, NodeInfo
 from shardflow.runtime.client.backend import RayBackend, launch_on_ray
@@ -204,12 +210,23 @@ class Cluster:
     def drain(self, node: str, deadline: float = 300.0) -> list[MigrationRecord]:
         """Move every shard off ``node`` live, then stop it. If that cannot be done within
         ``deadline`` seconds, :class:`DrainTimeoutError` says so and the node keeps
-        serving what it still holds."""
+        serving what it still holds; a drain stopped by :meth:`cancel_drain` raises
+        :class:`MoveCancelled` (the node stays too)."""
         result = self._db._session_or_raise().drain(node, deadline)
         moved = [MigrationRecord.from_dict(r) for r in result.moved]
+        if result.cancelled:
+            raise MoveCancelled(result.reason)
         if not result.drained:
             raise DrainTimeoutError(result.reason, list(moved))
         return moved
+
+    @_while_open
+    def cancel_drain(self, node: str) -> bool:
+        """Stop a running drain of ``node`` (from another thread or client): it starts no
+        more moves, the one it runs rolls back where it has not switched yet, and the node
+        stays, serving the shards it still holds (those moved off stay moved). Returns
+        whether a drain of it was running."""
+        return bool(self._db._session_or_raise().cancel_drain(node))
 
     @_while_open
     def coordinator_host(self) -> str:

@@ -157,6 +157,7 @@ def test_remote_database_has_the_local_methods(served: Served) -> None:
         plan = db.cluster.rebalance(dry_run=True)
         assert isinstance(plan, dict)
         json.dumps(plan)
+        assert db.cluster.cancel_drain(nodes[0].node_id) is False  # no drain runs
         assert db.cluster.pause_balancer() is False and db.cluster.pause_balancer() is True
         assert db.cluster.resume_balancer() is True
         with pytest.raises(MoveRefusedError, match="ended already"):

@@ -177,6 +177,24 @@ def cluster_cancel(
     console.print(f"move {move_id} ({record.kind}, in {record.phase}) is rolled back")
 
 
+@cluster_app.command("cancel-drain")
+def cluster_cancel_drain(
+    node: Annotated[str, typer.Argument(help="The node being drained.")],
+    data_dir: DataDir = Path(".shardflow"),
+    workers: Workers = None,
+    address: Address = None,
+    user: User = None,
+    token: Token = None,
+) -> None:
+    """Stop a running drain: it starts no more moves, its running one rolls back, and the
+    node stays, serving what it still holds."""
+    with connect_to(data_dir, address, workers, user=user, token=token) as db:
+        stopped = db.cluster.cancel_drain(node)
+    if not stopped:
+        raise ConfigError(f"no drain of {node} is running")
+    console.print(f"the drain of {node} is cancelled; it stays and serves what it holds")
+
+
 @cluster_app.command("balancer")
 def cluster_balancer(
     action: Annotated[str, typer.Argument(help="pause or resume")],

@@ -98,6 +98,9 @@ class RemoteCluster:
     def cancel(self, move_id: str) -> MigrationRecord:
         return self._record(self._db._action("cancel", {"move_id": move_id}))
 
+    def cancel_drain(self, node: str) -> bool:
+        return bool(self._db._action("cancel_drain", {"node": node}))
+
     def pause_balancer(self) -> bool:
         return bool(self._db._action("pause_balancer", {}))
 

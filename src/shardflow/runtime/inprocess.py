@@ -369,6 +369,9 @@ class LocalCoordinator:
     def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]:
         return self._call(lambda: self.node.drain(node, deadline_s))
 
+    def cancel_drain(self, node: str) -> Reply[bool]:
+        return self._call(lambda: self.node.cancel_drain(node))
+
     def host(self) -> Reply[str]:
         return self._call(lambda: "")  # no Ray node: this process
 

@@ -452,6 +452,8 @@ class DrainReport:
     """The moves made, as ``db.cluster.migrations()`` reports them."""
     remaining: int
     reason: str
+    cancelled: bool = False
+    """Stopped by an operator (``cancel_drain``), not by its deadline."""
 
 
 class Coordinator(Protocol):
@@ -523,6 +525,11 @@ class Coordinator(Protocol):
 
     def node_joined(self, node: str) -> Reply[CatalogJson]: ...
     def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]: ...
+    def cancel_drain(self, node: str) -> Reply[bool]:
+        """Stop a running drain of ``node`` (its running move rolls back); answers whether
+        one was running."""
+        ...
+
     def host(self) -> Reply[str]:
         """The Ray node the coordinator runs on ("" where it runs on none)."""
         ...

@@ -83,6 +83,7 @@ CONTROL_ACTIONS = {
     "split": "operator",
     "merge": "operator",
     "drain": "operator",
+    "cancel_drain": "operator",
     "drain_host": "operator",
     "rebalance": "operator",
     "cancel": "operator",
@@ -862,6 +863,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return _json(cluster.split(_shard(arguments, "shard")))
         if kind == "merge":
             return _json(cluster.merge(_shard(arguments, "first"), _shard(arguments, "second")))
+        if kind == "cancel_drain":
+            return _json(cluster.cancel_drain(_arg(arguments, "node", str)))
         if kind == "drain":
             deadline = float(arguments.get("deadline", 300.0))
             return _json(cluster.drain(_arg(arguments, "node", str), deadline))

@@ -121,3 +121,51 @@ def test_the_balancer_is_paused_resumed_and_held_to_its_hours(tmp_path: Path) ->
 def test_a_bad_balancing_window_is_refused(window: str) -> None:
     with pytest.raises(ConfigError, match="balance_hours"):
         Settings(balance_hours=window)
+
+
+def test_a_drain_is_cancelled_between_its_moves_and_its_node_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator stops a drain: it starts no more moves, the node stays and serves what
+    it still holds (and every row is served), a second cancel finds nothing to stop, and
+    the drain run again empties the node."""
+    cluster = LocalCluster(tmp_path / "data")
+    try:
+        cluster.create_table("events", events(0, ROWS), "id")
+        node = cluster.units("events")[0].node
+        while len([u for u in cluster.units("events") if u.node == node]) < 3:
+            mine = max(
+                (u for u in cluster.units("events") if u.node == node), key=lambda u: u.hi - u.lo
+            )
+            assert cluster.split(mine.unit_id)["phase"] == "done"
+        moved: list[dict[str, Any]] = []
+        first, go_on = threading.Event(), threading.Event()
+        run_move = cluster.controller.run_move
+
+        def held_after_each(plan: Any) -> dict[str, Any]:
+            result = run_move(plan)
+            moved.append(result)
+            first.set()
+            go_on.wait(30)  # the cancel lands between this move and the next
+            return result
+
+        monkeypatch.setattr(cluster.controller, "run_move", held_after_each)
+        drained: dict[str, Any] = {}
+        drainer = threading.Thread(target=lambda: drained.update(r=cluster.session.drain(node, 60)))
+        drainer.start()
+        assert first.wait(30), "the drain made no move"
+        assert cluster.session.cancel_drain(node) is True
+        go_on.set()
+        drainer.join(60)
+        report = drained["r"]
+        assert report.cancelled and not report.drained and "cancelled" in report.reason
+        assert len(moved) == 1 and report.remaining >= 2, (len(moved), report)
+        assert node in cluster.catalog.nodes
+        assert_serves(cluster, events(0, ROWS))
+        assert cluster.session.cancel_drain(node) is False  # none runs now
+        monkeypatch.setattr(cluster.controller, "run_move", run_move)
+        again = cluster.session.drain(node, 60)
+        assert again.drained and node not in cluster.catalog.nodes
+        assert_serves(cluster, events(0, ROWS))
+    finally:
+        cluster.close()

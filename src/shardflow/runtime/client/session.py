@@ -475,6 +475,9 @@ class Session:
             self.workers.stop(node)
         return result
 
+    def cancel_drain(self, node: str) -> bool:
+        return self._change("cancel_drain", lambda c: c.cancel_drain(node))
+
     def coordinator_host(self) -> str:
         return self._read("the coordinator's node", lambda c: c.host())
 

@@ -5,6 +5,7 @@ protocol, so it runs on Ray and, in tests, on in-process workers alike)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -71,6 +72,8 @@ class Controller:
         self._balancing = threading.Lock()
         self.balancer_paused = threading.Event()
         """Set while an operator paused the balancer (``pause_balancer``)."""
+        self._drains: dict[str, threading.Event] = {}
+        """The drains running, by node: set to stop one (``cancel_drain``)."""
         self._last_reports: dict[str, LoadReport] = {}
         self._previous_load: float | None = None
         self._unbalanced_polls = 0
@@ -250,12 +253,38 @@ class Controller:
             raise MoveRefusedError(f"{node} is the last node; nothing could take its shards")
         deadline = time.monotonic() + deadline_s
         moved: list[dict[str, Any]] = []
+        stop = self._drains.setdefault(node, threading.Event())
+        stop.clear()
+        try:
+            return self._drain(node, others, deadline, deadline_s, moved, stop)
+        finally:
+            self._drains.pop(node, None)
+
+    def _drain(
+        self,
+        node: str,
+        others: list[str],
+        deadline: float,
+        deadline_s: float,
+        moved: list[dict[str, Any]],
+        stop: threading.Event,
+    ) -> DrainReport:
         while True:
             units = [
                 u for g in self.state.catalog.groups.values() for u in g.units if u.node == node
             ]
             if not units:
                 break
+            if stop.is_set():
+                return DrainReport(
+                    drained=False,
+                    node=node,
+                    moved=tuple(moved),
+                    remaining=len(units),
+                    reason=f"the drain of {node} was cancelled by an operator; it still serves"
+                    f" {len(units)} unit(s)",
+                    cancelled=True,
+                )
             if time.monotonic() > deadline:
                 return DrainReport(
                     drained=False,
@@ -473,6 +502,20 @@ class Controller:
         payload = json.dumps(self.load_history.to_json()).encode()
         self.state.data_dir.write_atomic(self._history_path(), payload)
         self._history_saved = now
+
+    def cancel_drain(self, node: str) -> bool:
+        """Stop the drain of ``node`` before its next move (its running one is rolled back
+        where it has not switched yet): the node stays and serves what it still holds.
+        Answers whether a drain of it was running."""
+        stop = self._drains.get(node)
+        if stop is None:
+            return False
+        stop.set()
+        for move_id in self.migrator.running_moves(reason=f"drain {node}"):
+            with contextlib.suppress(MoveRefusedError):  # ended or switched meanwhile
+                self.migrator.cancel(move_id)
+        log.warning("the drain of %s is cancelled", node)
+        return True
 
     def cancel(self, move_id: str) -> dict[str, Any]:
         """Roll a running move back (``Migrator.cancel``); the move as it stands."""

@@ -113,6 +113,10 @@ class Migrator:
         finally:
             self.state.finish_move(plan)
 
+    def running_moves(self, reason: str) -> list[str]:
+        """The moves being driven now for ``reason`` (a drain's: "drain <node>")."""
+        return [m for m, state in list(self._running.items()) if state.plan.reason == reason]
+
     def cancel(self, move_id: str, by: str = "an operator") -> MigrationState:
         """Roll a running move back (its copy stops at its next chunk, any later phase at
         its next step, the source serving throughout); returns the move as it stands.

@@ -141,6 +141,9 @@ class CoordinatorNode:
     def drain(self, node: str, deadline_s: float) -> DrainReport:
         return self.controller.drain(node, deadline_s)
 
+    def cancel_drain(self, node: str) -> bool:
+        return self.controller.cancel_drain(node)
+
     def drain_host(self, host: str, deadline_s: float) -> list[DrainReport]:
         """Drain every live worker on the Ray node ``host`` and stop those drained (a dead
         one is failed over by the watch loop)."""

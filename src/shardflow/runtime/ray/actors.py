@@ -204,6 +204,10 @@ class CoordinatorService:
     def drain(self, node: str, deadline_s: float) -> DrainReport:
         return self.node.drain(node, deadline_s)
 
+    @ray.method
+    def cancel_drain(self, node: str) -> bool:
+        return self.node.cancel_drain(node)
+
     # -- reports ----------------------------------------------------------------------------
     @ray.method
     def migrations(self) -> list[dict[str, Any]]:

@@ -433,6 +433,9 @@ class RayCoordinator:
     def drain(self, node: str, deadline_s: float) -> Reply[DrainReport]:
         return self._reply(self.handle.drain.remote(node, deadline_s))
 
+    def cancel_drain(self, node: str) -> Reply[bool]:
+        return self._reply(self.handle.cancel_drain.remote(node))
+
     def host(self) -> Reply[str]:
         return self._reply(self.handle.host.remote())
 

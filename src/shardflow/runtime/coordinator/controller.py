@@ -275,24 +275,21 @@ class Controller:
             ]
             if not units:
                 break
-            if stop.is_set():
+            stopped = (
+                "the drain was cancelled by an operator"
+                if stop.is_set()
+                else f"the deadline of {deadline_s:g}s passed"
+                if time.monotonic() > deadline
+                else None
+            )
+            if stopped is not None:
                 return DrainReport(
                     drained=False,
                     node=node,
                     moved=tuple(moved),
                     remaining=len(units),
-                    reason=f"the drain of {node} was cancelled by an operator; it still serves"
-                    f" {len(units)} unit(s)",
-                    cancelled=True,
-                )
-            if time.monotonic() > deadline:
-                return DrainReport(
-                    drained=False,
-                    node=node,
-                    moved=tuple(moved),
-                    remaining=len(units),
-                    reason=f"the deadline of {deadline_s:g}s passed; {node} still serves"
-                    f" {len(units)} unit(s)",
+                    reason=f"{stopped}; {node} still serves {len(units)} unit(s)",
+                    cancelled=stop.is_set(),
                 )
             target = self._least_loaded(others)
             try:

@@ -323,12 +323,9 @@ def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
         killed = local.kill_head()
         local.wait_head(killed, RECOVERY_TIMEOUT_S)
         return HEAD, head[1] if head is not None else ""
-    if target in ("coordinator", MID_MOVE, RESULTS):
+    if target in ("coordinator", MID_MOVE):
         host = db.cluster.coordinator_host()
-        if target == RESULTS:  # the node holding most of the big table, not the coordinator's
-            target = results_node(db, local, host)
-        else:
-            target = next(n.name for n in local.nodes() if n.node_id == host)
+        target = next(n.name for n in local.nodes() if n.node_id == host)
     node = local.remove_node(target, kill=True)
     return node.name, node.node_id
 
@@ -494,7 +491,12 @@ def run_drill(
         lost = load.report.lost
         for target in kills:
             move = MoveInFlight(db, load.report) if target == MID_MOVE else None
-            held = HeldResults(local, load.report) if target == RESULTS else None
+            if target == RESULTS:  # chosen before the scan holds its results: the kill then
+                # comes at once, well within the hold, however slow the cluster's reports
+                target = results_node(db, local, db.cluster.coordinator_host())
+                held: HeldResults | None = HeldResults(local, load.report)
+            else:
+                held = None
             started = time.monotonic()
             name, ray_node_id = kill(db, local, target)
             lost.append(name)

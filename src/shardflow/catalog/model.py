@@ -74,9 +74,16 @@ class Group:
     def owners_of(self, buckets: np.ndarray) -> np.ndarray:
         """The unit_id owning each bucket (units are kept in bucket order and cover every
         bucket once, so a search over their upper bounds finds it whatever the count)."""
+        highs, ids = self._bounds
+        return ids[np.searchsorted(highs, buckets, side="right")]
+
+    @functools.cached_property
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The units' upper bounds and ids, made once per group (every insert routes by
+        them; a group of 100,000 units took milliseconds to make them again)."""
         highs = np.fromiter((unit.hi for unit in self.units), np.int64, len(self.units))
         ids = np.fromiter((unit.unit_id for unit in self.units), np.int64, len(self.units))
-        return ids[np.searchsorted(highs, buckets, side="right")]
+        return highs, ids
 
 
 @dataclass(frozen=True)

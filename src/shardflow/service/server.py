@@ -638,13 +638,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         return [(principal.name, grants.OWNER, principal.account_id)]
 
     def _table_names(self) -> list[str]:
-        """The tables the routing snapshot knows (no call to any worker: metadata calls and
-        ingests ask this often; a table made a moment ago elsewhere shows once it refreshes)."""
+        """The tables as the coordinator has them now (no call to any worker)."""
         return self.db.table_names()
 
     def _made_elsewhere(self, name: str) -> bool:
-        """Whether ``name``, unknown to the routing snapshot, was made meanwhile through
-        another door (a replica of this service, a session of its own): asks afresh."""
+        """Whether a table ``name`` names under DuckDB's rule (another spelling of an
+        existing table's name) exists."""
         try:
             self.db.schema(name)  # refreshes the snapshot where it lacks the table
         except UnknownTableError:

@@ -231,7 +231,10 @@ def unit_rows(data: Path, lo: int, hi: int, n_buckets: int) -> pa.Table:
     lineitem = pq.read_table(data / "lineitem.parquet")
     lineitem = lineitem.cast(storage_schema(lineitem.schema))
     buckets = bucket_of(lineitem.column("l_orderkey"), n_buckets)
-    return lineitem.filter(pa.array((buckets >= lo) & (buckets < hi)))
+    unit = lineitem.filter(pa.array((buckets >= lo) & (buckets < hi)))
+    if unit.num_rows == 0:
+        raise SystemExit(f"no lineitem rows in buckets [{lo}, {hi}) of {n_buckets}")
+    return unit
 
 
 def main() -> None:
@@ -274,7 +277,8 @@ def main() -> None:
         # the plain copy is timed right after the idle moves, on the same idle cluster
         # (timed at the end, it once measured a fifth of its rate here in two runs)
         lo_hi = next(s for s in db.cluster.shards().to_pylist() if s["table"] == "lineitem")
-        same_data = unit_rows(data, int(lo_hi["bucket_lo"]), int(lo_hi["bucket_hi"]), 256)
+        n_buckets = db._session_or_raise().whole().n_buckets  # the data directory's own count
+        same_data = unit_rows(data, int(lo_hi["bucket_lo"]), int(lo_hi["bucket_hi"]), n_buckets)
         ipc_rate = ipc_copy_rate(same_data)
         parts = copy_parts(same_data)
         del same_data

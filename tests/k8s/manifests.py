@@ -1,6 +1,7 @@
 """The manifests under ``deploy/k8s`` and the schemas they are checked against: Kubernetes'
 own (``kubernetes-validate``, offline, one pinned version), KubeRay's RayCluster CRD (from
-``../shared/k8s-schemas``), and our CRDs' OpenAPI schemas (``jsonschema``)."""
+``../shared/k8s-schemas``), and our CRDs' OpenAPI schemas (``jsonschema``) with their CEL
+validation rules (``cel-python``, evaluated as the API server would)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -82,3 +84,30 @@ def validate_ray_cluster(manifest: dict[str, Any], required: bool = True) -> Non
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, **template}
         pod["metadata"] = {"name": "p", **template.get("metadata", {})}
         validate_builtin(pod)
+
+
+def broken_rules(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """The messages of our CRD's CEL rules (``x-kubernetes-validations``) that ``manifest``
+    breaks: created (``old`` None; rules that read ``oldSelf`` are not run then, as the API
+    server does) or as an update of ``old``."""
+    env = celpy.Environment()
+    broken: list[str] = []
+
+    def walk(schema: dict[str, Any], new: Any, was: Any) -> None:
+        if new is None:
+            return
+        for rule in schema.get("x-kubernetes-validations", []):
+            transition = "oldSelf" in rule["rule"]
+            if transition and was is None:
+                continue
+            names = {"self": celpy.json_to_cel(new)}
+            if transition:
+                names["oldSelf"] = celpy.json_to_cel(was)
+            if not env.program(env.compile(rule["rule"])).evaluate(names):
+                broken.append(rule.get("message", rule["rule"]))
+        for name, sub in schema.get("properties", {}).items():
+            if isinstance(new, dict):
+                walk(sub, new.get(name), was.get(name) if isinstance(was, dict) else None)
+
+    walk(crd_schema(manifest["kind"]), manifest, old)
+    return broken

@@ -257,3 +257,49 @@ def test_a_rolled_back_move_reports_its_rollback(tmp_path: Path) -> None:
     validate_status("ShardMigration", status)
     assert status["phase"] == "rolled_back" and status["rollbackReason"]
     assert still[shard["shard"]] == shard["node"]  # the source kept serving
+
+
+def test_a_cancelled_shard_migration_rolls_its_move_back_and_stops_its_drain(
+    tmp_path: Path,
+) -> None:
+    """A ShardMigration marked cancelled (or deleted) while its move copies: the move rolls
+    back and the source keeps the shard; a drain stops and its node keeps serving. The
+    service holds every move's copy 2 s (a test setting) so that the cancel comes in the
+    middle; a ShardMigration cancelled before it began starts nothing."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    (tmp_path / "token").write_text(token)
+    held = ("--set", "test_hold_copy_s=2", "--set", "shards_per_worker=2")
+    served = start_service(
+        tmp_path / "data", "--operator-token-file", str(tmp_path / "token"), *held
+    )
+    try:
+        with shardflow.connect(served.uri, token=token) as db:
+            db.create_table("t", pa.table({"id": list(range(8000))}), distributed_by="id")
+            before = {s["shard"]: s["node"] for s in db.cluster.shards().to_pylist()}
+            shard, source = next(iter(before.items()))
+            target = next(n.node_id for n in db.cluster.nodes() if n.node_id != source)
+            seen: list[dict[str, Any]] = []
+            move = {"cluster": "sf", "shard": shard, "to": target}
+            moved = carry_out_migration(move, db.cluster, seen.append, lambda: bool(seen))
+            drain = {"cluster": "sf", "drain": source}
+            looks: list[int] = []
+
+            def after_two_looks() -> bool:  # the first look is before the drain starts
+                looks.append(1)
+                return len(looks) > 2
+
+            drained = carry_out_migration(drain, db.cluster, cancelled=after_two_looks)
+            never = carry_out_migration(move, db.cluster, cancelled=lambda: True)
+            after = {s["shard"]: s["node"] for s in db.cluster.shards().to_pylist()}
+            alive = {n.node_id for n in db.cluster.nodes() if n.alive}
+            outcomes = [m.outcome for m in db.cluster.migrations()]
+            assert db.sql("SELECT count(*) AS n FROM t").column("n")[0].as_py() == 8000
+    finally:
+        served.stop()
+    for status in (moved, drained, never, *seen):
+        validate_status("ShardMigration", status)
+    assert moved["phase"] == "rolled_back" and moved["outcome"].startswith("cancelled"), moved
+    assert drained["phase"] == "rolled_back" and "cancelled" in drained["outcome"], drained
+    assert never["phase"] == "Failed" and never["outcome"] == "cancelled before it started"
+    assert after == before and source in alive  # nothing moved; the drained node stays
+    assert sum(o.startswith("cancelled") for o in outcomes) == 2, outcomes

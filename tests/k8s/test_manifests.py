@@ -25,6 +25,7 @@ from tests.k8s.manifests import (
     DEPLOY,
     OURS,
     REPO,
+    broken_rules,
     crd_schema,
     deploy_files,
     documents,
@@ -46,6 +47,7 @@ def test_every_manifest_is_valid(path: Path) -> None:
     for manifest in documents(path):
         if manifest["kind"] in OURS:
             validate_ours(manifest)
+            assert broken_rules(manifest) == []
         else:
             validate_builtin(manifest)
 
@@ -72,6 +74,33 @@ def test_the_crds_carry_printer_columns_and_a_status_subresource() -> None:
 def test_the_migration_phases_are_the_state_machines() -> None:
     phases = crd_schema("ShardMigration")["properties"]["status"]["properties"]["phase"]
     assert phases["enum"] == [p.value for p in Phase] + ["Failed"]
+
+
+def test_a_shard_migration_can_be_cancelled_and_changed_in_no_other_way() -> None:
+    """Our CRD's CEL rules, run as the API server runs them on create and on update."""
+    move = documents(DEPLOY / "samples" / "shardmigration.yaml")[0]
+    assert broken_rules(move) == []
+    validate_ours(move)
+
+    def update(change: Any) -> list[str]:
+        new = copy.deepcopy(move)
+        change(new["spec"])
+        validate_ours(new)
+        return broken_rules(new, move)
+
+    assert update(lambda spec: spec.update(cancel=True)) == []
+    assert update(lambda spec: None) == []
+    changed = "a ShardMigration cannot be changed but to cancel it; create another"
+    assert update(lambda spec: spec.update(to="node-3", cancel=True)) == [changed]
+    assert update(lambda spec: spec.update(deadlineSeconds=5)) == [changed]
+    assert update(lambda spec: spec.pop("to")) == [changed, "a move needs shard and to"]
+    cancelled = copy.deepcopy(move)
+    cancelled["spec"]["cancel"] = True
+    undone = copy.deepcopy(cancelled)
+    undone["spec"]["cancel"] = False
+    assert broken_rules(undone, cancelled) == ["a cancelled ShardMigration stays cancelled"]
+    merge = {**move, "spec": {"cluster": "sf", "action": "merge", "shard": "t#1"}}
+    assert broken_rules(merge) == ["a merge needs shard and with"]
 
 
 @pytest.mark.parametrize(
@@ -220,7 +249,7 @@ def test_the_rbac_roles_grant_what_they_say() -> None:
         {
             "apiGroups": ["shardflow.io"],
             "resources": ["shardmigrations"],
-            "verbs": ["create", "get"],
+            "verbs": ["create", "get", "patch", "delete"],  # patch, delete: to cancel
         }
     ]
     writes = {"create", "update", "patch", "delete", "deletecollection", "*"}

@@ -28,6 +28,8 @@ from shardflow.telemetry.profile import QueryProfile
 
 T = TypeVar("T")
 _NAMED = re.compile(r"\b([A-Z][A-Za-z]*Error): (.*)", re.DOTALL)
+_NAME = re.compile(r"\b([A-Z][A-Za-z]*): ")
+"""A class name before its message, as the service says an error (``MoveCancelled: ...``)."""
 _DETAIL = re.compile(r"\. Detail: .*$|\. gRPC client debug context: .*$", re.DOTALL)
 
 
@@ -38,14 +40,13 @@ def _error(error: Exception) -> Exception:
     if isinstance(error, flight.FlightUnauthenticatedError):
         found = _NAMED.search(text)
         return AuthenticationError(found.group(2) if found else text)
-    found = _NAMED.search(text)
-    if found:
+    for found in _NAME.finditer(text):  # the first name that is one of shardflow's errors
         kind = getattr(errors, found.group(1), None)
-        if isinstance(kind, type) and issubclass(kind, Error):
+        if isinstance(kind, type) and issubclass(kind, Error) and kind is not Error:
             try:
-                return kind(found.group(2).strip())
+                return kind(text[found.end() :].strip())
             except TypeError:
-                pass
+                break
     if isinstance(error, flight.FlightUnavailableError):
         return errors.ClusterError(f"the service is unreachable: {text}")
     return errors.ClusterError(text)

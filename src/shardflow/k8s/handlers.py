@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from shardflow.errors import ClusterError, ConfigError, Error, MigrationError
+from shardflow.errors import (
+    ClusterError,
+    ConfigError,
+    Error,
+    MigrationError,
+    MoveCancelled,
+    MoveRefusedError,
+)
 from shardflow.k8s.render import ClusterSpec, cluster_spec, render
 from shardflow.records import MigrationRecord, NodeInfo
 
@@ -22,6 +29,8 @@ DRAIN_DEADLINE_S = 600.0
 for the next reconcile (the pod stays until they moved)."""
 POLL_S = 0.2
 """How often a running ``ShardMigration`` reads the move's phase for its status."""
+CANCEL_POLL_S = 1.0
+"""How often a running ``ShardMigration`` looks whether it was cancelled (an API read)."""
 
 
 class NotYet(Exception):
@@ -63,6 +72,10 @@ class Control(Protocol):
     def drain(self, node: str, deadline: float = ...) -> list[MigrationRecord]: ...
 
     def drain_host(self, ray_node_id: str, deadline: float = ...) -> list[MigrationRecord]: ...
+
+    def cancel(self, move_id: str) -> MigrationRecord: ...
+
+    def cancel_drain(self, node: str) -> bool: ...
 
 
 Connect = Callable[[ClusterSpec, str], Control]
@@ -276,15 +289,42 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def cancel_asked(resource: Mapping[str, Any] | None) -> bool:
+    """Whether a ShardMigration, as the API server has it now, asks its move to stop: it
+    is gone (deleted), being deleted, or marked ``spec.cancel: true``.
+
+    >>> cancel_asked({"spec": {"cluster": "sf", "cancel": True}})
+    True
+    >>> cancel_asked({"spec": {"cluster": "sf"}, "metadata": {"deletionTimestamp": "now"}})
+    True
+    >>> cancel_asked({"spec": {"cluster": "sf"}, "metadata": {}})
+    False
+    """
+    if resource is None:
+        return True
+    if (resource.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    return bool((resource.get("spec") or {}).get("cancel"))
+
+
 def carry_out_migration(
     spec: Mapping[str, Any],
     control: Control,
     progress: Callable[[dict[str, Any]], None] = lambda status: None,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
     """Do the ShardMigration's move through the service and return its final status;
-    ``progress`` gets the status each time the move's phase changes while it runs."""
+    ``progress`` gets the status each time the move's phase changes while it runs.
+    ``cancelled`` is asked once before anything starts, then at each new phase and every
+    :data:`CANCEL_POLL_S`; once it answers True the move is cancelled (``db.cluster.cancel``:
+    rolled back where it has not switched yet) or the drain stopped (``cancel_drain``: no
+    more moves, the running one rolled back, the node stays); the status then says
+    ``cancelled``."""
     wanted = migration_spec(spec)
     started = time.time()
+    if cancelled():
+        return {"phase": "Failed", "outcome": "cancelled before it started",
+                "startedAt": _iso(started), "finishedAt": _iso(time.time())}  # fmt: skip
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -296,20 +336,44 @@ def carry_out_migration(
     worker = threading.Thread(target=run, name="shard-migration", daemon=True)
     worker.start()
     seen: str | None = None
+    stopping = False
+    next_look = time.monotonic() + CANCEL_POLL_S
     while worker.is_alive():
         worker.join(POLL_S)
-        record = _latest(control, wanted, started) if wanted.shard else None
-        if record is not None and record.phase != seen:
+        record = _latest(control, wanted, started)
+        moved_on = record is not None and record.phase != seen
+        if record is not None and moved_on:
             seen = record.phase
             progress(migration_status(wanted, [record], started))
+        if not stopping and worker.is_alive() and (moved_on or time.monotonic() >= next_look):
+            next_look = time.monotonic() + CANCEL_POLL_S  # and at each phase
+            stopping = cancelled() and _stop(wanted, control, record)
     if "error" in outcome:
         error = outcome["error"]
-        record = _latest(control, wanted, started) if wanted.shard else None
-        if isinstance(error, MigrationError) and record is not None:
-            return migration_status(wanted, [record], started)  # rolled back
+        records = _mine(control, wanted, started)
+        if isinstance(error, MigrationError | MoveCancelled) and records:
+            status = migration_status(wanted, records if wanted.drain else records[-1:], started)
+            if isinstance(error, MoveCancelled):  # a drain's moves made before it stay made
+                status.update(phase="rolled_back", outcome=f"cancelled: {error}")
+                status["rollbackReason"] = status["outcome"]
+            return status
         return {"phase": "Failed", "outcome": f"{type(error).__name__}: {error}",
                 "startedAt": _iso(started), "finishedAt": _iso(time.time())}  # fmt: skip
     return migration_status(wanted, outcome["records"], started)
+
+
+def _stop(wanted: MigrationSpec, control: Control, record: MigrationRecord | None) -> bool:
+    """Ask the service to stop the ShardMigration's move or drain; whether it was asked
+    (a move not started yet, or not listed yet, is asked at the next look)."""
+    if wanted.action == "drain":
+        return control.cancel_drain(str(wanted.drain))  # False: not running (yet, or now)
+    if record is None or record.phase in ("done", "rolled_back"):
+        return False
+    try:
+        control.cancel(record.move_id)
+    except MoveRefusedError:  # past its switch (it ends as it would) or ended meanwhile
+        pass
+    return True
 
 
 def _perform(wanted: MigrationSpec, control: Control) -> list[MigrationRecord]:
@@ -328,13 +392,21 @@ def _shard(value: str | None) -> str | int:
     return int(text) if text.isdigit() else text
 
 
-def _latest(control: Control, wanted: MigrationSpec, since: float) -> MigrationRecord | None:
+def _mine(control: Control, wanted: MigrationSpec, since: float) -> list[MigrationRecord]:
+    """The moves the ShardMigration made since ``since``, oldest first."""
     mine = [m for m in control.migrations()
             if m.started_at >= since - 1.0 and _touches(m, wanted)]  # fmt: skip
-    return max(mine, key=lambda m: m.started_at, default=None)
+    return sorted(mine, key=lambda m: m.started_at)
+
+
+def _latest(control: Control, wanted: MigrationSpec, since: float) -> MigrationRecord | None:
+    mine = _mine(control, wanted, since)
+    return mine[-1] if mine else None
 
 
 def _touches(move: MigrationRecord, wanted: MigrationSpec) -> bool:
+    if wanted.drain:
+        return wanted.drain in move.from_nodes
     shards = {str(wanted.shard), str(wanted.other)}
     return bool(shards & set(move.shards)) or move.move_id in shards
 

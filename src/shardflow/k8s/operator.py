@@ -19,6 +19,7 @@ from shardflow.errors import ConfigError, Error
 from shardflow.k8s.handlers import (
     Control,
     NotYet,
+    cancel_asked,
     carry_out_migration,
     migration_spec,
     reconcile_cluster,
@@ -152,12 +153,28 @@ def migrate(
     except Error as error:
         raise kopf.TemporaryError(f"the service does not answer: {error}", 15) from None
 
-    def progress(status: dict[str, Any]) -> None:  # the phases, as the move goes
-        client.CustomObjectsApi().patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, MIGRATIONS, name, {"status": status}
-        )
+    api = client.CustomObjectsApi()
 
-    patch.status.update(carry_out_migration(spec, control, progress))
+    def progress(status: dict[str, Any]) -> None:  # the phases, as the move goes
+        try:
+            api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, MIGRATIONS, name, {"status": status}
+            )
+        except ApiException as error:
+            if error.status != 404:  # deleted: the move is being cancelled
+                raise
+
+    def cancelled() -> bool:  # deleted, being deleted, or spec.cancel set since
+        try:
+            found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, MIGRATIONS, name)
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("ShardMigration %s/%s not read: %s", namespace, name, error.reason)
+                return False
+            found = None
+        return cancel_asked(cast(dict[str, Any], found) if found is not None else None)
+
+    patch.status.update(carry_out_migration(spec, control, progress, cancelled))
 
 
 def run(namespaces: list[str], verbose: bool = False) -> None:

@@ -45,24 +45,31 @@ def one_line_error(done: subprocess.CompletedProcess[str], *said: str) -> None:
     assert "Traceback" not in done.stdout + done.stderr
 
 
-def test_commands_that_only_look_never_move_a_shard(tmp_path: Path) -> None:
+def test_commands_that_only_look_never_move_a_shard_and_tables_are_emptied_and_dropped(
+    tmp_path: Path,
+) -> None:
     """The issue's steps: a shard moved by hand stays where it was put through `tables`,
     `explain`, `sql` and `cluster nodes` (each starts the cluster the data directory last
-    had, under the same node ids, not one worker that takes everything)."""
+    had, under the same node ids, not one worker that takes everything). Then tables are
+    listed for scripts, emptied by `sql "TRUNCATE ..."` and dropped by `drop` (one data
+    directory: every command starts its cluster, seconds each)."""
     pq.write_table(pa.table({"id": list(range(4000))}), tmp_path / "t.parquet")
+    pq.write_table(pa.table({"code": ["a", "b"]}), tmp_path / "codes.parquet")
     data = ("--data-dir", str(tmp_path / "cli"))
     loaded = run("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id",
                  "--workers", "2", *data)  # fmt: skip
     assert loaded.returncode == 0, loaded.stdout[-2000:] + loaded.stderr[-2000:]
     first = loaded.stdout.splitlines()[0]  # said before the cluster starts and the rows load
     assert first.startswith("loading t from") and "(4,000 rows)" in first, loaded.stdout
-    [shard] = [s for s in rows("cluster", "shards", *data) if s["table"] == "t"]
+    codes = run("load", "codes", str(tmp_path / "codes.parquet"), "--replicated", *data)
+    assert codes.returncode == 0, codes.stdout[-2000:] + codes.stderr[-2000:]
+    shards = rows("cluster", "shards", *data)
+    [shard] = [s for s in shards if s["table"] == "t"]
     target = "node-1" if shard["node"] == "node-0" else "node-0"
     moved = run("cluster", "migrate", str(shard["shard"]), target, *data)
     assert moved.returncode == 0 and "done" in moved.stdout, moved.stdout[-2000:]
 
     for look in (
-        ("tables", *data),
         ("explain", "SELECT count(*) FROM t", *data),
         ("sql", "SELECT count(*) AS n FROM t", *data),
         ("cluster", "nodes", *data),
@@ -70,10 +77,20 @@ def test_commands_that_only_look_never_move_a_shard(tmp_path: Path) -> None:
     ):
         done = run(*look)
         assert done.returncode == 0, (look, done.stdout[-2000:] + done.stderr[-2000:])
+    listed = {row["name"]: row for row in rows("tables", *data)}
+    assert listed["codes"]["kind"] == "replicated" and listed["codes"]["rows"] == 2
+    copies = [s for s in shards if s["table"] == "codes"]
+    assert listed["codes"]["shards"] == len(copies) == 2  # as cluster shards lists them
     # a look that started fewer workers would have placed the shard again on those it had
     placed = {s["shard"]: s["node"] for s in rows("cluster", "shards", *data)}
     assert placed[shard["shard"]] == target, placed
     assert [n["node"] for n in rows("cluster", "nodes", *data)] == ["node-0", "node-1"]
+
+    dropped = run("drop", "t", *data)
+    assert dropped.returncode == 0 and "dropped t" in dropped.stdout, dropped.stdout
+    assert rows("sql", "TRUNCATE codes", *data) == [{"count": 2}]  # the rows it emptied
+    assert [(row["name"], row["rows"]) for row in rows("tables", *data)] == [("codes", 0)]
+    one_line_error(run("drop", "t", *data), "UnknownTableError")
 
 
 def test_mistakes_are_said_at_once_and_nothing_starts(tmp_path: Path) -> None:
@@ -85,26 +102,6 @@ def test_mistakes_are_said_at_once_and_nothing_starts(tmp_path: Path) -> None:
     missing = run("load", "t", str(tmp_path / "nope.parquet"), "--data-dir", str(data))
     one_line_error(missing, "TableError", "does not exist")
     assert not data.exists(), "a cluster started before the source was checked"
-
-
-def test_tables_are_listed_for_scripts_and_dropped_by_the_command(tmp_path: Path) -> None:
-    pq.write_table(pa.table({"id": list(range(100))}), tmp_path / "t.parquet")
-    pq.write_table(pa.table({"code": ["a", "b"]}), tmp_path / "codes.parquet")
-    data = ("--data-dir", str(tmp_path / "d"))
-    for args in (
-        ("load", "t", str(tmp_path / "t.parquet"), "--distributed-by", "id", "--workers", "2"),
-        ("load", "codes", str(tmp_path / "codes.parquet"), "--replicated"),
-    ):
-        done = run(*args, *data)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    listed = {row["name"]: row for row in rows("tables", *data)}
-    assert listed["codes"]["kind"] == "replicated" and listed["codes"]["rows"] == 2
-    copies = [s for s in rows("cluster", "shards", *data) if s["table"] == "codes"]
-    assert listed["codes"]["shards"] == len(copies) == 2  # as cluster shards lists them
-    dropped = run("drop", "t", *data)
-    assert dropped.returncode == 0 and "dropped t" in dropped.stdout, dropped.stdout
-    assert [row["name"] for row in rows("tables", *data)] == ["codes"]
-    one_line_error(run("drop", "t", *data), "UnknownTableError")
 
 
 def test_cluster_nodes_fits_a_terminal_of_150_columns(tmp_path: Path) -> None:

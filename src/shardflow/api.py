@@ -31,7 +31,7 @@ from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerI
 from shardflow.runtime.query.executor import ExecutionReport
 from shardflow.runtime.query.profiling import build_profile
 from shardflow.sql.parameters import bind
-from shardflow.sql.statements import Change, CreateTableAs, DropTable, statement_of
+from shardflow.sql.statements import Change, CreateTableAs, DropTable, Truncate, statement_of
 from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
@@ -398,8 +398,10 @@ class Database:
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run a query over the cluster and return its answer; or a statement that changes
         tables, as the Flight SQL service runs it: ``INSERT INTO t [(columns)] SELECT ... |
-        VALUES ...`` (answers ``count``, the rows appended), ``CREATE TABLE t AS SELECT
-        ...`` and ``DROP TABLE [IF EXISTS] t`` (answer nothing). ``params`` fill the
+        VALUES ...`` (answers ``count``, the rows appended), ``TRUNCATE [TABLE] t``
+        (answers ``count``, the rows it held; every query sees the table whole or empty),
+        ``CREATE TABLE t AS SELECT ...`` and ``DROP TABLE [IF EXISTS] t`` (answer
+        nothing). ``params`` fill the
         statement's ``?`` placeholders in order (or ``$1``, ``$2`` ... by number) as values,
         never as SQL: ``db.sql("SELECT * FROM t WHERE id = ?", [42])``."""
         if params is not None:
@@ -416,6 +418,9 @@ class Database:
             if not (change.if_exists and self._session_or_raise().access(change.name) is None):
                 self.drop_table(change.name)
             return pa.table({})
+        if isinstance(change, Truncate):
+            count = self._session_or_raise().truncate_table(change.name)
+            return pa.table({"count": pa.array([count], pa.int64())})
         rows = self.sql(change.query)
         if isinstance(change, CreateTableAs):
             self.create_table(change.name, rows)

@@ -165,6 +165,21 @@ class Moved(Retryable):
         return (Moved, (self.shard, self.epoch))
 
 
+class Changed(ClusterError):
+    """Internal: a table's rows were changed (``TRUNCATE``) since the routing a query or
+    insert was made with: the query runs again whole, the insert sends every part again
+    (not Retryable: parts read or written before the change must not be kept)."""
+
+    def __init__(self, table: str, commit: int, now: int) -> None:
+        super().__init__(f"table {table} is at commit {now}, not {commit}")
+        self.table = table
+        self.commit = commit
+        self.now = now
+
+    def __reduce__(self) -> tuple[type[Changed], tuple[str, int, int]]:
+        return (Changed, (self.table, self.commit, self.now))
+
+
 class AuthenticationError(Error):
     """The service did not accept the caller: a wrong user name or password, or an
     unknown, revoked or expired token. Nothing was run."""

@@ -149,8 +149,9 @@ def test_db_sql_changes_tables_as_the_service_does(
     db: shardflow.Database, small_oracle: duckdb.DuckDBPyConnection
 ) -> None:
     """One statement path for every door: db.sql runs CREATE TABLE ... AS, INSERT INTO ...
-    SELECT | VALUES (with or without a column list; its answer is the rows appended) and
-    DROP TABLE [IF EXISTS], with parameters; what it refuses says what it runs."""
+    SELECT | VALUES (with or without a column list; its answer is the rows appended),
+    TRUNCATE (distributed and replicated tables; the answer is the rows emptied) and DROP
+    TABLE [IF EXISTS], with parameters; what it refuses says what it runs."""
     made = "SELECT o_orderkey AS k, o_totalprice AS p FROM orders WHERE o_orderkey < 1000"
     assert db.sql(f"CREATE TABLE cheap AS {made}").num_rows == 0
     added = db.sql(
@@ -167,6 +168,16 @@ def test_db_sql_changes_tables_as_the_service_does(
     got = db.sql("SELECT count(*) AS n, sum(p) AS s FROM cheap").to_pylist()[0]
     assert copied == small_oracle.execute(f"SELECT count(*) FROM ({more})").fetchone()[0]
     assert got["n"] == expected[0] and float(got["s"]) == pytest.approx(float(expected[1]))
+    replicated = small_oracle.execute("SELECT count(*) FROM nation").fetchone()[0]
+    db.create_table("few", db.sql("SELECT * FROM nation"), replicated=True)
+    for table, held in (("cheap", expected[0]), ("few", replicated)):
+        assert db.sql(f"TRUNCATE TABLE {table}").to_pylist() == [{"count": held}]
+        assert db.sql(f"SELECT count(*) AS n FROM {table}").to_pylist() == [{"n": 0}]
+    db.sql("INSERT INTO cheap VALUES (?, ?)", [7, 0.5])  # the emptied table takes rows again
+    db.sql("INSERT INTO few SELECT * FROM nation WHERE n_nationkey < 3")
+    joined = "SELECT count(*) AS n, sum(p) AS s FROM cheap JOIN few ON k - 7 = n_nationkey"
+    assert db.sql(joined).to_pylist() == [{"n": 1, "s": 0.5}]
+    db.sql("DROP TABLE few")
     db.sql("DROP TABLE cheap")
     db.sql("DROP TABLE IF EXISTS cheap")
     assert "cheap" not in db.table_names()
@@ -176,6 +187,10 @@ def test_db_sql_changes_tables_as_the_service_does(
         db.sql("CREATE TABLE empty (a INTEGER)")
     with pytest.raises(shardflow.UnsupportedError, match="does not change or delete rows yet"):
         db.sql("DELETE FROM orders WHERE o_orderkey = 1")
+    with pytest.raises(shardflow.QueryError, match="one table at a time"):
+        db.sql("TRUNCATE orders, lineitem")
+    with pytest.raises(shardflow.UnknownTableError):
+        db.sql("TRUNCATE no_such_table")
     with pytest.raises(shardflow.QueryError, match="one statement at a time"):
         db.sql("INSERT INTO orders SELECT * FROM orders; DROP TABLE orders")
     assert db.sql("SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 150_000}]

@@ -33,6 +33,7 @@ class Worker:
     def __init__(self) -> None:
         self.engine = DuckDBEngine(threads=1)
         self.calls: list[tuple[str, Mapping[str, list[int]], int, bool]] = []
+        self.commits: list[Mapping[str, int]] = []
 
     def run(
         self,
@@ -41,8 +42,10 @@ class Worker:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
     ) -> tuple[pa.Table, FragmentStats]:
         self.calls.append((sql, bindings, epoch, profile))
+        self.commits.append(commits)
         if epoch < 0:
             raise Moved("t#1", 3)
         if sql == "crash":
@@ -71,11 +74,12 @@ def test_a_fragment_and_its_measurements_come_back(
     server, worker, lanes = lane
     assert server.address.host == "127.0.0.1"
     result, stats = lanes.execute(
-        server.address, "SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True
+        server.address, "SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True, commits={"t": 2}
     )
     assert result.to_pylist() == [{"k": 7, "s": "row 7"}]
     assert stats == FragmentStats(0.001, 1, engine="duckdb")
     assert worker.calls == [("SELECT * FROM t WHERE k = 7", {"t": [1]}, 5, True)]
+    assert worker.commits == [{"t": 2}]  # the tables' commits travel with the fragment
     whole, _ = lanes.execute(server.address, "SELECT * FROM t, range(300)", {}, 5, False)
     assert whole.num_rows == 300_000  # megabytes: written in parts, read whole
     assert whole.slice(0, 1000).column("k").to_pylist() == list(range(1000))
@@ -174,9 +178,10 @@ def test_closing_the_client_closes_connections_still_in_use() -> None:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
     ) -> tuple[pa.Table, FragmentStats]:
         release.wait(10)
-        return worker.run(sql, bindings, epoch, profile, inputs)
+        return worker.run(sql, bindings, epoch, profile, inputs, commits)
 
     server = LaneServer(slow, "127.0.0.1", "node-0")
     lanes = Lanes()
@@ -216,6 +221,7 @@ def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
     ) -> tuple[pa.Table, FragmentStats]:
         nonlocal running, most
         with lock:
@@ -224,7 +230,7 @@ def test_a_worker_runs_at_most_its_concurrency_of_fragments_at_once() -> None:
         time.sleep(0.05)
         with lock:
             running -= 1
-        return worker.run(sql, bindings, epoch, profile, inputs)
+        return worker.run(sql, bindings, epoch, profile, inputs, commits)
 
     server = LaneServer(slow, "127.0.0.1", "node-0", concurrency=2)
     lanes = Lanes()

@@ -183,6 +183,23 @@ def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> 
     assert pa.compute.sum(got["w"]).as_py() == 2 * int(values.sum())
 
 
+def update(served: Served, query: str) -> int:
+    """A Flight SQL ``CommandStatementUpdate`` as bob: the record count it answers."""
+    client = flight.FlightClient(served.uri)
+    header = client.authenticate_basic_token("bob", PASSWORDS["bob"])
+    command = fsql.pack(fsql.new("CommandStatementUpdate", query=query))
+    descriptor = flight.FlightDescriptor.for_command(command)
+    writer, metadata = client.do_put(descriptor, pa.schema([]), flight.FlightCallOptions(
+        headers=[header]))  # fmt: skip
+    with writer:
+        writer.done_writing()
+        answer = metadata.read()
+    client.close()
+    result = fsql.new("DoPutUpdateResult")
+    result.ParseFromString(answer.to_pybytes())
+    return int(result.record_count)
+
+
 def test_adbc_write_statements_for_a_writer(served: Served) -> None:
     with adbc(served, "bob") as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE evens AS SELECT id, s FROM t WHERE id % 2 = 0")
@@ -190,6 +207,14 @@ def test_adbc_write_statements_for_a_writer(served: Served) -> None:
         cur.execute("INSERT INTO evens SELECT id, s FROM t WHERE id = 1")
         cur.execute("SELECT count(*), max(id) FROM evens")
         assert cur.fetchall() == [(1002, 5001)]
+        cur.execute("TRUNCATE evens")
+        assert cur.fetchall() == [(1002,)]  # its answer: the rows it emptied
+        cur.execute("SELECT count(*) FROM evens")
+        assert cur.fetchall() == [(0,)]
+        # a Flight SQL update (DoPut) answers the rows a statement added or emptied
+        assert update(served, "INSERT INTO evens VALUES (7, 'x'), (9, 'y')") == 2
+        assert update(served, "TRUNCATE TABLE evens") == 2
+        assert update(served, "DROP TABLE IF EXISTS nothing_here") == -1  # unknown: -1
         cur.execute("DROP TABLE evens")
         cur.execute("DROP TABLE IF EXISTS evens")
         with pytest.raises(adbc_driver_manager.ProgrammingError, match="UnknownTableError"):

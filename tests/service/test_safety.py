@@ -136,6 +136,7 @@ def test_roles_guard_every_change_and_a_denied_call_changes_nothing(served: Serv
             lambda: alice.drop_table("t"),
             lambda: alice.sql("DROP TABLE t"),
             lambda: alice.sql("INSERT INTO t SELECT * FROM t"),
+            lambda: alice.sql("TRUNCATE t"),
             lambda: alice.create_table("t2", sample_table(5)),
         ):
             with pytest.raises(PermissionDeniedError, match=r"needs role (writer|operator)"):
@@ -345,6 +346,7 @@ def test_a_reader_cannot_write_through_adbc_statements(served: Served) -> None:
             ("INSERT INTO t SELECT * FROM t", None),
             ("INSERT INTO t (id, g) VALUES (?, ?)", (99_999, 1)),
             ("DROP TABLE t", None),
+            ("TRUNCATE t", None),
             ("CREATE TABLE copy_of_t AS SELECT * FROM t", None),
         ):
             with pytest.raises(adbc_driver_manager.Error, match="needs role writer"):
@@ -575,6 +577,15 @@ def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
         bob.revoke("bobs", "INSERT", "walt")
         with as_user(served, "walt") as walt, pytest.raises(PermissionDeniedError):
             walt.sql("INSERT INTO bobs VALUES (78)")
+        with as_user(served, "walt") as walt:  # granted DELETE: empties it
+            assert walt.sql("TRUNCATE bobs").to_pylist() == [{"count": 11}]
+        assert bob.sql("SELECT count(*) AS n FROM bobs")["n"][0].as_py() == 0
+        bob.sql("INSERT INTO bobs VALUES (79)")
+        bob.revoke("bobs", "DELETE", "walt")
+        with as_user(served, "walt") as walt:
+            with pytest.raises(PermissionDeniedError, match="may not DELETE table bobs"):
+                walt.sql("TRUNCATE TABLE bobs")
+        assert bob.sql("SELECT count(*) AS n FROM bobs")["n"][0].as_py() == 1
         bob.drop_table("bobs")
     remove_user(served, "walt")
 

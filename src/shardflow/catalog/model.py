@@ -101,6 +101,10 @@ class TableSpec:
     """Whether every shard keeps an index on ``key`` (``create_table(key_index=True)``)."""
     grants: tuple[Grant, ...] = SHARED
     """Who else may do what with it (:mod:`shardflow.catalog.grants`)."""
+    commit: int = 0
+    """The table's commit number: how many times its rows were changed otherwise than by
+    adding to them (``TRUNCATE`` gives it new, empty files). A query reads every table at
+    the commit its routing had, on every worker, or is run again (``Changed``)."""
 
     @property
     def distributed(self) -> bool:
@@ -126,6 +130,7 @@ class TableSpec:
             "rows": self.rows,
             "key_index": self.key_index,
             "grants": [list(grant) for grant in self.grants],
+            "commit": self.commit,
         }
 
     @classmethod
@@ -141,6 +146,7 @@ class TableSpec:
             data.get("rows", 0),
             data.get("key_index", False),
             tuple(tuple(g) for g in data["grants"]) if "grants" in data else SHARED,
+            data.get("commit", 0),
         )
 
 
@@ -391,6 +397,14 @@ class Catalog:
             )
         tables = {k: v for k, v in self.tables.items() if existing is None or k != existing.name}
         return self._next(tables=MappingProxyType({**tables, spec.name: spec}))
+
+    def with_table_truncated(self, name: str, uid: str) -> Catalog:
+        """The table ``name`` with no rows: new, empty files (``uid``) and the next commit
+        number; its units, grants and everything else kept."""
+        spec = self.table(name)
+        renewed = dataclasses.replace(spec, uid=uid, rows=0, commit=spec.commit + 1)
+        tables = {k: v for k, v in self.tables.items() if k != spec.name}
+        return self._next(tables=MappingProxyType({**tables, spec.name: renewed}))
 
     def without_table(self, name: str) -> Catalog:
         spec = self.table(name)

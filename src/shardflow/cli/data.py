@@ -81,7 +81,9 @@ def sql(
         ),
     ] = Format.table,
 ) -> None:
-    """Run one query against the tables in a data directory."""
+    """Run one query, or one statement that changes tables (INSERT INTO ... SELECT |
+    VALUES, CREATE TABLE ... AS SELECT, TRUNCATE, DROP TABLE), against the tables in a data
+    directory."""
     with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(db.sql(query), form)
 

@@ -64,11 +64,12 @@ class LaneBroken(ClusterError):
 
 
 Run = Callable[
-    [str, Mapping[str, list[int]], int, bool, Mapping[str, pa.Table]],
+    [str, Mapping[str, list[int]], int, bool, Mapping[str, pa.Table], Mapping[str, int]],
     tuple[pa.Table, FragmentStats],
 ]
-"""A worker's fragment runner: (sql, bindings, epoch, profile, inputs) -> (result,
-measurements); ``inputs`` are tables the fragment reads by name (an earlier stage's rows)."""
+"""A worker's fragment runner: (sql, bindings, epoch, profile, inputs, commits) -> (result,
+measurements); ``inputs`` are tables the fragment reads by name (an earlier stage's rows),
+``commits`` the commit number of each table the query reads."""
 Stage = Callable[[str, Mapping[int | str, pa.Table]], int]
 """A worker's loader: (table, rows by unit) -> rows staged."""
 Export = Callable[[str, tuple[str, int]], pa.Table | None]
@@ -152,6 +153,7 @@ class LaneServer:
                     int(request["epoch"]),
                     bool(request["profile"]),
                     inputs,
+                    {str(t): int(c) for t, c in request.get("commits", {}).items()},
                 )
             return _OK, pickle.dumps(stats), to_wire(result)
         except Error as error:
@@ -221,10 +223,12 @@ class Lanes:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table] | None = None,
+        commits: Mapping[str, int] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         """Run a fragment on the worker at ``address`` (with ``inputs``, tables it reads by
-        name, sent along): its result and measurements, or the worker's error raised here;
-        :class:`LaneBroken` when the lane failed."""
+        name, sent along; ``commits``, the tables' commit numbers the query was routed at):
+        its result and measurements, or the worker's error raised here; :class:`LaneBroken`
+        when the lane failed."""
         inputs = inputs or {}
         request = json.dumps(
             {
@@ -233,6 +237,7 @@ class Lanes:
                 "epoch": epoch,
                 "profile": profile,
                 "inputs": list(inputs),
+                "commits": dict(commits or {}),
             }
         ).encode()
 

@@ -149,11 +149,14 @@ class LocalWorker:
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int | None = None,
     ) -> Reply[Mapping[int, int]]:
-        return self._call(lambda: self.node.append(table, parts, batch_id, epoch))
+        return self._call(lambda: self.node.append(table, parts, batch_id, epoch, commit))
 
-    def append_replica(self, table: str, rows: pa.Table | SharedRows, batch_id: str) -> Reply[int]:
-        return self._call(lambda: self.node.append_replica(table, _rows(rows), batch_id))
+    def append_replica(
+        self, table: str, rows: pa.Table | SharedRows, batch_id: str, commit: int | None = None
+    ) -> Reply[int]:
+        return self._call(lambda: self.node.append_replica(table, _rows(rows), batch_id, commit))
 
     # queries
     def execute(
@@ -163,8 +166,9 @@ class LocalWorker:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int] | None = None,
     ) -> Reply[tuple[pa.Table, FragmentStats]]:
-        return self._call(lambda: self.node.execute(sql, bindings, epoch, inputs, profile))
+        return self._call(lambda: self.node.execute(sql, bindings, epoch, inputs, profile, commits))
 
     # a move, as its source
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]:
@@ -337,6 +341,9 @@ class LocalCoordinator:
 
     def delete_files(self, uid: str) -> Reply[None]:
         return self._call(lambda: self.node.delete_files(uid))
+
+    def truncate_table(self, name: str) -> Reply[CatalogJson]:
+        return self._call(lambda: self.node.truncate_table(name))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.set_grants(name, [list(g) for g in grants]))

@@ -313,12 +313,15 @@ class Worker(Protocol):
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int | None = None,
     ) -> Reply[Mapping[int, int]]:
-        """Append each unit's rows (and their buckets) durably; answers each unit's LSN."""
+        """Append each unit's rows (and their buckets) durably; answers each unit's LSN.
+        ``commit``: the table's commit number the insert was routed at (``Changed`` where
+        the table was truncated since)."""
         ...
 
     def append_replica(
-        self, table: str, rows: pa.Table | SharedRows, batch_id: str
+        self, table: str, rows: pa.Table | SharedRows, batch_id: str, commit: int | None = None
     ) -> Reply[int]: ...
 
     # queries
@@ -329,10 +332,13 @@ class Worker(Protocol):
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int] | None = None,
     ) -> Reply[tuple[pa.Table, FragmentStats]]:
         """Run a fragment over the shards ``bindings`` names (per table, its units) at the
         routing ``epoch`` (``Moved`` where this worker no longer serves one), with ``inputs``
-        readable by name; answers its rows and what was measured (more with ``profile``)."""
+        readable by name; answers its rows and what was measured (more with ``profile``).
+        ``commits``: each table's commit number the query was routed at (``Changed`` where
+        a table was truncated since: the query runs again whole)."""
         ...
 
     # a move, as its source
@@ -502,6 +508,11 @@ class Coordinator(Protocol):
         ...
 
     def delete_files(self, uid: str) -> Reply[None]: ...
+    def truncate_table(self, name: str) -> Reply[CatalogJson]:
+        """Empty ``name``: new files and the next commit number, every node told before
+        the answer (the table's routing); its old files are deleted."""
+        ...
+
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         """Replace a table's grants (``catalog/grants.py``); answers its routing."""
         ...

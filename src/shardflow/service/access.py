@@ -212,10 +212,14 @@ class Access:
 
 
 def needs_of(tree: exp.Expr) -> Needs:
-    """The tables a parsed statement reads, and the one it writes (INSERT's target; a
-    table a CREATE makes is new, a DROP needs OWNER: the caller checks those)."""
+    """The tables a parsed statement reads, and the one it writes (INSERT's target, with
+    INSERT; TRUNCATE's, with DELETE; a table a CREATE makes is new, a DROP needs OWNER: the
+    caller checks those)."""
     ctes = {key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
     target: str | None = None
+    if isinstance(tree, exp.TruncateTable):
+        emptied = [t.name for t in tree.expressions if isinstance(t, exp.Table)]
+        return Needs((), emptied[0] if emptied else None, "DELETE")
     if isinstance(tree, exp.Insert):
         into = tree.this
         target = (into.this if isinstance(into, exp.Schema) else into).name

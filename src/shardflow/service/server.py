@@ -56,7 +56,7 @@ from shardflow.service import access as grants
 from shardflow.service.access import Access, Needs
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
-from shardflow.sql.statements import CreateTableAs, DropTable, statement_of
+from shardflow.sql.statements import CreateTableAs, DropTable, changes_tables, statement_of
 
 if TYPE_CHECKING:
     from shardflow.api import Database
@@ -74,7 +74,6 @@ MAX_PREPARED = 4096
 INGEST_CHUNK_BYTES = 64 << 20
 BATCH_BYTES = 4 << 20
 """Answers stream in record batches of about this size."""
-_WRITE_VERB = re.compile(r"^\s*(drop|create|insert)\b", re.IGNORECASE)
 
 # Flight actions shardflow adds (DoAction type -> role needed); Flight SQL's own actions
 # (prepared statements) need ``reader``
@@ -221,6 +220,14 @@ def flight_error(error: BaseException) -> BaseException:
 
 _HIDDEN: dict[str, str] = {}
 """The server's own folders and what an error says in their place."""
+
+
+def _rows_changed(answer: pa.Table) -> int:
+    """The rows a statement added or emptied (its ``count``: INSERT, TRUNCATE), as a Flight
+    SQL update answers them; -1 (unknown) for the others."""
+    if answer.column_names != ["count"]:
+        return -1
+    return int(sum(value or 0 for value in answer.column("count").to_pylist()))
 
 
 def hide_paths(folders: dict[str, str]) -> None:
@@ -488,15 +495,15 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 writer.write(pa.py_buffer(result.SerializeToString()))
             elif name == "CommandStatementUpdate":
                 principal = self._require(context, "update", "reader")
-                self._statement(context, principal, command.query)
-                writer.write(pa.py_buffer(_update_result(-1)))
+                answer = self._statement(context, principal, command.query)
+                writer.write(pa.py_buffer(_update_result(_rows_changed(answer))))
             elif name == "CommandPreparedStatementUpdate":
                 principal = self._require(context, "update", "reader")
                 prepared = self._prepared_of(principal, command.prepared_statement_handle)
                 if prepared.parameters is None:
                     prepared.parameters = reader.read_all()
-                self._run_prepared(context, principal, command.prepared_statement_handle)
-                writer.write(pa.py_buffer(_update_result(-1)))
+                answer = self._run_prepared(context, principal, command.prepared_statement_handle)
+                writer.write(pa.py_buffer(_update_result(_rows_changed(answer))))
             else:
                 raise pa.ArrowInvalid(f"DoPut does not take {name}")
         except Exception as error:
@@ -557,7 +564,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         self, context: flight.ServerCallContext, principal: Principal, query: str
     ) -> pa.Table:
         """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
-        SELECT, INSERT INTO ... SELECT/VALUES (writer). One that reads the server's own
+        SELECT, INSERT INTO ... SELECT/VALUES, TRUNCATE (writer). One that reads the server's own
         state (its settings, files, databases, versions) needs an operator."""
         tree, needs = self._needs_of(query)
         if tree is not None:
@@ -577,7 +584,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         listing = self.access.show(principal, query)
         if listing is not None:
             return listing
-        if not _WRITE_VERB.match(query):
+        if not changes_tables(query):
             self._check(principal, needs)
             return self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})

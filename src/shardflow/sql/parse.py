@@ -120,9 +120,9 @@ def parse(sql: str) -> exp.Expr:
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
         hint = (
-            "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), makes tables "
-            "(CREATE TABLE ... AS SELECT, db.create_table()) and drops them; it does not "
-            "change or delete rows yet"
+            "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), empties "
+            "tables (TRUNCATE t), makes tables (CREATE TABLE ... AS SELECT, "
+            "db.create_table()) and drops them; it does not change or delete rows yet"
             if isinstance(tree, CHANGES)
             else "write it as a SELECT"
         )

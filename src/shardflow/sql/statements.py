@@ -1,7 +1,8 @@
 """The statements that change tables, read once for every door: ``db.sql``, the Flight SQL
 service and the command line run ``DROP TABLE [IF EXISTS] t``, ``CREATE TABLE t AS
-<query>`` and ``INSERT INTO t [(columns)] <query> | VALUES ...`` through this one reading
-(what to do, and the query that gives the rows); everything else is a query.
+<query>``, ``INSERT INTO t [(columns)] <query> | VALUES ...`` and ``TRUNCATE [TABLE] t``
+through this one reading (what to do, and the query that gives the rows); everything else
+is a query.
 
 >>> statement_of("INSERT INTO t (a, b) VALUES (1, 'x')")
 InsertInto(name='t', columns=('a', 'b'), query="SELECT * FROM (VALUES (1, 'x')) AS v")
@@ -19,7 +20,7 @@ from sqlglot import exp
 
 from shardflow.errors import QueryError, SqlSyntaxError
 
-_CHANGE_VERB = re.compile(r"^\s*(drop|create|insert)\b", re.IGNORECASE)
+_CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,25 @@ class InsertInto:
     """The query whose answer is appended (``VALUES`` as a query over them)."""
 
 
-Change = DropTable | CreateTableAs | InsertInto
+@dataclass(frozen=True)
+class Truncate:
+    name: str
+
+
+Change = DropTable | CreateTableAs | InsertInto | Truncate
+
+
+def changes_tables(sql: str) -> bool:
+    """Whether ``sql`` begins with a verb of a statement that changes tables (one that
+    needs the writer role through the service), whether shardflow runs it or not."""
+    return isinstance(sql, str) and _CHANGE_VERB.match(sql) is not None
 
 
 def statement_of(sql: str) -> Change | None:
     """What ``sql`` changes, or None where it is a query (the planner's to read). A
     statement of these verbs that shardflow does not run is a ``QueryError`` saying what
     it runs."""
-    if not isinstance(sql, str) or not _CHANGE_VERB.match(sql):
+    if not changes_tables(sql):
         return None
     try:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
@@ -73,6 +85,13 @@ def statement_of(sql: str) -> Change | None:
                 "db.create_table() or by bulk ingest; a column list alone has no rows to place"
             )
         return CreateTableAs(statement.this.name, select.sql("duckdb"))
+    if isinstance(statement, exp.TruncateTable):
+        tables = statement.expressions
+        if len(tables) != 1 or not isinstance(tables[0], exp.Table):
+            raise QueryError("TRUNCATE empties one table at a time: TRUNCATE [TABLE] t")
+        if statement.args.get("is_database"):
+            raise QueryError("TRUNCATE empties a table, not a database: TRUNCATE [TABLE] t")
+        return Truncate(tables[0].name)
     if isinstance(statement, exp.Insert):
         target = statement.this
         source = statement.expression
@@ -86,6 +105,6 @@ def statement_of(sql: str) -> Change | None:
             return InsertInto(target.this.name, columns, source.sql("duckdb"))
         return InsertInto(target.name, None, source.sql("duckdb"))
     raise QueryError(
-        "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT and INSERT INTO "
-        f"... SELECT/VALUES; not {type(statement).__name__.upper()}"
+        "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT, INSERT INTO "
+        f"... SELECT/VALUES and TRUNCATE; not {type(statement).__name__.upper()}"
     )

@@ -78,7 +78,8 @@ a checkpoint since has covered them, or they are in every later holder's recover
 UNFENCED_VARIABLE = "SHARDFLOW_TEST_UNFENCED"
 """Tests only: a comma list of the per-shard fences switched off — ``writes`` (an insert is
 acknowledged without the check), ``reads``, ``checkpoints`` and ``recovery`` (an older
-holder's late entries are recovered) — whose tests must then fail."""
+holder's late entries are recovered), and ``commits`` (a worker serves a fragment or insert
+routed at another commit of a table, ``TRUNCATE``) — whose tests must then fail."""
 
 
 def unfenced(what: str) -> bool:

@@ -57,11 +57,12 @@ class RayCalls:
         epoch: int,
         inputs: Mapping[str, Output],
         profile: bool,
+        commits: Mapping[str, int] | None = None,
     ) -> RayPending:
         worker = self.workers.get(node)
         names, refs = self._refs(inputs)
         submitted = time.time()
-        table_ref, stats_ref = worker.submit(sql, bindings, epoch, names, profile, refs)
+        table_ref, stats_ref = worker.submit(sql, bindings, epoch, names, profile, refs, commits)
         return RayPending(node, table_ref, RayReply(stats_ref, f"worker {node}"), submitted)
 
     def _refs(self, inputs: Mapping[str, Output]) -> tuple[list[str], list[ObjectRef[pa.Table]]]:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from shardflow.catalog import Catalog
 from shardflow.config import Settings
-from shardflow.errors import Error, QueryError, Retryable
+from shardflow.errors import Changed, Error, QueryError, Retryable
 from shardflow.runtime.client.retry import Unfinished, submit_all
 from shardflow.runtime.fastlane import LaneBook, LaneBroken
 from shardflow.runtime.query.executor import FragmentResult, Materialized, Output
@@ -61,11 +61,32 @@ class RunnerHost(Protocol):
 
 
 class RoutedRunner:
-    """Runs one query's fragments for a session."""
+    """Runs one query's fragments for a session, every one at the tables' commits of the
+    routing the query began with (``Changed`` where a table was truncated since: the
+    session runs the query again whole)."""
 
     def __init__(self, session: RunnerHost, calls: FragmentCalls) -> None:
         self.session = session
         self.calls = calls
+        self.begun_at = session.catalog
+        """The routing the query began with: its tables' commits hold for every stage."""
+
+    def commits(self, stage_tables: Iterable[str]) -> dict[str, int]:
+        """The commits a fragment reads at: those of its stage's tables and of every
+        replicated table (any stage may read one), as the query began; ``Changed`` where
+        the routing has another one now (refreshed after a ``Moved``)."""
+        begun, now = self.begun_at, self.session.catalog
+        names = {*stage_tables, *(s.name for s in begun.replicated_tables())}
+        commits = {}
+        for name in names:
+            spec = begun.tables.get(name)
+            if spec is None:
+                continue
+            current = now.tables.get(name)
+            if current is not None and current.commit != spec.commit:
+                raise Changed(name, spec.commit, current.commit)
+            commits[name] = spec.commit
+        return commits
 
     def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
         session = self.session
@@ -78,6 +99,7 @@ class RoutedRunner:
         def attempt() -> None:
             nonlocal pending
             catalog = session.catalog
+            commits = self.commits(stage.tables)
             group = catalog.groups.get(stage.group or "")
             if group is None:
                 raise QueryError("a table of the query was dropped while it ran")
@@ -92,7 +114,7 @@ class RoutedRunner:
                 if unit.unit_id in pending:
                     by_node[unit.node].append(unit.unit_id)
             direct = (
-                self._direct(stage.sql, by_node, stage.tables, catalog.epoch, sent)
+                self._direct(stage.sql, by_node, stage.tables, catalog.epoch, sent, commits)
                 if sent is not None
                 else None
             )
@@ -123,6 +145,7 @@ class RoutedRunner:
                         catalog.epoch,
                         inputs,
                         session.profiling,
+                        commits,
                     )
                     for node, units in by_node.items()
                 }
@@ -155,6 +178,7 @@ class RoutedRunner:
         tables: Iterable[str],
         epoch: int,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
     ) -> dict[str, FragmentResult | Exception] | None:
         """Each node's fragment (over its units of ``tables``, ``inputs`` sent along) asked
         over its fast lane, all at once: its result, or what it raised (the worker's own
@@ -171,7 +195,7 @@ class RoutedRunner:
             submitted = time.time()
             bindings = {table: work[node] for table in tables}
             table, stats = session.lanes.lanes.execute(
-                address, sql, bindings, epoch, session.profiling, inputs
+                address, sql, bindings, epoch, session.profiling, inputs, commits
             )
             output = Materialized(table)
             return FragmentResult(
@@ -189,7 +213,8 @@ class RoutedRunner:
 
         def attempt() -> FragmentResult:
             node = session.pick_node()
-            direct = None if sent is None else self._direct(sql, {node: []}, (), 0, sent)
+            commits = self.commits(())
+            direct = None if sent is None else self._direct(sql, {node: []}, (), 0, sent, commits)
             if direct is not None:  # inputs the client holds: over the node's lane
                 outcome = direct[node]
                 if isinstance(outcome, FragmentResult):
@@ -197,7 +222,7 @@ class RoutedRunner:
                 if not isinstance(outcome, LaneBroken):
                     raise outcome  # retried (moved, gone), or the query's own error
                 session.lanes.broken(node, outcome)
-            call = self.calls.submit(node, sql, {}, 0, inputs, session.profiling)
+            call = self.calls.submit(node, sql, {}, 0, inputs, session.profiling, commits)
             return call.result()
 
         return session.retrying("query", attempt)

@@ -29,6 +29,7 @@ from shardflow.catalog.grants import Grant
 from shardflow.config import Settings
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import (
+    Changed,
     ClusterError,
     Error,
     ResultLost,
@@ -230,7 +231,7 @@ class Session:
         planning_started = time.perf_counter()
         planned = self.plan(sql)
         planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
-        lost = outdated = 0
+        lost = outdated = changed = 0
         while True:
             try:
                 catalog = self.catalog
@@ -245,6 +246,13 @@ class Session:
                 if lost == QUERY_ATTEMPTS:
                     raise ClusterError("intermediate results were lost repeatedly") from None
                 self.refresh()
+            except Changed as error:
+                # a table was truncated while the query ran: parts read before it must not
+                # meet parts read after it, so the whole query runs again at the new commit
+                changed += 1
+                if changed == QUERY_ATTEMPTS:
+                    raise ClusterError(f"the query's tables kept changing: {error}") from None
+                self.refresh([error.table])
             except PlanOutdated:
                 # planned whole on one worker, its shards were on several by the time it ran
                 outdated += 1
@@ -284,10 +292,18 @@ class Session:
         # every row's bucket is fixed once: a retry after a split or merge re-routes the same
         # rows with the same buckets, and each shard drops the buckets of the batch it holds
         salt = int(batch_id[:8], 16)
-        pending = [(table, buckets_for(table, spec, self.catalog.n_buckets, salt))]
+        whole = (table, buckets_for(table, spec, self.catalog.n_buckets, salt))
+        pending = [whole]
+        commit = [spec.commit]
+        """The table's commit the parts placed so far went to: where it changes (the table
+        was truncated) every part is placed again, or only some of the batch would stay."""
 
         def attempt() -> None:
             catalog = self.catalog
+            now = catalog.table(spec.name).commit
+            if now != commit[0]:
+                pending[:] = [whole]
+                commit[0] = now
             rows = pa.concat_tables([t for t, _ in pending])
             buckets = np.concatenate([b for _, b in pending])
             pending.clear()
@@ -295,25 +311,32 @@ class Session:
             by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = defaultdict(dict)
             for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
                 by_node[group.unit(unit_id).node][unit_id] = part
+            append = partial(self._append, table=spec.name, batch_id=batch_id,
+                             epoch=catalog.epoch, commit=now)  # fmt: skip
             replies = submit_all(
-                {
-                    node: partial(self._append, node, spec.name, parts, batch_id, catalog.epoch)
-                    for node, parts in by_node.items()
-                }
+                {node: partial(append, node, parts=parts) for node, parts in by_node.items()}
             )
             for node in by_node.keys() - replies.keys():  # its worker is gone: route again
                 pending.extend(by_node[node].values())
             failed: Exception | None = None
+            changed = False
             for node, reply in replies.items():  # every reply read, whatever the first says
                 try:
                     reply.get()
                 except Retryable as error:
                     log.info("insert into %s retried on %s: %s", spec.name, node, error)
                     pending.extend(by_node[node].values())
+                except Changed as error:  # truncated meanwhile: the whole batch again
+                    log.info("insert into %s placed again: %s", spec.name, error)
+                    changed = True
                 except Exception as error:  # the insert's own error (a full disk): raised
                     failed = failed or error  # once the other parts have answered
             if failed is not None:
                 raise failed
+            if changed:
+                pending[:] = [whole]
+                commit[0] = -1  # placed again at the commit the refreshed routing has
+                raise Unfinished(f"{spec.name} was truncated under the insert")
             if pending:
                 raise Unfinished(f"{len(pending)} part(s) of the insert to place again")
 
@@ -326,17 +349,26 @@ class Session:
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int,
     ) -> Reply[Mapping[int, int]]:
-        return self.workers.get(node).append(table, parts, batch_id, epoch)
+        return self.workers.get(node).append(table, parts, batch_id, epoch, commit)
 
     def _insert_replicated(self, spec: TableSpec, table: pa.Table, batch_id: str) -> None:
         rows = self.workers.share(table)
-        primary = self.catalog.primary
-        assert primary is not None
-        # The primary logs the rows durably first; then every other replica applies them.
-        self._deliver_replica(spec.name, rows, batch_id, [primary])
-        others = [n for n in self.catalog.nodes if n != primary]
-        self._deliver_replica(spec.name, rows, batch_id, others, leavers_skipped=True)
+        for _ in range(QUERY_ATTEMPTS):
+            commit = self.catalog.table(spec.name).commit
+            primary = self.catalog.primary
+            assert primary is not None
+            # The primary logs the rows durably first; then every other replica applies them.
+            try:
+                self._deliver_replica(spec.name, rows, batch_id, [primary], commit)
+                others = [n for n in self.catalog.nodes if n != primary]
+                self._deliver_replica(spec.name, rows, batch_id, others, commit, True)
+                return
+            except Changed as error:  # truncated meanwhile: every replica again
+                log.info("insert into %s placed again: %s", spec.name, error)
+                self.refresh([spec.name])
+        raise ClusterError(f"insert into {spec.name}: the table kept being truncated under it")
 
     def _deliver_replica(
         self,
@@ -344,6 +376,7 @@ class Session:
         rows: SharedRows,
         batch_id: str,
         nodes: list[str],
+        commit: int,
         leavers_skipped: bool = False,
     ) -> None:
         """Apply an insert to replicas of ``table`` on ``nodes``, retrying those that fail.
@@ -355,7 +388,10 @@ class Session:
             if leavers_skipped:
                 remaining[:] = [n for n in remaining if n in self.catalog.nodes]
             replies = submit_all(
-                {n: partial(self._append_replica, n, table, rows, batch_id) for n in remaining}
+                {
+                    n: partial(self._append_replica, n, table, rows, batch_id, commit)
+                    for n in remaining
+                }
             )
             missing = [n for n in remaining if n not in replies]  # worker gone: try again
             remaining.clear()
@@ -370,8 +406,10 @@ class Session:
 
         self.retrying(f"insert into {table}", attempt)
 
-    def _append_replica(self, node: str, table: str, rows: SharedRows, batch_id: str) -> Reply[int]:
-        return self.workers.get(node).append_replica(table, rows, batch_id)
+    def _append_replica(
+        self, node: str, table: str, rows: SharedRows, batch_id: str, commit: int
+    ) -> Reply[int]:
+        return self.workers.get(node).append_replica(table, rows, batch_id, commit)
 
     # -- tables -------------------------------------------------------------------------
     def create_table(
@@ -412,6 +450,16 @@ class Session:
         self.coordinator.announce(list(catalog["nodes"])).get()
         self.coordinator.delete_files(uid).get()
         self.refresh()
+
+    def truncate_table(self, name: str) -> int:
+        """Empty the table ``name`` at once on every node (``TRUNCATE``); answers the rows
+        it held as the truncate began (inserts that race it are emptied too, uncounted).
+        A query sees the table whole or empty, never part of each: one that read some of
+        it before runs again whole (``Changed``)."""
+        spec = self.table_spec(name)
+        counted, _ = self.query(f'SELECT count(*) FROM "{spec.name}"')
+        self._change(f"truncate {spec.name}", lambda c: c.truncate_table(spec.name))
+        return int(counted.column(0)[0].as_py())
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:

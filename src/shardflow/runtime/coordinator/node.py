@@ -102,6 +102,18 @@ class CoordinatorNode:
     def delete_files(self, uid: str) -> None:
         self.state.delete_files(uid)
 
+    def truncate_table(self, name: str) -> dict[str, Any]:
+        """Empty the table ``name``: new files and the next commit number in the catalog,
+        every node told and serving them before the answer (a query at the old commit
+        that reaches a node after that runs again whole), then the old files deleted."""
+        routing, old_uid = self.state.begin_truncate(name)
+        try:
+            self.controller.announcer.announce(self.state.catalog.nodes)
+        finally:
+            self.state.end_truncate(name)
+        self.state.delete_files(old_uid)
+        return routing
+
     def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
         return self.state.set_grants(name, grants)
 

@@ -91,6 +91,9 @@ class CoordinatorState:
         """The cluster's load by calibrated operator over the last observed window (shares;
         empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
+        self.truncating: dict[str, str] = {}
+        """Groups whose table is being truncated, and that table: no move of theirs starts
+        until every node serves the table's new files (:meth:`begin_truncate`)."""
         self._unit_ids_taken = self.catalog.next_unit_id
         """Unit ids handed to tables being created: taken, though not yet in the catalog
         (a create that fails leaves no catalog change behind)."""
@@ -211,6 +214,11 @@ class CoordinatorState:
         # a split or merge copies the group's tables as they are when it begins: a table
         # being loaded into the group has shards it would leave behind (a plain move keeps
         # the unit's id and files, and the new owner serves every table from them)
+        if group in self.truncating:
+            raise MoveRefusedError(
+                f"table {self.truncating[group]!r} is being truncated; move unit(s) "
+                f"{sorted(u.unit_id for u in sources)} once it is done"
+            )
         creating = sorted(p.spec.name for p in self.pending.values() if p.spec.group == group)
         if creating and kind != "move":
             raise MoveRefusedError(
@@ -468,6 +476,50 @@ class CoordinatorState:
             if spec is None:
                 raise UnknownTableError(f"unknown table {name!r}")
             return self._save(self.catalog.without_table(spec.name), []), spec.uid
+
+    def begin_truncate(self, name: str) -> tuple[dict[str, Any], str]:
+        """Give the table ``name`` new, empty files and the next commit number; answers its
+        routing and the uid of its old files. No move of its group runs meanwhile: those
+        running are waited for (a move's copy is of the old files), and new ones are
+        refused until :meth:`end_truncate`."""
+        with self._lock:
+            spec = self.catalog.find_table(name)
+            if spec is None:
+                raise UnknownTableError(f"unknown table {name!r}")
+            group = spec.group
+            if group is not None:
+                if group in self.truncating:
+                    raise TableError(
+                        f"table {self.truncating[group]!r} of the same shards is being "
+                        "truncated; try again once it is done"
+                    )
+                self.truncating[group] = spec.name
+                try:
+                    self._wait_for_every_move_of(group, spec.name)
+                except BaseException:
+                    del self.truncating[group]
+                    raise
+            truncated = self.catalog.with_table_truncated(spec.name, uuid.uuid4().hex)
+            return self._save(truncated, [spec.name]), spec.uid
+
+    def end_truncate(self, name: str) -> None:
+        """Every node serves the truncated table's new files: its group may move again."""
+        with self._lock:
+            for group in [g for g, table in self.truncating.items() if table == name]:
+                del self.truncating[group]
+
+    def _wait_for_every_move_of(self, group: str, table: str) -> None:
+        """Wait (the lock released meanwhile) until no move, split or merge of ``group`` is
+        in flight."""
+        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
+        while any(p.group == group for p in self.moving.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(
+                    f"truncating {table!r} waited {CREATE_WAITS_FOR_MOVES_S:g} s for the "
+                    f"moves of its shards to end; try again"
+                )
+            self._moves_ended.wait(left)
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

@@ -46,8 +46,10 @@ class FragmentCalls(Protocol):
         epoch: int,
         inputs: Mapping[str, Output],
         profile: bool,
+        commits: Mapping[str, int] | None = None,
     ) -> Pending:
-        """Ask ``node``'s worker to run a fragment (``WorkerGone`` where none runs)."""
+        """Ask ``node``'s worker to run a fragment (``WorkerGone`` where none runs) over
+        the tables at ``commits``."""
         ...
 
 
@@ -65,11 +67,12 @@ class WorkerCalls:
         epoch: int,
         inputs: Mapping[str, Output],
         profile: bool,
+        commits: Mapping[str, int] | None = None,
     ) -> Pending:
         worker = self.workers.get(node)
         tables = {name: value.table() for name, value in inputs.items()}
         submitted = time.time()
-        reply = worker.execute(sql, bindings, epoch, profile, tables)
+        reply = worker.execute(sql, bindings, epoch, profile, tables, commits)
         return _Answer(node, reply, submitted)
 
 

@@ -164,6 +164,10 @@ class CoordinatorService:
         self.node.delete_files(uid)
 
     @ray.method
+    def truncate_table(self, name: str) -> dict[str, Any]:
+        return self.node.truncate_table(name)
+
+    @ray.method
     def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
         return self.node.set_grants(name, grants)
 
@@ -299,8 +303,9 @@ class WorkerService:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
     ) -> tuple[pa.Table, FragmentStats]:
-        return self.node.execute(sql, bindings, epoch, inputs, profile)
+        return self.node.execute(sql, bindings, epoch, inputs, profile, commits)
 
     @ray.method
     def calibrate(self) -> NodeProfile:
@@ -369,12 +374,15 @@ class WorkerService:
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int | None = None,
     ) -> dict[int, int]:
-        return self.node.append(table, parts, batch_id, epoch)
+        return self.node.append(table, parts, batch_id, epoch, commit)
 
     @ray.method
-    def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
-        return self.node.append_replica(table, part, batch_id)
+    def append_replica(
+        self, table: str, part: pa.Table, batch_id: str, commit: int | None = None
+    ) -> int:
+        return self.node.append_replica(table, part, batch_id, commit)
 
     @ray.method(num_returns=2)
     def execute(
@@ -382,6 +390,7 @@ class WorkerService:
         sql: str,
         bindings: Mapping[str, list[int]],
         epoch: int,
+        commits: Mapping[str, int],
         names: list[str],
         profile: bool,
         *parts: pa.Table | pa.Buffer,
@@ -394,7 +403,7 @@ class WorkerService:
         for name, part in zip(names, parts, strict=True):
             inputs.setdefault(name, []).append(from_wire(part))
         tables = {name: concat(chunks) for name, chunks in inputs.items()}
-        result, stats = self.node.execute(sql, bindings, epoch, tables, profile)
+        result, stats = self.node.execute(sql, bindings, epoch, tables, profile, commits)
         return to_wire(result), stats
 
     # -- a live move, as its source -----------------------------------------------------------

@@ -127,11 +127,16 @@ class RayWorker:
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int | None = None,
     ) -> Reply[Mapping[int, int]]:
-        return self._reply(self.handle.append.remote(table, dict(parts), batch_id, epoch))
+        return self._reply(self.handle.append.remote(table, dict(parts), batch_id, epoch, commit))
 
-    def append_replica(self, table: str, rows: pa.Table | SharedRows, batch_id: str) -> Reply[int]:
-        return self._reply(self.handle.append_replica.remote(table, rows_arg(rows), batch_id))
+    def append_replica(
+        self, table: str, rows: pa.Table | SharedRows, batch_id: str, commit: int | None = None
+    ) -> Reply[int]:
+        return self._reply(
+            self.handle.append_replica.remote(table, rows_arg(rows), batch_id, commit)
+        )
 
     # queries
     def execute(
@@ -141,8 +146,11 @@ class RayWorker:
         epoch: int,
         profile: bool,
         inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int] | None = None,
     ) -> Reply[tuple[pa.Table, FragmentStats]]:
-        table_ref, stats_ref = self.submit(sql, bindings, epoch, list(inputs), profile, inputs)
+        table_ref, stats_ref = self.submit(
+            sql, bindings, epoch, list(inputs), profile, inputs, commits
+        )
         return _Executed(self._reply(table_ref), self._reply(stats_ref))
 
     def submit(
@@ -153,13 +161,14 @@ class RayWorker:
         names: list[str],
         profile: bool,
         inputs: Sequence[ObjectRef[pa.Table]] | Mapping[str, pa.Table],
+        commits: Mapping[str, int] | None = None,
     ) -> tuple[ObjectRef[pa.Buffer], ObjectRef[FragmentStats]]:
         """Run a fragment whose result stays in the object store (workers of a later stage
         read it from there); ``inputs`` come in parts, each named by ``names`` (the
         fragment results of an earlier stage, or tables)."""
         parts = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
         table_ref, stats_ref = self.handle.execute.remote(
-            sql, dict(bindings), epoch, names, profile, *parts
+            sql, dict(bindings), epoch, dict(commits or {}), names, profile, *parts
         )
         return table_ref, stats_ref
 
@@ -401,6 +410,9 @@ class RayCoordinator:
 
     def delete_files(self, uid: str) -> Reply[None]:
         return self._reply(self.handle.delete_files.remote(uid))
+
+    def truncate_table(self, name: str) -> Reply[CatalogJson]:
+        return self._reply(self.handle.truncate_table.remote(name))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._reply(self.handle.set_grants.remote(name, [list(g) for g in grants]))

@@ -31,7 +31,7 @@ from shardflow.config import Settings
 from shardflow.control.admission import Foreground
 from shardflow.engine import DuckDBEngine, distinct_names, query_error
 from shardflow.engine.duckdb_engine import NativeRows
-from shardflow.errors import Moved, NodeFault, QueryError
+from shardflow.errors import Changed, Moved, NodeFault, QueryError
 from shardflow.runtime.protocol import (
     REPLICA,
     DeviceCache,
@@ -355,15 +355,22 @@ class WorkerNode(CatalogServing):
         parts: Mapping[int, tuple[pa.Table, np.ndarray]],
         batch_id: str,
         epoch: int,
+        commit: int | None = None,
     ) -> dict[int, int]:
         """Append each part (rows and their buckets) to its shard, durably; returns the new
-        LSN per unit."""
+        LSN per unit. ``commit``: the table's commit number the insert was routed at."""
         lsns = {}
         started = time.perf_counter()
-        for unit, (part, buckets) in parts.items():
-            shard = self.shards.get((table, unit))
-            if shard is None:
+        checked = self.check_commits({table: commit}, epoch) if commit is not None else {}
+        shards: dict[int, Shard] = {}
+        for unit in parts:
+            found = self.shards.get((table, unit))
+            if found is None:
                 raise Moved(f"{table}#{unit}", epoch)
+            self._same_files(checked, table, found, epoch)
+            shards[unit] = found
+        for unit, (part, buckets) in parts.items():
+            shard = shards[unit]
             try:
                 lsns[unit] = shard.append(part, batch_id, np.asarray(buckets)).lsn
             except OSError:  # a failing disk: the node's failure (the caller retries); a
@@ -390,13 +397,52 @@ class WorkerNode(CatalogServing):
         with self._foreground_lock:
             return self.foreground.slowdown(time.monotonic())
 
-    def append_replica(self, table: str, part: pa.Table, batch_id: str) -> int:
+    def append_replica(
+        self, table: str, part: pa.Table, batch_id: str, commit: int | None = None
+    ) -> int:
+        epoch = self.catalog.epoch
+        checked = self.check_commits({table: commit}, epoch) if commit is not None else {}
         shard = self.replicas.get(table)
         if shard is None:
-            raise Moved(f"{table} (replica)", self.catalog.epoch)
+            raise Moved(f"{table} (replica)", epoch)
+        self._same_files(checked, table, shard, epoch)
         return shard.append(part, batch_id).lsn
 
     # -- queries ------------------------------------------------------------------------
+    def _same_files(
+        self, checked: Mapping[str, TableSpec], table: str, shard: Shard, epoch: int
+    ) -> None:
+        """An insert checked against a table's commit (``checked``) appends to a shard of
+        that very commit: ``Changed`` where a truncate put the shard in place between the
+        check and the lookup (a node switches its shards before its catalog), ``Moved``
+        where the shard holds files older than the table's (:func:`_stale`)."""
+        spec = checked.get(table)
+        if spec is None or shard.store.table_uid == spec.uid or unfenced("commits"):
+            return
+        now = self.catalog.tables.get(table)
+        if now is not None and now.uid == shard.store.table_uid:
+            raise Changed(table, spec.commit, now.commit)
+        raise Moved(f"{table} (a shard of files {shard.store.table_uid[:8]})", epoch)
+
+    def check_commits(self, commits: Mapping[str, int], epoch: int) -> dict[str, TableSpec]:
+        """Refuse a fragment or insert routed at another commit of a table than this node
+        serves: an older one with ``Changed`` (the rows it would read or add to are gone:
+        the caller starts over), a newer one with ``Moved`` (this node has not been told
+        the change yet: the caller tries again). Answers the tables as checked."""
+        checked = {}
+        tables = self.catalog.tables
+        for table, commit in commits.items():
+            spec = tables.get(table)
+            if spec is None:
+                continue
+            checked[table] = spec
+            if spec.commit == commit or unfenced("commits"):
+                continue
+            if spec.commit > commit:
+                raise Changed(table, commit, spec.commit)
+            raise Moved(f"{table} at commit {commit}", epoch)
+        return checked
+
     def views_for(self, bindings: Mapping[str, list[int]], epoch: int) -> dict[str, str]:
         """Per-call views naming exactly the shards a fragment was bound to. (The standing
         view of a table may change under a running fragment when a move switches; these
@@ -407,7 +453,11 @@ class WorkerNode(CatalogServing):
                 for unit in units:
                     if (table, unit) not in self.shards:
                         raise Moved(f"{table}#{unit}", epoch)
-                    self.shards[(table, unit)].check_held()
+                    shard = self.shards[(table, unit)]
+                    stale = _stale(shard, self.catalog.tables.get(table), epoch)
+                    if stale is not None:
+                        raise stale
+                    shard.check_held()
                 views[table] = " UNION ALL ".join(
                     f"SELECT * FROM {self._ref(self.shards[(table, u)])}" for u in sorted(units)
                 )
@@ -420,15 +470,18 @@ class WorkerNode(CatalogServing):
         epoch: int,
         inputs: Mapping[str, pa.Table],
         profile: bool = True,
+        commits: Mapping[str, int] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         """Run a fragment over this node's shards; returns the result and what was measured
         (with ``profile``: wall-clock start and end, rows and bytes in and out, engine and
-        device as well as the time)."""
+        device as well as the time). ``commits``: the commit number of each table the query
+        reads, as its routing had them (:meth:`check_commits`)."""
         started_at = time.time()
         started = time.perf_counter()
         rows_in = bytes_in = 0
         self._check_member()
         with self.lock:
+            self.check_commits(commits or {}, epoch)
             views = self.views_for(bindings, epoch)
             reading = [(t, u) for t, units in bindings.items() for u in units]
             bound = {t: [self.shards[(t, u)] for u in sorted(us)] for t, us in bindings.items()}
@@ -619,3 +672,12 @@ class WorkerNode(CatalogServing):
             for shard, database in held
         )
         return dataclasses.replace(info, shards=shards)
+
+
+def _stale(shard: Shard, spec: TableSpec | None, epoch: int) -> Moved | None:
+    """``Moved`` where ``shard`` holds other files than the table's current ones (``spec``):
+    the copy a move made of files a truncate has replaced since, served until this node is
+    told of the switch. None where they are the same (or the table is unknown here)."""
+    if spec is None or shard.store.table_uid == spec.uid or unfenced("commits"):
+        return None
+    return Moved(f"{spec.name} (a shard of files {shard.store.table_uid[:8]})", epoch)

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -394,18 +394,26 @@ class CoordinatorState:
         began, so a table loaded into the group meanwhile would be left behind (its rows
         lost). Splits and merges of the group are refused from then until the table is
         committed or aborted (:meth:`_reserve`)."""
-        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
-        while True:
+
+        def ended() -> bool:
             spec = self.catalog.find_table(table)
             if spec is None or spec.group is None:
-                return  # the checks that follow refuse it
-            if not any(p.group == spec.group and p.kind != "move" for p in self.moving.values()):
-                return
+                return True  # the checks that follow refuse it
+            return not any(p.group == spec.group and p.kind != "move" for p in self.moving.values())
+
+        moves = f"splits and merges of {table!r}'s shards"
+        self._wait_for_moves(ended, f"creating {creating!r}", moves)
+
+    def _wait_for_moves(self, ended: Callable[[], bool], waiting: str, moves: str) -> None:
+        """Wait (the lock released meanwhile) until ``ended()``: ``ClusterError`` after
+        :data:`CREATE_WAITS_FOR_MOVES_S`, saying that ``waiting`` waited for ``moves``."""
+        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
+        while not ended():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ClusterError(
-                    f"creating {creating!r} waited {CREATE_WAITS_FOR_MOVES_S:g} s for the "
-                    f"splits and merges of {table!r}'s shards to end; try again"
+                    f"{waiting} waited {CREATE_WAITS_FOR_MOVES_S:g} s for the {moves} to end; "
+                    "try again"
                 )
             self._moves_ended.wait(left)
 
@@ -495,7 +503,11 @@ class CoordinatorState:
                     )
                 self.truncating[group] = spec.name
                 try:
-                    self._wait_for_every_move_of(group, spec.name)
+                    self._wait_for_moves(
+                        lambda: all(p.group != group for p in self.moving.values()),
+                        f"truncating {spec.name!r}",
+                        f"moves of {spec.name!r}'s shards",
+                    )
                 except BaseException:
                     del self.truncating[group]
                     raise
@@ -507,19 +519,6 @@ class CoordinatorState:
         with self._lock:
             for group in [g for g, table in self.truncating.items() if table == name]:
                 del self.truncating[group]
-
-    def _wait_for_every_move_of(self, group: str, table: str) -> None:
-        """Wait (the lock released meanwhile) until no move, split or merge of ``group`` is
-        in flight."""
-        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
-        while any(p.group == group for p in self.moving.values()):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClusterError(
-                    f"truncating {table!r} waited {CREATE_WAITS_FOR_MOVES_S:g} s for the "
-                    f"moves of its shards to end; try again"
-                )
-            self._moves_ended.wait(left)
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

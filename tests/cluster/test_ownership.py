@@ -5,6 +5,7 @@ took over (its late insert is refused, nothing of it lands)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 import shardflow
+from shardflow.catalog import lease
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +148,24 @@ def test_a_second_program_is_refused_while_the_first_serves_and_takes_over_once_
         assert count_and_sum(db) == expected((0, 2000))
 
 
+def hang(pid: int, data_dir: Path) -> None:
+    """Stop ``pid`` (SIGSTOP) at a moment it holds no lock on the lease: stopped inside a
+    renewal (milliseconds), it would hold it until resumed, and the takeover this test is
+    about would be refused as waiting on a frozen process (tests/unit/test_lease.py)."""
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        fd = os.open(data_dir / lease.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: the stopped one holds none
+            return
+        except BlockingIOError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
+    raise AssertionError(f"process {pid} kept holding the lease's lock")
+
+
 def test_an_owner_that_hung_past_its_lease_cannot_write_late(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     other = OwnerProcess(data_dir, lease_ttl_s=2.0)
@@ -154,7 +174,7 @@ def test_an_owner_that_hung_past_its_lease_cannot_write_late(tmp_path: Path) -> 
     try:
         other.send("create 0 100")
         other.expect("acked")
-        os.kill(coordinator, signal.SIGSTOP)  # it hangs: no more lease renewals
+        hang(coordinator, data_dir)  # no more lease renewals
         deadline = time.monotonic() + WAIT_S
         while taken_over is None:
             try:

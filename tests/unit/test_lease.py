@@ -85,6 +85,35 @@ def test_a_released_lease_passes_on_and_renewals_notice_the_loss(tmp_path: Path)
     assert renew(data_dir, second)
 
 
+def test_a_process_frozen_inside_a_lease_change_keeps_no_one_waiting_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process stopped while it holds the lease's lock (the milliseconds of a renewal)
+    would keep every takeover on this machine waiting until it resumed: the wait is
+    bounded, and says so. Here a real stopped process holds it."""
+    data_dir = _data_dir(tmp_path)
+    holder = acquire(data_dir, "cluster-a", 0.2)
+    code = (
+        "import fcntl, os, signal, sys; fd = os.open(sys.argv[1], os.O_RDWR);"
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True);"
+        "os.kill(os.getpid(), signal.SIGSTOP)"
+    )
+    lock_path = str(tmp_path / "data" / lease.LOCK_FILE)
+    frozen = subprocess.Popen([sys.executable, "-c", code, lock_path], stdout=subprocess.PIPE)
+    try:
+        assert frozen.stdout is not None and frozen.stdout.readline() == b"locked\n"
+        monkeypatch.setattr(lease, "LOCK_WAIT_S", 0.3)
+        time.sleep(0.3)  # cluster-a's lease expires meanwhile
+        with pytest.raises(DataDirInUseError, match="stopped or frozen"):
+            acquire(data_dir, "cluster-b", 10.0)
+        with pytest.raises(DataDirInUseError, match="stopped or frozen"):
+            renew(data_dir, holder)
+    finally:
+        frozen.kill()
+        frozen.communicate()
+    assert acquire(data_dir, "cluster-b", 10.0).epoch == holder.epoch + 1  # once it is gone
+
+
 def test_a_stale_owner_writes_nothing_after_a_takeover(tmp_path: Path) -> None:
     """The old owner hung past its lease; a new one took over. Every kind of durable write
     of the old owner — catalog version, log entry, Parquet base, deletion — is refused and

@@ -35,6 +35,10 @@ from shardflow.catalog.store import LEASE_FILE, DataDir, OwnerToken
 from shardflow.errors import DataDirInUseError
 
 LOCK_FILE = "owner.lock"
+LOCK_WAIT_S = 10.0
+"""How long a lease change waits for another process of this machine to end its own: one
+takes milliseconds, so a process that holds the lock this long is frozen (stopped, or its
+machine stalled) and would keep every other one waiting for as long as it stays so."""
 TAKEOVER_GRACE_S = 1.0
 """How long a new owner waits after taking the lease from a holder that did not release it:
 ample for a single write that passed its ownership check before the takeover to finish."""
@@ -183,7 +187,20 @@ def _exclusive(data_dir: DataDir) -> Iterator[None]:
         return
     fd = os.open(data_dir.path(LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DataDirInUseError(
+                        f"the lease of data directory {data_dir.uri!r} is being changed by "
+                        f"another process of this machine that has held its lock "
+                        f"({LOCK_FILE}) for {LOCK_WAIT_S:g} s: it is stopped or frozen; "
+                        "resume or end it, then try again"
+                    ) from None
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)  # closing releases the lock

@@ -21,7 +21,14 @@ from shardflow.config import Settings
 from shardflow.control import balancer, cost, forecast
 from shardflow.control.health import HealthSettings, HealthTracker, Transition
 from shardflow.control.migration import MigrationPolicy, MigrationState, MovePlan
-from shardflow.errors import Error, MoveRefusedError, StorageError, UnknownShardError, WorkerGone
+from shardflow.errors import (
+    DataDirInUseError,
+    Error,
+    MoveRefusedError,
+    StorageError,
+    UnknownShardError,
+    WorkerGone,
+)
 from shardflow.runtime.coordinator.announce import Announcer
 from shardflow.runtime.coordinator.migrator import Migrator, record
 from shardflow.runtime.coordinator.state import CoordinatorState
@@ -134,8 +141,9 @@ class Controller:
                 if not self.state.renew_lease():
                     log.error("another cluster took over the data directory; stopping")
                     self._stop.set()
-            except (OSError, StorageError) as error:  # a flaky or full filesystem: the next
-                log.warning("renewing the data directory lease failed: %s", error)  # may work
+            except (OSError, StorageError, DataDirInUseError) as error:  # a flaky or full
+                # filesystem, or a frozen process holding the lease's lock: the next may work
+                log.warning("renewing the data directory lease failed: %s", error)
 
     def _resume(self) -> None:
         try:

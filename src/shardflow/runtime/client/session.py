@@ -294,16 +294,17 @@ class Session:
         salt = int(batch_id[:8], 16)
         whole = (table, buckets_for(table, spec, self.catalog.n_buckets, salt))
         pending = [whole]
-        commit = [spec.commit]
+        placed_at = spec.commit
         """The table's commit the parts placed so far went to: where it changes (the table
         was truncated) every part is placed again, or only some of the batch would stay."""
 
         def attempt() -> None:
+            nonlocal placed_at
             catalog = self.catalog
             now = catalog.table(spec.name).commit
-            if now != commit[0]:
+            if now != placed_at:
                 pending[:] = [whole]
-                commit[0] = now
+                placed_at = now
             rows = pa.concat_tables([t for t, _ in pending])
             buckets = np.concatenate([b for _, b in pending])
             pending.clear()
@@ -333,9 +334,8 @@ class Session:
                     failed = failed or error  # once the other parts have answered
             if failed is not None:
                 raise failed
-            if changed:
+            if changed:  # placed again, at the commit the refreshed routing has
                 pending[:] = [whole]
-                commit[0] = -1  # placed again at the commit the refreshed routing has
                 raise Unfinished(f"{spec.name} was truncated under the insert")
             if pending:
                 raise Unfinished(f"{len(pending)} part(s) of the insert to place again")

@@ -420,9 +420,10 @@ class WorkerNode(CatalogServing):
         if spec is None or shard.store.table_uid == spec.uid or unfenced("commits"):
             return
         now = self.catalog.tables.get(table)
-        if now is not None and now.uid == shard.store.table_uid:
-            raise Changed(table, spec.commit, now.commit)
-        raise Moved(f"{table} (a shard of files {shard.store.table_uid[:8]})", epoch)
+        stale = _stale(shard, now, epoch)
+        if stale is not None or now is None:
+            raise stale or Moved(f"{table} (dropped)", epoch)
+        raise Changed(table, spec.commit, now.commit)
 
     def check_commits(self, commits: Mapping[str, int], epoch: int) -> dict[str, TableSpec]:
         """Refuse a fragment or insert routed at another commit of a table than this node

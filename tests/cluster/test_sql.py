@@ -191,6 +191,10 @@ def test_db_sql_changes_tables_as_the_service_does(
         db.sql("TRUNCATE orders, lineitem")
     with pytest.raises(shardflow.UnknownTableError):
         db.sql("TRUNCATE no_such_table")
+    with pytest.raises(shardflow.SqlSyntaxError, match="LINE 1: TRUNCATE TABLE"):
+        db.sql("TRUNCATE TABLE")  # DuckDB's own message, pointing at the mistake
+    with pytest.raises(shardflow.QueryError, match="cannot read this TRUNCATE statement"):
+        db.sql("TRUNCATE orders WHERE o_orderkey = 1")
     with pytest.raises(shardflow.QueryError, match="one statement at a time"):
         db.sql("INSERT INTO orders SELECT * FROM orders; DROP TABLE orders")
     assert db.sql("SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 150_000}]

@@ -12,13 +12,19 @@ True
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
 
-from shardflow.errors import QueryError, SqlSyntaxError
+from shardflow.errors import QueryError
+from shardflow.sql.parse import syntax_error
+
+logging.getLogger("sqlglot").addFilter(
+    lambda record: "Falling back to parsing as a 'Command'" not in record.getMessage()
+)  # a statement SQLGlot reads only as text is refused here, saying so: no warning besides
 
 _CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate)\b", re.IGNORECASE)
 
@@ -67,8 +73,8 @@ def statement_of(sql: str) -> Change | None:
         return None
     try:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
-    except sqlglot.errors.ParseError as error:
-        raise SqlSyntaxError(str(error).splitlines()[0]) from None
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as error:
+        raise syntax_error(sql, error) from None
     if len(statements) != 1:
         raise QueryError("one statement at a time; split the text at ';'")
     statement = statements[0]
@@ -104,7 +110,9 @@ def statement_of(sql: str) -> Change | None:
             columns = tuple(c.name for c in target.expressions)
             return InsertInto(target.this.name, columns, source.sql("duckdb"))
         return InsertInto(target.name, None, source.sql("duckdb"))
+    what = sql.split(None, 1)[0].upper() if isinstance(statement, exp.Command) else None
     raise QueryError(
-        "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT, INSERT INTO "
-        f"... SELECT/VALUES and TRUNCATE; not {type(statement).__name__.upper()}"
+        "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT, INSERT INTO ... "
+        "SELECT/VALUES and TRUNCATE [TABLE] t"
+        + (f"; it cannot read this {what} statement" if what else f"; not {statement.key.upper()}")
     )

@@ -21,7 +21,14 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.errors import QueryError, StageRefused, StorageError, UnsupportedError
+from shardflow.errors import (
+    QueryError,
+    SchemaMismatchError,
+    StageRefused,
+    StorageError,
+    UnsupportedError,
+)
+from shardflow.storage.shard import RowRewrite
 from shardflow.storage.shard_store import CheckpointMeta
 
 log = logging.getLogger(__name__)
@@ -468,6 +475,66 @@ class NativeRows:
                 nbytes + base.meta.nbytes,
             )
         return rows, digest, nbytes
+
+    def write_change(self, path: str, lsn: int, change: RowRewrite) -> tuple[int, int, int, int]:
+        """The rows logged before ``lsn`` as ``change`` leaves them, written as a new
+        checkpoint file at ``path`` (at ``lsn``; every row is written again: the change's
+        rows may be anywhere in the base); its (rows, digest, Arrow bytes) and the rows
+        changed. Where none is, nothing is written. Values that do not fit their column
+        fail as DuckDB says (a ``duckdb.Error``), and so does a NULL set in a column that
+        takes none."""
+        with self._lock:
+            base = self._base
+            tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
+        logged = f"{LSN_COLUMN} < {int(lsn)}"
+        if base is not None:
+            logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
+        rows_then = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
+        if base is not None:
+            rows_then = f"SELECT * FROM {base.table} UNION ALL {rows_then}"
+        source = f"({rows_then}) AS {quote(change.alias)}"
+        matched = f"coalesce(({change.where}), false)" if change.where else "true"
+        found = self.engine.run(f"SELECT count(*) AS n FROM {source} WHERE {matched}")
+        changed = int(found.column("n")[0].as_py())
+        if not changed:
+            return 0, 0, 0, changed
+        if change.delete:
+            select = f"SELECT * FROM {source} WHERE NOT {matched}"
+        else:
+            replaced = ", ".join(
+                f"CASE WHEN {matched} THEN ({expression}) ELSE {quote(name)} END AS {quote(name)}"
+                for name, expression in change.sets
+            )
+            select = f"SELECT * REPLACE ({replaced}) FROM {source}"
+        name = f"{self.physical}_prep{next(_DATABASES)}"
+        table = f"{quote(name)}.main.{SHARD_TABLE}"
+        self.engine.attach_file(name, path)
+        try:
+            self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
+            self.engine.execute(f"INSERT INTO {table} {select}")
+            self._refuse_nulls(table, [column for column, _ in change.sets])
+            rows, digest = self.engine.checksum(f"SELECT * FROM {table}")
+            self._seal(name, lsn, fresh=True)
+        finally:
+            self.engine.detach(name)
+        before = tail_rows + (base.meta.rows if base is not None else 0)
+        weight = tail_bytes + (base.meta.nbytes if base is not None else 0)
+        return rows, digest, weight * rows // before if before else 0, changed
+
+    def _refuse_nulls(self, table: str, columns: list[str]) -> None:
+        """``SchemaMismatchError`` where one of ``columns`` that takes no NULL holds one."""
+        for column in columns:
+            field = self.schema.field(column)
+            if field.nullable:
+                continue
+            found = self.engine.run(
+                f"SELECT count(*) AS n FROM {table} WHERE {quote(column)} IS NULL"
+            ).column("n")[0]
+            if found.as_py():
+                raise SchemaMismatchError(
+                    f"column {column!r} takes no NULL: the UPDATE would set it in "
+                    f"{found.as_py()} row(s); nothing was changed"
+                )
 
     def _seal(self, name: str, lsn: int, *, fresh: bool) -> None:
         """Finish a checkpoint file being written: its index (a new file's), the LSN it

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from shardflow.errors import Moved, Retryable
+from shardflow.errors import Moved, Retryable, StorageError
 from shardflow.storage.held import Held, claim, covered, merge_held
 from shardflow.storage.shard_store import (
     RECENT_BATCH_IDS,
@@ -127,6 +127,18 @@ class RowStore(Protocol):
     def nbytes(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class RowRewrite:
+    """A change of a shard's rows, as a statement gives it (``DELETE``, ``UPDATE``): SQL
+    over the shard's rows named as the table (``alias``). Rows where ``where`` holds (all,
+    without one) are deleted, or get ``sets`` (column, expression over the old values)."""
+
+    alias: str
+    where: str | None
+    sets: tuple[tuple[str, str], ...] = ()
+    delete: bool = False
+
+
 @runtime_checkable
 class CheckpointRows(RowStore, Protocol):
     """A row store whose base is a checkpoint file it reads as it lies (a worker's DuckDB,
@@ -158,6 +170,12 @@ class CheckpointRows(RowStore, Protocol):
         ...
 
     def abandon_load(self) -> None: ...
+
+    def write_change(self, path: str, lsn: int, change: RowRewrite) -> tuple[int, int, int, int]:
+        """Write the rows logged before ``lsn`` as ``change`` leaves them, as a checkpoint
+        file at ``path`` (at ``lsn``); its (rows, digest, Arrow bytes) and the rows the
+        change changes. Nothing is written where it changes none (0, 0, 0, 0)."""
+        ...
 
     def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
         """Write every row logged up to ``lsn`` as a checkpoint file at ``path``; its
@@ -267,6 +285,13 @@ class Shard:
         self.ident = next(_IDENTS)
         """Tells this shard from every other in this process (a shard built again, by a
         move, a split or a failover, is another one)."""
+        self.committed: frozenset[str] = frozenset()
+        """Statements whose changes of rows the catalog holds as committed (as this shard
+        was made): a change prepared here for one of them takes effect at recovery."""
+        self.prepared: dict[str, int] = {}
+        """Changes of rows prepared here and not decided yet, by statement: the LSN each
+        holds. No checkpoint is written meanwhile (it would hold the rows unchanged past
+        that LSN, and a recovery would prefer it to the change once committed)."""
         self.keeps_recent = False
         """Keep the rows of the latest appends (:meth:`rows_since`): a copy of the shard
         elsewhere (its frame on a GPU) is kept current with them."""
@@ -300,7 +325,7 @@ class Shard:
         its pinned LSN comes from the source)."""
         for attempt in range(attempts):
             try:
-                recovered = self.store.recover(self.schema, upto)
+                recovered = self.store.recover(self.schema, upto, self.committed)
                 with self._lock:
                     if isinstance(self.data, CheckpointRows):
                         checkpoint = recovered.checkpoint
@@ -325,6 +350,7 @@ class Shard:
             self._applied = OrderedDict(recovered.applied)
             self._wal_entries = recovered.wal_entries
             self._wal_bytes = recovered.wal_bytes
+            self.prepared = dict(recovered.prepared) if upto is None else {}
         self.store.settle_claim(recovered.lsn)
 
     def _read_checkpoint(self, path: str) -> pa.Table:
@@ -544,14 +570,14 @@ class Shard:
             self._wal_entries >= self.policy.max_wal_entries
             or self._wal_bytes >= self.policy.max_wal_bytes
         )
-        if due and not self._checkpointing:
+        if due and not self._checkpointing and not self.prepared:
             self._start_checkpoint()
 
     def checkpoint(self) -> None:
         """Write the shard's rows as its new base now (after one being written finishes)."""
         self.wait_for_checkpoint()
         with self._lock:
-            if self.writer and self._wal_entries:
+            if self.writer and self._wal_entries and not self.prepared:
                 self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
@@ -630,6 +656,56 @@ class Shard:
     def _checkpoint_done(self) -> None:
         with self._lock:
             self._checkpointing = False
+            self._lock.notify_all()
+
+    # -- changes of rows (DELETE, UPDATE) ---------------------------------------------------
+    def prepare_change(self, statement: str, change: RowRewrite) -> int:
+        """Prepare ``statement``'s change of this shard's rows: the rows logged up to now
+        as it leaves them, written durably as a file beside the checkpoints that is not in
+        effect (``prep-<lsn>-<statement>``), at an LSN of its own; appends go on after it.
+        Answers the rows it changes (0: nothing is prepared). It takes effect when the
+        catalog holds the statement as committed: the shard made again from storage then
+        starts from it (:meth:`ShardStore.recover`); until then no checkpoint is written."""
+        if not isinstance(self.data, CheckpointRows) or not self.writer:
+            raise StorageError(f"{self.store.folder}: rows are changed on a writing copy only")
+        self.discard_prepared(statement)  # prepared before (a statement tried again)
+        with self._lock:
+            while self._checkpointing:
+                self._lock.wait()
+            if self.retired or self.fenced:
+                raise Moved(self.store.folder, -1)
+            self.lsn += 1
+            lsn = self.lsn
+            self.prepared[statement] = lsn
+            applied = dict(self._applied)
+        try:
+            written = self.store.new_prepared(lsn, statement, self.data.scratch)
+            try:
+                rows, digest, nbytes, changed = self.data.write_change(written.path, lsn, change)
+                if changed:
+                    written.finish(rows, digest, nbytes, applied)
+                else:
+                    written.abandon()
+            except BaseException:
+                written.abandon()
+                raise
+        except BaseException:
+            self._forget_prepared(statement)
+            raise
+        if not changed:
+            self._forget_prepared(statement)
+        return changed
+
+    def discard_prepared(self, statement: str) -> None:
+        """Drop the change ``statement`` prepared here (aborted): its file goes, and the
+        shard checkpoints again once no other is prepared."""
+        if statement in self.prepared:
+            self.store.discard_prepared(statement)
+            self._forget_prepared(statement)
+
+    def _forget_prepared(self, statement: str) -> None:
+        with self._lock:
+            self.prepared.pop(statement, None)
             self._lock.notify_all()
 
     def adopt(self, applied: Applied) -> None:

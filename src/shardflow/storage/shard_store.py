@@ -14,6 +14,10 @@ Layout under ``<data dir>/tables/<table uid>/<shard>/``::
                                   (<holder>: the token of the copy that logged it)
     holder.json                   the copies that claimed to write the shard, the last one
                                   its writer now (see below)
+    prep-<lsn>-<statement>.duckdb the shard's rows up to <lsn> as a statement that changes
+    prep-<lsn>-<statement>.json   rows (DELETE, UPDATE) would leave them, prepared and not in
+                                  effect: it becomes ckpt-<lsn> once the catalog holds the
+                                  statement as committed (see ``Shard.prepare_change``)
 
 Each entry is its own file, written whole and renamed into place (or put as one object on
 an object store), so recovery never sees a torn entry. A checkpoint writes a new base and
@@ -49,7 +53,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -78,8 +82,10 @@ a checkpoint since has covered them, or they are in every later holder's recover
 UNFENCED_VARIABLE = "SHARDFLOW_TEST_UNFENCED"
 """Tests only: a comma list of the per-shard fences switched off — ``writes`` (an insert is
 acknowledged without the check), ``reads``, ``checkpoints`` and ``recovery`` (an older
-holder's late entries are recovered), and ``commits`` (a worker serves a fragment or insert
-routed at another commit of a table, ``TRUNCATE``) — whose tests must then fail."""
+holder's late entries are recovered), ``commits`` (a worker serves a fragment or insert
+routed at another commit of a table, ``TRUNCATE``), and ``atomic`` (the coordinator commits
+a change of rows some of whose parts failed to prepare: the parts prepared take effect) —
+whose tests must then fail."""
 
 
 def unfenced(what: str) -> bool:
@@ -134,6 +140,8 @@ class Recovered:
     checkpoint: str | None = None
     """The checkpoint file the shard starts from (None: a Parquet base, or none)."""
     meta: CheckpointMeta | None = None
+    prepared: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Changes of rows prepared and not decided, by statement: the LSN each holds."""
 
 
 def shard_folder(data_dir: DataDir, table_uid: str, shard: str) -> str:
@@ -289,12 +297,24 @@ class ShardStore:
             if covered is not None and name not in kept and covered <= lsn:
                 self._dir.delete(self._path(name))
 
-    def recover(self, schema: pa.Schema, upto: int | None = None) -> Recovered:
+    def recover(
+        self, schema: pa.Schema, upto: int | None = None, committed: Collection[str] = ()
+    ) -> Recovered:
         """The shard's durable state: its newest base (a checkpoint file, named, or a
         Parquet base, read) and the log entries after it. With ``upto`` no entry past it,
         unless the base itself is newer (a live move's target: the source's pinned LSN;
-        what came after reaches it from the source)."""
+        what came after reaches it from the source). A prepared change whose statement is
+        in ``committed`` takes effect first (its file becomes the newest checkpoint); the
+        others are answered as pending, and the LSN answered is past them (an append must
+        not take an LSN a prepared change holds)."""
         names = self._dir.list(self.folder)
+        prepared = _prepared_in(names)
+        if any(statement in committed for statement in prepared):
+            for statement in prepared:
+                if statement in committed:
+                    self.commit_prepared(statement)
+            names = self._dir.list(self.folder)
+            prepared = _prepared_in(names)
         bases = sorted(
             (lsn, name)
             for name in names
@@ -345,7 +365,49 @@ class ShardStore:
             wal_entries += 1
             wal_bytes += len(payload)
         recent = dict(list(applied.items())[-RECENT_BATCH_IDS:])
-        return Recovered(tables, lsns, lsn, recent, wal_entries, wal_bytes, checkpoint, meta)
+        if upto is None:
+            lsn = max([lsn, *prepared.values()])
+        return Recovered(
+            tables, lsns, lsn, recent, wal_entries, wal_bytes, checkpoint, meta, prepared
+        )
+
+    # -- prepared changes of rows ----------------------------------------------------------
+    def new_prepared(self, lsn: int, statement: str, scratch: str) -> CheckpointFile:
+        """A file of the shard's rows up to ``lsn`` as ``statement`` changes them, to write:
+        durable at :meth:`CheckpointFile.finish`, in effect only at :meth:`commit_prepared`."""
+        return CheckpointFile(self, lsn, scratch, prepared=statement)
+
+    def commit_prepared(self, statement: str) -> bool:
+        """Put the change ``statement`` prepared in effect: its file becomes the shard's
+        newest checkpoint (its record first, then the file), and what that covers goes.
+        Only while this copy holds the shard. False where none is prepared here."""
+        found = [
+            (lsn, name)
+            for name in self._dir.list(self.folder)
+            if (lsn := _prepared_lsn(name, statement)) is not None
+        ]
+        if not found:
+            return False
+        lsn, name = found[0]
+        final = _checkpoint_name(lsn)
+        self._dir.check_owner()
+        self.check_claim("checkpoints")
+        self._dir.write_atomic(
+            self._path(_meta_name(final)), self._dir.read(self._path(_meta_name(name)))
+        )
+        self._dir.fs.move(self._path(name), self._path(final))
+        self.sync_dir()
+        self._dir.delete(self._path(_meta_name(name)))
+        self._supersede(lsn, final)
+        return True
+
+    def discard_prepared(self, statement: str) -> None:
+        """Forget the change ``statement`` prepared here (it was aborted, or is prepared
+        again)."""
+        for name in self._dir.list(self.folder):
+            if _prepared_lsn(name, statement) is not None:
+                self._dir.delete(self._path(_meta_name(name)), fenced=False)
+                self._dir.delete(self._path(name), fenced=False)
 
     # -- checkpoint files ----------------------------------------------------------------
     def checkpoint_meta(self, name: str) -> CheckpointMeta:
@@ -450,10 +512,14 @@ class CheckpointFile:
     """A checkpoint file being written (by the engine, at :attr:`path`): it becomes the
     shard's base at :meth:`finish`, durably and atomically, not before."""
 
-    def __init__(self, store: ShardStore, lsn: int, scratch: str) -> None:
+    def __init__(
+        self, store: ShardStore, lsn: int, scratch: str, prepared: str | None = None
+    ) -> None:
         self.store = store
         self.lsn = lsn
-        self.name = _checkpoint_name(lsn)
+        self.prepared = prepared
+        """The statement whose change of rows this file prepares (None: a checkpoint)."""
+        self.name = _checkpoint_name(lsn) if prepared is None else _prepared_name(lsn, prepared)
         self.final = store._path(self.name)
         if store._dir.local:
             self.path = f"{self.final}.tmp-{os.getpid()}-{id(self)}"
@@ -495,8 +561,9 @@ class CheckpointFile:
         except BaseException:
             self.abandon()
             raise
-        _inject_checkpoint_fault(store, self.final)
-        store._supersede(self.lsn, self.name)
+        if self.prepared is None:  # a prepared change takes effect at its commit
+            _inject_checkpoint_fault(store, self.final)
+            store._supersede(self.lsn, self.name)
         return meta
 
     def abandon(self) -> None:
@@ -562,6 +629,28 @@ def _entry_of(name: str) -> tuple[str, str]:
 
 
 _ENTRY = re.compile(r"wal-\d{12}-(?P<batch>.+?)(?:\.(?P<holder>[0-9a-f]{16}))?\.arrow")
+
+
+_PREPARED = re.compile(r"prep-(?P<lsn>\d{12})-(?P<statement>[0-9A-Za-z_-]+)\.duckdb")
+
+
+def _prepared_name(lsn: int, statement: str) -> str:
+    return f"prep-{lsn:012d}-{statement}.duckdb"
+
+
+def _prepared_lsn(name: str, statement: str) -> int | None:
+    """The LSN of the change ``statement`` prepared, where ``name`` is its file."""
+    found = _PREPARED.fullmatch(name)
+    return int(found["lsn"]) if found and found["statement"] == statement else None
+
+
+def _prepared_in(names: list[str]) -> dict[str, int]:
+    """The changes prepared among ``names``: per statement, its LSN."""
+    return {
+        found["statement"]: int(found["lsn"])
+        for name in names
+        if (found := _PREPARED.fullmatch(name)) is not None
+    }
 
 
 def _checkpoint_name(lsn: int) -> str:

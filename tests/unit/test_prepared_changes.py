@@ -1,0 +1,149 @@
+"""A change of a shard's rows (DELETE, UPDATE) prepared as a file beside its checkpoints:
+durable and not in effect until its statement is committed, then the newest checkpoint a
+shard made again from storage starts from; appends made meanwhile are kept after it, and a
+prepared change never reads or hides rows logged after its LSN. Real DuckDB, real files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from shardflow.catalog import DataDir
+from shardflow.engine import DuckDBEngine
+from shardflow.errors import SchemaMismatchError
+from shardflow.storage import RowRewrite, Shard, ShardStore
+
+SCHEMA = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("n", pa.int64())]
+)
+
+
+def rows(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table({"id": ids, "name": [f"r{i}" for i in ids], "n": ids}, schema=SCHEMA)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[DuckDBEngine]:
+    made = DuckDBEngine(threads=1, file_folders=[str(tmp_path)])
+    yield made
+    made.close()
+
+
+_made = iter(range(1_000_000))
+
+
+def shard_of(engine: DuckDBEngine, data: Path, committed: frozenset[str] = frozenset()) -> Shard:
+    """The shard made (again) from its files, as a worker makes it."""
+    native = engine.native_rows(f"t_{next(_made)}", SCHEMA, index="id")
+    store = ShardStore(DataDir.resolve(str(data)), "table-uid", "0")
+    shard = Shard(store, SCHEMA, rows=native)
+    shard.committed = committed
+    shard.claim("n0", 1, recovering=True)
+    shard.recover()
+    return shard
+
+
+def loaded(engine: DuckDBEngine, data: Path) -> Shard:
+    """1,000 rows loaded, two inserts of ten, a checkpoint, one more insert."""
+    shard = shard_of(engine, data)
+    shard.stage(rows(0, 1000))
+    shard.commit_load()
+    shard.append(rows(2000, 10), "b0")
+    shard.append(rows(2010, 10), "b1")
+    shard.checkpoint()
+    shard.append(rows(2020, 10), "b2")
+    return shard
+
+
+def table(shard: Shard) -> dict[int, tuple[str, int]]:
+    found = shard.snapshot().to_pylist()
+    return {row["id"]: (row["name"], row["n"]) for row in found}
+
+
+def folder(data: Path) -> list[str]:
+    return sorted(p.name for p in (data / "tables" / "table-uid" / "0").iterdir())
+
+
+def test_a_prepared_delete_takes_effect_only_once_committed(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    shard = loaded(engine, tmp_path)
+    before = table(shard)
+    change = RowRewrite("t", "id % 2 = 0 OR id >= 2025", delete=True)
+    # the even ids, and the odd ones from 2025
+    assert shard.prepare_change("s1", change) == 500 + 15 + 3
+    assert any(name.startswith("prep-") for name in folder(tmp_path))
+    shard.append(rows(3000, 4), "b3")  # after the change's LSN: not deleted by it
+    assert table(shard) == {**before, **{i: (f"r{i}", i) for i in range(3000, 3004)}}
+    # not committed: a shard made again from storage has every row still
+    again = shard_of(engine, tmp_path)
+    assert table(again) == table(shard)
+    assert again.prepared == {"s1": shard.prepared["s1"]}
+    assert again.lsn >= shard.lsn  # the prepared change's LSN is not taken again
+    # committed: the shard made again starts from it, the later insert kept
+    applied = shard_of(engine, tmp_path, frozenset({"s1"}))
+    expected = {i: v for i, v in table(shard).items() if i >= 3000 or not (i % 2 == 0 or i >= 2025)}
+    assert table(applied) == expected
+    assert not any(name.startswith("prep-") for name in folder(tmp_path))
+    assert applied.prepared == {}
+    # and stays so at the next restart, checkpointed or not
+    applied.checkpoint()
+    assert table(shard_of(engine, tmp_path)) == expected
+
+
+def test_a_prepared_update_sets_values_from_the_old_ones_and_keeps_the_rows(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    shard = loaded(engine, tmp_path)
+    change = RowRewrite("t", "t.id < 10", sets=(("n", "n * 100 + id"), ("name", "upper(name)")))
+    assert shard.prepare_change("u1", change) == 10
+    applied = shard_of(engine, tmp_path, frozenset({"u1"}))
+    found = table(applied)
+    assert len(found) == 1030
+    assert found[3] == ("R3", 303)
+    assert found[10] == ("r10", 10)
+
+
+def test_a_change_of_no_row_prepares_nothing_and_a_discarded_one_leaves_no_trace(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    shard = loaded(engine, tmp_path)
+    assert shard.prepare_change("none", RowRewrite("t", "id < 0", delete=True)) == 0
+    assert not any(name.startswith("prep-") for name in folder(tmp_path))
+    assert shard.prepare_change("s2", RowRewrite("t", None, delete=True)) == 1030
+    shard.discard_prepared("s2")
+    assert not any(name.startswith("prep-") for name in folder(tmp_path))
+    assert len(table(shard_of(engine, tmp_path, frozenset({"s2"})))) == 1030
+
+
+def test_no_checkpoint_is_written_while_a_change_is_prepared(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    """A checkpoint past the prepared LSN would hold the rows unchanged, and recovery
+    takes the newest: the change, committed later, would be lost."""
+    shard = loaded(engine, tmp_path)
+    checkpoints = [name for name in folder(tmp_path) if name.startswith("ckpt-")]
+    shard.prepare_change("s3", RowRewrite("t", "id < 100", delete=True))
+    shard.append(rows(4000, 5), "b4")
+    shard.checkpoint()
+    assert [name for name in folder(tmp_path) if name.startswith("ckpt-")] == checkpoints
+    applied = shard_of(engine, tmp_path, frozenset({"s3"}))
+    assert min(table(applied)) == 100
+    assert 4004 in table(applied)
+
+
+def test_a_value_that_does_not_fit_or_a_null_in_a_column_without_nulls_changes_nothing(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    shard = loaded(engine, tmp_path)
+    with pytest.raises(duckdb.Error):
+        shard.prepare_change("bad", RowRewrite("t", "id = 1", sets=(("n", "'x'"),)))
+    with pytest.raises(SchemaMismatchError, match="takes no NULL"):
+        shard.prepare_change("null", RowRewrite("t", "id = 1", sets=(("id", "NULL"),)))
+    assert shard.prepared == {}
+    assert not any(name.startswith("prep-") for name in folder(tmp_path))

@@ -31,7 +31,14 @@ from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerI
 from shardflow.runtime.query.executor import ExecutionReport
 from shardflow.runtime.query.profiling import build_profile
 from shardflow.sql.parameters import bind
-from shardflow.sql.statements import Change, CreateTableAs, DropTable, Truncate, statement_of
+from shardflow.sql.statements import (
+    Change,
+    ChangeRows,
+    CreateTableAs,
+    DropTable,
+    Truncate,
+    statement_of,
+)
 from shardflow.telemetry.profile import QueryProfile
 
 MAX_LOCAL_WORKERS = 64
@@ -400,6 +407,9 @@ class Database:
         tables, as the Flight SQL service runs it: ``INSERT INTO t [(columns)] SELECT ... |
         VALUES ...`` (answers ``count``, the rows appended), ``TRUNCATE [TABLE] t``
         (answers ``count``, the rows it held; every query sees the table whole or empty),
+        ``DELETE FROM t [WHERE ...]`` and ``UPDATE t SET c = e, ... [WHERE ...]`` (answer
+        ``count``, the rows changed; all or nothing across shards, and every query sees
+        the change on every shard or on none),
         ``CREATE TABLE t AS SELECT ...`` and ``DROP TABLE [IF EXISTS] t`` (answer
         nothing). ``params`` fill the
         statement's ``?`` placeholders in order (or ``$1``, ``$2`` ... by number) as values,
@@ -420,6 +430,9 @@ class Database:
             return pa.table({})
         if isinstance(change, Truncate):
             count = self._session_or_raise().truncate_table(change.name)
+            return pa.table({"count": pa.array([count], pa.int64())})
+        if isinstance(change, ChangeRows):
+            count = self._session_or_raise().change_rows(change)
             return pa.table({"count": pa.array([count], pa.int64())})
         rows = self.sql(change.query)
         if isinstance(change, CreateTableAs):

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +86,21 @@ class Group:
         return highs, ids
 
 
+CHANGES_KEPT = 256
+"""Committed changes of rows a table's record keeps (:attr:`TableSpec.changes`)."""
+
+
+class RowChange(NamedTuple):
+    """A committed statement that changed a table's rows."""
+
+    commit: int
+    """The table's commit number it made."""
+    statement: str
+    """Its id (the client's, as batch ids are for inserts)."""
+    rows: int
+    """The rows it changed."""
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A table: its schema, how it is distributed, and where its files live (``uid``)."""
@@ -105,6 +120,10 @@ class TableSpec:
     """The table's commit number: how many times its rows were changed otherwise than by
     adding to them (``TRUNCATE`` gives it new, empty files). A query reads every table at
     the commit its routing had, on every worker, or is run again (``Changed``)."""
+    changes: tuple[RowChange, ...] = ()
+    """The latest statements that changed its rows (``DELETE``, ``UPDATE``), newest last
+    (at most :data:`CHANGES_KEPT`): a shard holding a prepared change applies it once its
+    statement is here, and a statement retried with its id is answered from here."""
 
     @property
     def distributed(self) -> bool:
@@ -131,6 +150,7 @@ class TableSpec:
             "key_index": self.key_index,
             "grants": [list(grant) for grant in self.grants],
             "commit": self.commit,
+            "changes": [list(change) for change in self.changes],
         }
 
     @classmethod
@@ -147,7 +167,12 @@ class TableSpec:
             data.get("key_index", False),
             tuple(tuple(g) for g in data["grants"]) if "grants" in data else SHARED,
             data.get("commit", 0),
+            tuple(RowChange(*change) for change in data.get("changes", ())),
         )
+
+    def change(self, statement: str) -> RowChange | None:
+        """The committed change of rows made by ``statement``, if it is one kept."""
+        return next((c for c in self.changes if c.statement == statement), None)
 
 
 @dataclass(frozen=True)
@@ -403,6 +428,18 @@ class Catalog:
         number; its units, grants and everything else kept."""
         spec = self.table(name)
         renewed = dataclasses.replace(spec, uid=uid, rows=0, commit=spec.commit + 1)
+        tables = {k: v for k, v in self.tables.items() if k != spec.name}
+        return self._next(tables=MappingProxyType({**tables, spec.name: renewed}))
+
+    def with_rows_changed(self, name: str, statement: str, rows: int, deleted: int) -> Catalog:
+        """The table ``name`` after ``statement`` changed ``rows`` of its rows (``deleted``
+        of them are gone): the next commit number, the statement kept with it."""
+        spec = self.table(name)
+        commit = spec.commit + 1
+        changes = (*spec.changes, RowChange(commit, statement, rows))[-CHANGES_KEPT:]
+        renewed = dataclasses.replace(
+            spec, rows=max(0, spec.rows - deleted), commit=commit, changes=changes
+        )
         tables = {k: v for k, v in self.tables.items() if k != spec.name}
         return self._next(tables=MappingProxyType({**tables, spec.name: renewed}))
 

@@ -39,6 +39,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.query.fragments import WorkerCalls
 from shardflow.runtime.worker.node import WorkerNode
+from shardflow.storage import RowRewrite
 
 if TYPE_CHECKING:
     from shardflow.catalog import OwnerToken, TableSpec
@@ -185,6 +186,19 @@ class LocalWorker:
 
     def abort_export(self, move_id: str) -> Reply[None]:
         return self._call(lambda: self.node.source.abort(move_id))
+
+    def prepare_change(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        change: RowRewrite,
+        units: Sequence[int] | None = None,
+    ) -> Reply[dict[int, int]]:
+        return self._call(lambda: self.node.prepare_change(table, statement, commit, change, units))
+
+    def abort_change(self, table: str, statement: str) -> Reply[None]:
+        return self._call(lambda: self.node.abort_change(table, statement))
 
     # a move, as its target
     def memory_headroom(self) -> Reply[int]:
@@ -344,6 +358,11 @@ class LocalCoordinator:
 
     def truncate_table(self, name: str) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.truncate_table(name))
+
+    def change_rows(
+        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+    ) -> Reply[dict[str, Any]]:
+        return self._call(lambda: self.node.change_rows(name, statement, change, units))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.set_grants(name, [list(g) for g in grants]))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from shardflow.catalog import OwnerToken, TableSpec
     from shardflow.control.migration import Checksum, MovePlan, SourceChecksums
-    from shardflow.storage.shard import Change
+    from shardflow.storage.shard import Change, RowRewrite
     from shardflow.storage.shard_store import Applied
     from shardflow.telemetry.devices import DeviceState, MemoryState, NodeProfile
 
@@ -352,6 +352,21 @@ class Worker(Protocol):
     def drop_retired(self, move_id: str) -> Reply[bool]: ...
     def abort_export(self, move_id: str) -> Reply[None]: ...
 
+    # a change of rows (DELETE, UPDATE), in two phases
+    def prepare_change(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        change: RowRewrite,
+        units: Sequence[int] | None = None,
+    ) -> Reply[dict[int, int]]:
+        """Prepare the change in this node's shards of ``table``, durably and not in
+        effect; the rows each changes. It takes effect once the catalog holds it committed."""
+        ...
+
+    def abort_change(self, table: str, statement: str) -> Reply[None]: ...
+
     # a move, as its target
     def memory_headroom(self) -> Reply[int]: ...
     def copy_snapshot(self, plan: MovePlan, bandwidth_bytes_s: float) -> Reply[CopyResult]:
@@ -511,6 +526,15 @@ class Coordinator(Protocol):
     def truncate_table(self, name: str) -> Reply[CatalogJson]:
         """Empty ``name``: new files and the next commit number, every node told before
         the answer (the table's routing); its old files are deleted."""
+        ...
+
+    def change_rows(
+        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+    ) -> Reply[dict[str, Any]]:
+        """Change rows of ``name`` all or nothing (``DELETE``, ``UPDATE``), once per
+        ``statement`` id: prepared on every shard (of ``units``; None: all), the decision
+        logged in the catalog, every node told before the answer: ``rows`` changed, the
+        table's ``routing``. A statement already committed is answered as it was."""
         ...
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:

@@ -213,13 +213,26 @@ class Access:
 
 def needs_of(tree: exp.Expr) -> Needs:
     """The tables a parsed statement reads, and the one it writes (INSERT's target, with
-    INSERT; TRUNCATE's, with DELETE; a table a CREATE makes is new, a DROP needs OWNER: the
-    caller checks those)."""
+    INSERT; TRUNCATE's and DELETE's, with DELETE; UPDATE's, with UPDATE; a table a CREATE
+    makes is new, a DROP needs OWNER: the caller checks those)."""
     ctes = {key(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
     target: str | None = None
     if isinstance(tree, exp.TruncateTable):
         emptied = [t.name for t in tree.expressions if isinstance(t, exp.Table)]
         return Needs((), emptied[0] if emptied else None, "DELETE")
+    if isinstance(tree, exp.Delete | exp.Update):
+        changed = tree.this.name if isinstance(tree.this, exp.Table) else None
+        verb = "DELETE" if isinstance(tree, exp.Delete) else "UPDATE"
+        reads = [
+            name
+            for part in ("where", "using", "from_", "expressions")
+            for value in _as_list(tree.args.get(part))
+            for name in _table_names(value, ctes)
+        ]
+        values = [a.expression for a in tree.expressions if isinstance(a, exp.EQ)]
+        if changed and (tree.args.get("where") or any(v.find(exp.Column) for v in values)):
+            reads.insert(0, changed)  # it reads the rows it chooses (as PostgreSQL asks)
+        return Needs(tuple(dict.fromkeys(reads)), changed, verb)
     if isinstance(tree, exp.Insert):
         into = tree.this
         target = (into.this if isinstance(into, exp.Schema) else into).name
@@ -228,6 +241,12 @@ def needs_of(tree: exp.Expr) -> Needs:
         tree = tree.expression
     reads = [] if tree is None else list(_table_names(tree, ctes))
     return Needs(tuple(dict.fromkeys(reads)), target)
+
+
+def _as_list(value: object) -> list[exp.Expr]:
+    """A statement's part as a list of expressions (none, one, or several)."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, exp.Expr)]
 
 
 def needs_of_text(query: str, tables: Iterable[str]) -> Needs:

@@ -223,7 +223,8 @@ _HIDDEN: dict[str, str] = {}
 
 
 def _rows_changed(answer: pa.Table) -> int:
-    """The rows a statement added or emptied (its ``count``: INSERT, TRUNCATE), as a Flight
+    """The rows a statement added, changed or emptied (its ``count``: INSERT, UPDATE,
+    DELETE, TRUNCATE), as a Flight
     SQL update answers them; -1 (unknown) for the others."""
     if answer.column_names != ["count"]:
         return -1

@@ -120,9 +120,10 @@ def parse(sql: str) -> exp.Expr:
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
         hint = (
-            "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), empties "
-            "tables (TRUNCATE t), makes tables (CREATE TABLE ... AS SELECT, "
-            "db.create_table()) and drops them; it does not change or delete rows yet"
+            "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), changes "
+            "and deletes them (UPDATE, DELETE), empties tables (TRUNCATE t), makes tables "
+            "(CREATE TABLE ... AS SELECT, db.create_table()) and drops them, each through "
+            "db.sql(), not as a query"
             if isinstance(tree, CHANGES)
             else "write it as a SELECT"
         )

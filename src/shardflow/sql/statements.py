@@ -1,6 +1,7 @@
 """The statements that change tables, read once for every door: ``db.sql``, the Flight SQL
 service and the command line run ``DROP TABLE [IF EXISTS] t``, ``CREATE TABLE t AS
-<query>``, ``INSERT INTO t [(columns)] <query> | VALUES ...`` and ``TRUNCATE [TABLE] t``
+<query>``, ``INSERT INTO t [(columns)] <query> | VALUES ...``, ``TRUNCATE [TABLE] t``,
+``DELETE FROM t [WHERE ...]`` and ``UPDATE t SET c = e, ... [WHERE ...]``
 through this one reading (what to do, and the query that gives the rows); everything else
 is a query.
 
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
-from shardflow.errors import QueryError
+from shardflow.errors import QueryError, UnsupportedError
 from shardflow.sql.parse import syntax_error
 
 logging.getLogger("sqlglot").addFilter(
     lambda record: "Falling back to parsing as a 'Command'" not in record.getMessage()
 )  # a statement SQLGlot reads only as text is refused here, saying so: no warning besides
 
-_CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate)\b", re.IGNORECASE)
+_CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate|delete|update)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,23 @@ class Truncate:
     name: str
 
 
-Change = DropTable | CreateTableAs | InsertInto | Truncate
+@dataclass(frozen=True)
+class ChangeRows:
+    """``DELETE FROM t [WHERE ...]`` or ``UPDATE t SET c = e, ... [WHERE ...]``: SQL over
+    the table's own rows, named ``alias`` (the table's name, or the alias it was given)."""
+
+    name: str
+    alias: str
+    where: str | None
+    sets: tuple[tuple[str, str], ...] = ()
+    """Per column set, its new value (an expression over the row's old values)."""
+
+    @property
+    def delete(self) -> bool:
+        return not self.sets
+
+
+Change = DropTable | CreateTableAs | InsertInto | Truncate | ChangeRows
 
 
 def changes_tables(sql: str) -> bool:
@@ -110,9 +127,50 @@ def statement_of(sql: str) -> Change | None:
             columns = tuple(c.name for c in target.expressions)
             return InsertInto(target.this.name, columns, source.sql("duckdb"))
         return InsertInto(target.name, None, source.sql("duckdb"))
+    if isinstance(statement, exp.Delete | exp.Update):
+        return _change_rows(statement)
     what = sql.split(None, 1)[0].upper() if isinstance(statement, exp.Command) else None
     raise QueryError(
         "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT, INSERT INTO ... "
-        "SELECT/VALUES and TRUNCATE [TABLE] t"
+        "SELECT/VALUES, DELETE, UPDATE and TRUNCATE [TABLE] t"
         + (f"; it cannot read this {what} statement" if what else f"; not {statement.key.upper()}")
+    )
+
+
+def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
+    """A DELETE or UPDATE of one table's rows by its own values. What it would read of
+    other tables (``USING``, ``FROM``, a subquery) or give back (``RETURNING``) is refused
+    saying so: each shard evaluates it over its own rows."""
+    verb = "DELETE" if isinstance(statement, exp.Delete) else "UPDATE"
+    target = statement.this
+    if not isinstance(target, exp.Table) or not target.name:
+        raise QueryError(f"{verb} names no table")
+    for part, what in (("using", "USING"), ("from_", "FROM"), ("from", "FROM")):
+        if statement.args.get(part):
+            raise UnsupportedError(
+                f"{verb} ... {what} (rows chosen by another table) is not supported yet: "
+                f"{verb} chooses rows by the table's own values"
+            )
+    if statement.args.get("returning"):
+        raise UnsupportedError(f"{verb} ... RETURNING is not supported yet; it answers the count")
+    where = statement.args.get("where")
+    condition = where.this if isinstance(where, exp.Where) else None
+    sets: list[tuple[str, str]] = []
+    if isinstance(statement, exp.Update):
+        for assignment in statement.expressions:
+            if not isinstance(assignment, exp.EQ) or not isinstance(assignment.this, exp.Column):
+                raise QueryError("UPDATE sets columns: UPDATE t SET c = value, ...")
+            sets.append((assignment.this.name, assignment.expression.sql("duckdb")))
+    for part in [condition, *(a.expression for a in statement.expressions)]:
+        if part is not None and part.find(exp.Query) is not None:
+            raise UnsupportedError(
+                f"{verb} with a subquery is not supported yet: each shard evaluates the "
+                "statement over its own rows; compute the values first and name them"
+            )
+    alias = target.alias or target.name
+    return ChangeRows(
+        target.name,
+        alias,
+        condition.sql("duckdb") if condition is not None else None,
+        tuple(sets),
     )

@@ -35,7 +35,7 @@ def half_told(tmp_path: Path) -> Iterator[tuple[LocalCluster, str, str]]:
     told, behind = holders
     cluster.workers.get(told).sync(cluster.state.catalog_json()).get()
     yield cluster, told, behind
-    cluster.state.end_truncate("events")
+    cluster.state.end_change("events")
     cluster.state.delete_files(old_uid)
     cluster.close()
 
@@ -109,7 +109,7 @@ def test_a_truncate_waits_for_the_moves_of_its_shards_and_holds_new_ones_back(
             target=lambda: emptied.append(cluster.session.truncate_table("events"))
         )
         truncating.start()
-        while "events" not in cluster.state.truncating.values():
+        while ("events", "truncated") not in cluster.state.changing.values():
             threading.Event().wait(0.01)
         with pytest.raises(MoveRefusedError, match="being truncated"):
             cluster.migrate(second.unit_id, first.node)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -32,10 +33,13 @@ from shardflow.errors import (
     Changed,
     ClusterError,
     Error,
+    QueryError,
     ResultLost,
     Retryable,
+    UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
+    UnsupportedError,
 )
 from shardflow.runtime.client.loads import Loader, Progress
 from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
@@ -60,10 +64,13 @@ from shardflow.runtime.query.planning import Binder, PlanCache, PlannedQuery, an
 from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
 from shardflow.sql.parse import named_tables
+from shardflow.sql.statements import ChangeRows
+from shardflow.storage import RowRewrite
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route
 
 log = logging.getLogger(__name__)
+_STATEMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 T = TypeVar("T")
 QUERY_ATTEMPTS = 3
 """Times a query runs again when its intermediate results were lost, or when it is planned
@@ -460,6 +467,47 @@ class Session:
         counted, _ = self.query(f'SELECT count(*) FROM "{spec.name}"')
         self._change(f"truncate {spec.name}", lambda c: c.truncate_table(spec.name))
         return int(counted.column(0)[0].as_py())
+
+    def change_rows(self, change: ChangeRows, statement: str | None = None) -> int:
+        """Delete or update rows of a table (``DELETE``, ``UPDATE``) all or nothing across
+        its shards; answers the rows changed. ``statement``: the statement's id (a new one
+        if None); tried again with the same id, it is applied once. A query sees it on
+        every shard or on none (it is the table's next commit)."""
+        spec = self.table_spec(change.name)
+        if not spec.distributed:
+            raise UnsupportedError(
+                f"{spec.name} is replicated (a copy on every node): DELETE and UPDATE change "
+                "distributed tables only, for now"
+            )
+        sets = []
+        for column, expression in change.sets:
+            field = spec.find_column(column)
+            if field is None:
+                raise UnknownColumnError(
+                    f"table {spec.name!r} has no column {column!r}; it has "
+                    f"{', '.join(spec.schema.names)}"
+                )
+            if spec.key is not None and field.name == spec.key:
+                raise UnsupportedError(
+                    f"UPDATE of {spec.name}'s distribution key {spec.key!r} is not supported "
+                    "yet (the row would move to another shard): DELETE it and INSERT it again"
+                )
+            sets.append((field.name, expression))
+        # the statement's SQL is read as a query's is first (columns, types, functions
+        # refused): a mistake is said before any shard prepares anything
+        values = ", ".join(f"({expression})" for _, expression in sets) or "count(*)"
+        where = f" WHERE {change.where}" if change.where else ""
+        self.query(f'SELECT {values} FROM "{spec.name}" AS "{change.alias}"{where} LIMIT 0')
+        rewrite = RowRewrite(change.alias, change.where, tuple(sets), delete=change.delete)
+        statement = statement or uuid.uuid4().hex
+        if not _STATEMENT_ID.fullmatch(statement):
+            raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")
+        answer = self.retrying(
+            f"{'DELETE' if change.delete else 'UPDATE'} of {spec.name}",
+            lambda: self.coordinator.change_rows(spec.name, statement, rewrite).get(),
+        )
+        self.refresh([spec.name])
+        return int(answer["rows"])
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:

@@ -6,21 +6,26 @@ and the read-only console page beside it. ``runtime/ray/actors.py`` puts it on R
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from shardflow.catalog import OwnerToken
+from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
-from shardflow.errors import Error
+from shardflow.errors import Error, UnknownTableError, UnsupportedError
 from shardflow.runtime.coordinator.controller import Controller
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.coordinator.views import console_state, gauges
 from shardflow.runtime.protocol import DrainReport, NewTable, NodeLoad, ShardKey, Workers
+from shardflow.storage import RowRewrite
+from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.console import ConsoleServer
 from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
+
+log = logging.getLogger(__name__)
 
 
 class CoordinatorNode:
@@ -29,6 +34,8 @@ class CoordinatorNode:
     def __init__(self, state: CoordinatorState, workers: Workers, settings: Settings) -> None:
         self.state = state
         self.workers = workers
+        self._change_locks: dict[str, threading.Lock] = {}
+        self._change_locks_lock = threading.Lock()
         self.settings = settings
         self.controller = Controller(state, workers, settings)
         self.registry, self.controller.recorder = registry_for(partial(gauges, self.controller))
@@ -110,9 +117,87 @@ class CoordinatorNode:
         try:
             self.controller.announcer.announce(self.state.catalog.nodes)
         finally:
-            self.state.end_truncate(name)
+            self.state.end_change(name)
         self.state.delete_files(old_uid)
         return routing
+
+    def change_rows(
+        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Change rows of ``name`` all or nothing, in two phases: every node owning its
+        shards (of ``units``; None: all) prepares its part durably without putting it in
+        effect; if one fails, every part is discarded and the error raised; else the
+        decision is logged in the catalog (the commit point: the next commit number, the
+        statement kept with it) and every node is told, each putting its parts in effect
+        before it answers. One change of a group's rows at a time; moves of the group wait.
+        A statement already committed is answered as it was (applied once)."""
+        with self._changes_lock(name):
+            spec = self.state.catalog.find_table(name)
+            if spec is None:
+                raise UnknownTableError(f"unknown table {name!r}")
+            done = spec.change(statement)
+            if done is not None:
+                return {"rows": done.rows, "routing": self.state.catalog_json([spec.name])}
+            if spec.group is None:
+                raise UnsupportedError(
+                    f"{spec.name} is replicated (a copy on every node): DELETE and UPDATE "
+                    "change distributed tables only, for now"
+                )
+            spec = self.state.begin_change(spec.name, "changed")
+            try:
+                rows = self._prepare(spec, statement, change, units)
+                if not rows:
+                    return {"rows": 0, "routing": self.state.catalog_json([spec.name])}
+                deleted = rows if change.delete else 0
+                routing = self.state.commit_change(spec.name, statement, rows, deleted)
+                self.controller.announcer.announce(self.state.catalog.nodes)
+            finally:
+                self.state.end_change(spec.name)
+            return {"rows": rows, "routing": routing}
+
+    def _prepare(
+        self, spec: TableSpec, statement: str, change: RowRewrite, units: Sequence[int] | None
+    ) -> int:
+        """Every owner of ``spec``'s shards prepares its part (all at once); the rows
+        changed. On any failure every part is discarded (on the nodes that answer) and
+        the failure raised: nothing of the statement takes effect."""
+        group = self.state.catalog.groups[spec.group or ""]
+        wanted = None if units is None else set(units)
+        owned: dict[str, list[int]] = {}
+        for unit in group.units:
+            if wanted is None or unit.unit_id in wanted:
+                owned.setdefault(unit.node, []).append(unit.unit_id)
+        replies = [
+            (
+                node,
+                self.workers.get(node).prepare_change(
+                    spec.name, statement, spec.commit, change, sorted(ids)
+                ),
+            )
+            for node, ids in sorted(owned.items())
+        ]
+        rows = 0
+        failure: BaseException | None = None
+        for _, reply in replies:
+            try:
+                rows += sum(reply.get().values())
+            except Error as error:
+                failure = failure or error
+        if failure is None or unfenced("atomic"):  # the test hook: commit what was prepared
+            return rows
+        for node in owned:
+            try:
+                self.workers.get(node).abort_change(spec.name, statement).get()
+            except Error as error:  # gone: its parts are never committed, nor applied
+                log.info("abort of %s on %s skipped: %s", statement, node, error)
+        raise failure
+
+    def _changes_lock(self, name: str) -> threading.Lock:
+        """The lock one change of rows of ``name``'s co-location group holds."""
+        spec = self.state.catalog.find_table(name)
+        key = (spec.group or spec.name) if spec is not None else name
+        with self._change_locks_lock:
+            return self._change_locks.setdefault(key, threading.Lock())
 
     def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
         return self.state.set_grants(name, grants)

@@ -91,9 +91,10 @@ class CoordinatorState:
         """The cluster's load by calibrated operator over the last observed window (shares;
         empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
-        self.truncating: dict[str, str] = {}
-        """Groups whose table is being truncated, and that table: no move of theirs starts
-        until every node serves the table's new files (:meth:`begin_truncate`)."""
+        self.changing: dict[str, tuple[str, str]] = {}
+        """Groups one of whose tables is being truncated or having rows changed: that
+        table, and what is done to it. No move of theirs starts until every node serves the
+        table as changed (:meth:`begin_change`)."""
         self._unit_ids_taken = self.catalog.next_unit_id
         """Unit ids handed to tables being created: taken, though not yet in the catalog
         (a create that fails leaves no catalog change behind)."""
@@ -214,9 +215,10 @@ class CoordinatorState:
         # a split or merge copies the group's tables as they are when it begins: a table
         # being loaded into the group has shards it would leave behind (a plain move keeps
         # the unit's id and files, and the new owner serves every table from them)
-        if group in self.truncating:
+        if group in self.changing:
+            table, what = self.changing[group]
             raise MoveRefusedError(
-                f"table {self.truncating[group]!r} is being truncated; move unit(s) "
+                f"table {table!r} is being {what}; move unit(s) "
                 f"{sorted(u.unit_id for u in sources)} once it is done"
             )
         creating = sorted(p.spec.name for p in self.pending.values() if p.spec.group == group)
@@ -487,38 +489,54 @@ class CoordinatorState:
 
     def begin_truncate(self, name: str) -> tuple[dict[str, Any], str]:
         """Give the table ``name`` new, empty files and the next commit number; answers its
-        routing and the uid of its old files. No move of its group runs meanwhile: those
-        running are waited for (a move's copy is of the old files), and new ones are
-        refused until :meth:`end_truncate`."""
+        routing and the uid of its old files. No move of its group runs meanwhile (see
+        :meth:`begin_change`) until :meth:`end_change`."""
+        with self._lock:
+            spec = self.begin_change(name, "truncated")
+            truncated = self.catalog.with_table_truncated(spec.name, uuid.uuid4().hex)
+            return self._save(truncated, [spec.name]), spec.uid
+
+    def begin_change(self, name: str, what: str) -> TableSpec:
+        """Mark the table ``name`` as being ``what`` (truncated, changed): moves of its
+        group running are waited for (a move's copy is of the rows before), and new ones
+        are refused until :meth:`end_change`. Answers the table."""
         with self._lock:
             spec = self.catalog.find_table(name)
             if spec is None:
                 raise UnknownTableError(f"unknown table {name!r}")
             group = spec.group
             if group is not None:
-                if group in self.truncating:
+                if group in self.changing:
+                    table, doing = self.changing[group]
                     raise TableError(
-                        f"table {self.truncating[group]!r} of the same shards is being "
-                        "truncated; try again once it is done"
+                        f"table {table!r} of the same shards is being {doing}; try again "
+                        "once it is done"
                     )
-                self.truncating[group] = spec.name
+                self.changing[group] = (spec.name, what)
                 try:
                     self._wait_for_moves(
                         lambda: all(p.group != group for p in self.moving.values()),
-                        f"truncating {spec.name!r}",
+                        f"{spec.name!r}, being {what},",
                         f"moves of {spec.name!r}'s shards",
                     )
                 except BaseException:
-                    del self.truncating[group]
+                    del self.changing[group]
                     raise
-            truncated = self.catalog.with_table_truncated(spec.name, uuid.uuid4().hex)
-            return self._save(truncated, [spec.name]), spec.uid
+            return spec
 
-    def end_truncate(self, name: str) -> None:
-        """Every node serves the truncated table's new files: its group may move again."""
+    def commit_change(self, name: str, statement: str, rows: int, deleted: int) -> dict[str, Any]:
+        """Log the decision that ``statement`` changed ``rows`` of ``name``'s rows (the
+        commit point of a change of rows): the next commit number, the statement kept with
+        it. Answers the table's routing."""
         with self._lock:
-            for group in [g for g, table in self.truncating.items() if table == name]:
-                del self.truncating[group]
+            changed = self.catalog.with_rows_changed(name, statement, rows, deleted)
+            return self._save(changed, [name])
+
+    def end_change(self, name: str) -> None:
+        """Every node serves the table as changed: its group may move again."""
+        with self._lock:
+            for group in [g for g, (table, _) in self.changing.items() if table == name]:
+                del self.changing[group]
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

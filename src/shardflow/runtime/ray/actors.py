@@ -48,6 +48,7 @@ from shardflow.runtime.protocol import (
 from shardflow.runtime.query.executor import concat
 from shardflow.runtime.ray.names import NAME_LABEL, SWITCH_INTERVAL_S, WORKER_CONCURRENCY
 from shardflow.runtime.worker.node import WorkerNode
+from shardflow.storage import RowRewrite
 from shardflow.telemetry.devices import NodeProfile
 
 if TYPE_CHECKING:
@@ -166,6 +167,12 @@ class CoordinatorService:
     @ray.method
     def truncate_table(self, name: str) -> dict[str, Any]:
         return self.node.truncate_table(name)
+
+    @ray.method
+    def change_rows(
+        self, name: str, statement: str, change: RowRewrite, units: list[int] | None
+    ) -> dict[str, Any]:
+        return self.node.change_rows(name, statement, change, units)
 
     @ray.method
     def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:
@@ -434,6 +441,16 @@ class WorkerService:
     @ray.method
     def drop_retired(self, move_id: str) -> bool:
         return self.node.source.drop_retired(move_id)
+
+    @ray.method
+    def prepare_change(
+        self, table: str, statement: str, commit: int, change: RowRewrite, units: list[int] | None
+    ) -> dict[int, int]:
+        return self.node.prepare_change(table, statement, commit, change, units)
+
+    @ray.method
+    def abort_change(self, table: str, statement: str) -> None:
+        self.node.abort_change(table, statement)
 
     @ray.method
     def abort_export(self, move_id: str) -> None:

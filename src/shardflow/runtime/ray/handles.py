@@ -36,6 +36,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.ray.names import NAMESPACE, coordinator_actor_name, worker_actor_name
 from shardflow.runtime.ray.replies import RayReply
+from shardflow.storage import RowRewrite
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,6 +188,22 @@ class RayWorker:
 
     def abort_export(self, move_id: str) -> Reply[None]:
         return self._reply(self.handle.abort_export.remote(move_id))
+
+    def prepare_change(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        change: RowRewrite,
+        units: Sequence[int] | None = None,
+    ) -> Reply[dict[int, int]]:
+        units = list(units) if units is not None else None
+        return self._reply(
+            self.handle.prepare_change.remote(table, statement, commit, change, units)
+        )
+
+    def abort_change(self, table: str, statement: str) -> Reply[None]:
+        return self._reply(self.handle.abort_change.remote(table, statement))
 
     # a move, as its target
     def memory_headroom(self) -> Reply[int]:
@@ -413,6 +430,12 @@ class RayCoordinator:
 
     def truncate_table(self, name: str) -> Reply[CatalogJson]:
         return self._reply(self.handle.truncate_table.remote(name))
+
+    def change_rows(
+        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+    ) -> Reply[dict[str, Any]]:
+        units = list(units) if units is not None else None
+        return self._reply(self.handle.change_rows.remote(name, statement, change, units))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._reply(self.handle.set_grants.remote(name, [list(g) for g in grants]))

@@ -59,7 +59,7 @@ from shardflow.runtime.worker.profile import (
 )
 from shardflow.runtime.worker.resident import KeepsFrames
 from shardflow.runtime.worker.serving import CatalogServing
-from shardflow.storage import CheckpointPolicy, Shard, ShardStore
+from shardflow.storage import CheckpointPolicy, RowRewrite, Shard, ShardStore
 from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.calibration import calibrate, operator_mix
 from shardflow.telemetry.devices import NodeProfile, device_state, discover, memory_state
@@ -291,10 +291,14 @@ class WorkerNode(CatalogServing):
 
     def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)
-        physical = f"t_{spec.uid[:12]}_{name}"
+        # a shard made again after a change of its rows is served beside the one before
+        # (kept for the fragments reading it): a database of its own
+        physical = f"t_{spec.uid[:12]}_{name}" + (f"_c{spec.commit}" if spec.commit else "")
         index = spec.key if spec.key_index and spec.key else None
         rows = self.engine.native_rows(physical, spec.schema, index)
-        return Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)
+        shard = Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)
+        shard.committed = frozenset(change.statement for change in spec.changes)
+        return shard
 
     # -- loading a new table ------------------------------------------------------------
     def prepare(self, spec: TableSpec, unit_ids: Sequence[int], primary: bool) -> None:
@@ -381,6 +385,50 @@ class WorkerNode(CatalogServing):
         rows = sum(part.num_rows for part, _ in parts.values())
         self.record_foreground(f"insert {table} {rows.bit_length()}", time.perf_counter() - started)
         return lsns
+
+    # -- changes of rows (DELETE, UPDATE) ---------------------------------------------------
+    def prepare_change(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        change: RowRewrite,
+        units: Sequence[int] | None = None,
+    ) -> dict[int, int]:
+        """Prepare ``statement``'s change of this node's shards of ``table`` (those of
+        ``units``; None: all), each durably and not in effect (``Shard.prepare_change``);
+        answers the rows each changes. ``commit``: the table's commit number the statement
+        was planned at (``Changed`` where this node serves another). If one shard fails,
+        those prepared here are discarded and the error is raised."""
+        epoch = self.catalog.epoch
+        self.check_commits({table: commit}, epoch)
+        with self.lock:
+            shards = {
+                unit: shard
+                for (name, unit), shard in self.shards.items()
+                if name == table and (units is None or unit in units)
+            }
+        missing = set(units or ()) - set(shards)
+        if missing:
+            raise Moved(f"{table}#{min(missing)}", epoch)
+        counts: dict[int, int] = {}
+        try:
+            for unit, shard in sorted(shards.items()):
+                counts[unit] = shard.prepare_change(statement, change)
+        except BaseException as error:
+            for shard in shards.values():
+                shard.discard_prepared(statement)
+            if isinstance(error, duckdb.Error):  # a value that does not fit, as DuckDB says
+                raise query_error(error) from None
+            raise
+        return counts
+
+    def abort_change(self, table: str, statement: str) -> None:
+        """Discard the change ``statement`` prepared in this node's shards of ``table``."""
+        with self.lock:
+            shards = [shard for (name, _), shard in self.shards.items() if name == table]
+        for shard in shards:
+            shard.discard_prepared(statement)
 
     # -- the foreground, as moves see it --------------------------------------------------
     def record_foreground(self, kind: str, seconds: float) -> None:

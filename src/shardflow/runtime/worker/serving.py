@@ -88,6 +88,9 @@ class CatalogServing:
                 if key not in wanted or uid != self.shards[key].store.table_uid:
                     self._release_when_read(key, self.shards.pop(key))
                     changed.add(key[0])
+                elif self._committed_here(catalog, key[0], self.shards[key]):
+                    self._apply_changes(catalog, key)
+                    changed.add(key[0])
             for table, unit_id in sorted(wanted - set(self.shards)):
                 if self.target.building(table, unit_id):
                     continue  # built by a move in progress, served once it switches
@@ -101,6 +104,32 @@ class CatalogServing:
                 self.refresh_view(table)
             self.catalog = catalog
             return catalog.version
+
+    @staticmethod
+    def _committed_here(catalog: Catalog, table: str, shard: Shard) -> bool:
+        """Whether ``catalog`` holds a change of rows ``shard`` prepared as committed."""
+        spec = catalog.tables.get(table)
+        return spec is not None and any(spec.change(s) for s in shard.prepared)
+
+    def _apply_changes(self, catalog: Catalog, key: ShardKey) -> None:
+        """Put the committed changes a shard prepared in effect: the shard is made again
+        from storage (its prepared file becomes its newest checkpoint, the log after it is
+        replayed) and served from now on; the one before holds its appends meanwhile, then
+        tells them ``Moved`` (they are placed again), and is kept for the fragments
+        reading it. A fragment or an insert routed at the commit before is ``Changed``
+        from the moment this node's catalog says the new one (it switches after this)."""
+        before = self.shards[key]
+        before.fence()
+        try:
+            shard = self._take(catalog, key[0], str(key[1]), writer=True)
+        except BaseException:
+            before.unfence()
+            raise
+        if shard is None:  # a copy given it at a later epoch holds it
+            self._release_when_read(key, self.shards.pop(key))
+            return
+        self.shards[key] = shard
+        self._release_when_read(key, before)
 
     def _owns(self, catalog: Catalog, key: ShardKey) -> bool:
         spec = catalog.tables.get(key[0])

@@ -577,14 +577,23 @@ def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
         bob.revoke("bobs", "INSERT", "walt")
         with as_user(served, "walt") as walt, pytest.raises(PermissionDeniedError):
             walt.sql("INSERT INTO bobs VALUES (78)")
-        with as_user(served, "walt") as walt:  # granted DELETE: empties it
-            assert walt.sql("TRUNCATE bobs").to_pylist() == [{"count": 11}]
+        with as_user(served, "walt") as walt:  # granted UPDATE and DELETE: changes rows
+            assert walt.sql("UPDATE bobs SET id = id + 100 WHERE id < 3").to_pylist() == [
+                {"count": 3}
+            ]
+            assert walt.sql("DELETE FROM bobs WHERE id = 77").to_pylist() == [{"count": 1}]
+            assert walt.sql("TRUNCATE bobs").to_pylist() == [{"count": 10}]
         assert bob.sql("SELECT count(*) AS n FROM bobs")["n"][0].as_py() == 0
         bob.sql("INSERT INTO bobs VALUES (79)")
         bob.revoke("bobs", "DELETE", "walt")
+        bob.revoke("bobs", "UPDATE", "walt")
         with as_user(served, "walt") as walt:
             with pytest.raises(PermissionDeniedError, match="may not DELETE table bobs"):
                 walt.sql("TRUNCATE TABLE bobs")
+            with pytest.raises(PermissionDeniedError, match="may not DELETE table bobs"):
+                walt.sql("DELETE FROM bobs")
+            with pytest.raises(PermissionDeniedError, match="may not UPDATE table bobs"):
+                walt.sql("UPDATE bobs SET id = 0")
         assert bob.sql("SELECT count(*) AS n FROM bobs")["n"][0].as_py() == 1
         bob.drop_table("bobs")
     remove_user(served, "walt")

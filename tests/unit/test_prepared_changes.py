@@ -147,3 +147,22 @@ def test_a_value_that_does_not_fit_or_a_null_in_a_column_without_nulls_changes_n
         shard.prepare_change("null", RowRewrite("t", "id = 1", sets=(("id", "NULL"),)))
     assert shard.prepared == {}
     assert not any(name.startswith("prep-") for name in folder(tmp_path))
+
+
+def test_a_change_prepared_before_and_never_decided_goes_at_the_next_prepare(
+    engine: DuckDBEngine, tmp_path: Path
+) -> None:
+    """A worker died after it prepared and the statement was aborted without it: the shard
+    made again holds the file pending (no checkpoint meanwhile); the next statement's
+    prepare drops it, and checkpoints go on."""
+    loaded(engine, tmp_path).prepare_change("lost", RowRewrite("t", "id < 5", delete=True))
+    again = shard_of(engine, tmp_path)
+    assert set(again.prepared) == {"lost"}
+    assert again.prepare_change("next", RowRewrite("t", "id = 7", delete=True)) == 1
+    assert set(again.prepared) == {"next"}
+    lsn = again.prepared["next"]
+    assert [name for name in folder(tmp_path) if name.startswith("prep-")] == [
+        f"prep-{lsn:012d}-next.duckdb",
+        f"prep-{lsn:012d}-next.json",
+    ]
+    assert len(table(shard_of(engine, tmp_path, frozenset({"next"})))) == 1029

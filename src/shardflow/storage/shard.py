@@ -668,7 +668,11 @@ class Shard:
         starts from it (:meth:`ShardStore.recover`); until then no checkpoint is written."""
         if not isinstance(self.data, CheckpointRows) or not self.writer:
             raise StorageError(f"{self.store.folder}: rows are changed on a writing copy only")
-        self.discard_prepared(statement)  # prepared before (a statement tried again)
+        # the caller checked the table is at the commit the statement was planned at: every
+        # change prepared here before is applied (the node applies before it switches) or
+        # was aborted (this statement's own, tried again, among them)
+        for earlier in list(self.prepared):
+            self.discard_prepared(earlier)
         with self._lock:
             while self._checkpointing:
                 self._lock.wait()

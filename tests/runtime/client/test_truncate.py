@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from shardflow.catalog import Catalog
-from shardflow.errors import MoveRefusedError
 from shardflow.storage.shard_store import UNFENCED_VARIABLE
 from tests.support.local_cluster import ROWS, LocalCluster, events
 
@@ -91,11 +90,11 @@ def test_the_workers_commit_check_is_what_keeps_them_whole(
     assert cluster.sql(COUNT).column("n")[0].as_py() == on_behind
 
 
-def test_a_truncate_waits_for_the_moves_of_its_shards_and_holds_new_ones_back(
+def test_a_truncate_waits_for_the_moves_of_its_shards_and_new_ones_wait_for_it(
     tmp_path: Path,
 ) -> None:
-    """A move copies the old files: the truncate waits for it to end, and no move of the
-    table's shards starts until every node serves the new, empty files."""
+    """A move copies the old files: the truncate waits for it to end, and a move of the
+    table's shards asked meanwhile starts once every node serves the new, empty files."""
     cluster = LocalCluster(tmp_path / "data", nodes=2, test_hold_copy_s=1.0)
     try:
         cluster.create_table("events", events(0, ROWS), "id")
@@ -111,15 +110,25 @@ def test_a_truncate_waits_for_the_moves_of_its_shards_and_holds_new_ones_back(
         truncating.start()
         while ("events", "truncated") not in cluster.state.changing.values():
             threading.Event().wait(0.01)
-        with pytest.raises(MoveRefusedError, match="being truncated"):
+        order: list[str] = []
+
+        def move_back() -> None:  # asked while the truncate runs: waits for it to end
             cluster.migrate(second.unit_id, first.node)
+            order.append("moved after the truncate" if emptied else "moved during it")
+
+        waiting = threading.Thread(target=move_back)
+        waiting.start()
+        group = cluster.catalog.table("events").group
+        while truncating.is_alive() and not cluster.state.waiting_moves[group]:
+            threading.Event().wait(0.01)
         moving.join()
         truncating.join()
+        waiting.join()
         assert emptied == [ROWS]
-        assert cluster.units("events")[0].node == second.node  # the move went through
+        assert order == ["moved after the truncate"]
+        assert cluster.units("events")[0].node == second.node  # the first move went through
+        assert cluster.catalog.group_of("events").unit(second.unit_id).node == first.node
         cluster.insert("events", events(ROWS, 500))
-        assert cluster.sql(COUNT).column("n")[0].as_py() == 500
-        cluster.migrate(second.unit_id, first.node)  # moves again once it is done
         assert cluster.sql(COUNT).column("n")[0].as_py() == 500
     finally:
         cluster.close()

@@ -91,6 +91,9 @@ class CoordinatorState:
         """The cluster's load by calibrated operator over the last observed window (shares;
         empty until the controller has observed one)."""
         self.moving: dict[str, MovePlan] = {}
+        self.waiting_moves: Counter[str] = Counter()
+        """Moves asked for, per group, waiting for a change of its rows to end: the next
+        change waits for them to start (:meth:`_wait_out_changes`)."""
         self.changing: dict[str, tuple[str, str]] = {}
         """Groups one of whose tables is being truncated or having rows changed: that
         table, and what is done to it. No move of theirs starts until every node serves the
@@ -201,6 +204,27 @@ class CoordinatorState:
                     return group.group_id, unit
         raise UnknownShardError(f"no shard unit {unit_id}; see db.cluster.shards()")
 
+    def _wait_out_changes(self, group_of: Callable[[], str]) -> None:
+        """Wait (the lock released meanwhile) while a table of the group ``group_of()``
+        names is being changed: the move starts once it ends, before the next change of the
+        group begins (:meth:`begin_change` lets waiting moves go first). ``ClusterError``
+        after :data:`CREATE_WAITS_FOR_MOVES_S`."""
+        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
+        while (group := group_of()) in self.changing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                table, what = self.changing[group]
+                raise MoveRefusedError(
+                    f"table {table!r} kept being {what} for {CREATE_WAITS_FOR_MOVES_S:g} s; "
+                    "move its shards once it is done"
+                )
+            self.waiting_moves[group] += 1
+            try:
+                self._moves_ended.wait(left)
+            finally:
+                self.waiting_moves[group] -= 1
+                self._moves_ended.notify_all()
+
     def _reserve(
         self,
         kind: MoveKind,
@@ -247,6 +271,7 @@ class CoordinatorState:
 
     def plan_move(self, unit_id: int, to: str, reason: str = "requested") -> MovePlan:
         with self._lock:
+            self._wait_out_changes(lambda: self._find_unit(unit_id)[0])
             group, unit = self._find_unit(unit_id)
             if to not in self.catalog.nodes:
                 raise MoveRefusedError(f"{to!r} is not a node of the cluster")
@@ -256,6 +281,7 @@ class CoordinatorState:
 
     def plan_split(self, unit_id: int, reason: str = "requested") -> MovePlan:
         with self._lock:
+            self._wait_out_changes(lambda: self._find_unit(unit_id)[0])
             group, unit = self._find_unit(unit_id)
             if unit.buckets < 2:
                 raise MoveRefusedError(f"unit {unit_id} holds one bucket and cannot be split")
@@ -265,6 +291,7 @@ class CoordinatorState:
 
     def plan_merge(self, first: int, second: int, reason: str = "requested") -> MovePlan:
         with self._lock:
+            self._wait_out_changes(lambda: self._find_unit(first)[0])
             group_a, a = self._find_unit(first)
             group_b, b = self._find_unit(second)
             if group_a != group_b or not (a.hi == b.lo or b.hi == a.lo):
@@ -506,6 +533,11 @@ class CoordinatorState:
                 raise UnknownTableError(f"unknown table {name!r}")
             group = spec.group
             if group is not None:
+                self._wait_for_moves(
+                    lambda: not self.waiting_moves[group] and group not in self.changing,
+                    f"{spec.name!r}, being {what},",
+                    f"moves of {spec.name!r}'s shards asked for",
+                )
                 if group in self.changing:
                     table, doing = self.changing[group]
                     raise TableError(
@@ -537,6 +569,7 @@ class CoordinatorState:
         with self._lock:
             for group in [g for g, (table, _) in self.changing.items() if table == name]:
                 del self.changing[group]
+            self._moves_ended.notify_all()
 
     def delete_files(self, uid: str) -> None:
         self.data_dir.delete_dir(self.data_dir.path("tables", uid))

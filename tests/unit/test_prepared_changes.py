@@ -60,6 +60,13 @@ def loaded(engine: DuckDBEngine, data: Path) -> Shard:
     return shard
 
 
+def assert_checksum_true(engine: DuckDBEngine, shard: Shard) -> None:
+    """The base's record says the rows and checksum its file holds (what VERIFY trusts)."""
+    base = shard.data._base  # type: ignore[attr-defined]
+    assert base is not None
+    assert engine.checksum(f"SELECT * FROM {base.table}") == (base.meta.rows, base.meta.digest)
+
+
 def table(shard: Shard) -> dict[int, tuple[str, int]]:
     found = shard.snapshot().to_pylist()
     return {row["id"]: (row["name"], row["n"]) for row in found}
@@ -89,6 +96,7 @@ def test_a_prepared_delete_takes_effect_only_once_committed(
     applied = shard_of(engine, tmp_path, frozenset({"s1"}))
     expected = {i: v for i, v in table(shard).items() if i >= 3000 or not (i % 2 == 0 or i >= 2025)}
     assert table(applied) == expected
+    assert_checksum_true(engine, applied)
     assert not any(name.startswith("prep-") for name in folder(tmp_path))
     assert applied.prepared == {}
     # and stays so at the next restart, checkpointed or not
@@ -103,6 +111,7 @@ def test_a_prepared_update_sets_values_from_the_old_ones_and_keeps_the_rows(
     change = RowRewrite("t", "t.id < 10", sets=(("n", "n * 100 + id"), ("name", "upper(name)")))
     assert shard.prepare_change("u1", change) == 10
     applied = shard_of(engine, tmp_path, frozenset({"u1"}))
+    assert_checksum_true(engine, applied)
     found = table(applied)
     assert len(found) == 1030
     assert found[3] == ("R3", 303)
@@ -133,6 +142,7 @@ def test_no_checkpoint_is_written_while_a_change_is_prepared(
     shard.checkpoint()
     assert [name for name in folder(tmp_path) if name.startswith("ckpt-")] == checkpoints
     applied = shard_of(engine, tmp_path, frozenset({"s3"}))
+    assert_checksum_true(engine, applied)
     assert min(table(applied)) == 100
     assert 4004 in table(applied)
 

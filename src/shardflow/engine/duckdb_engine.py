@@ -66,6 +66,12 @@ LSN_COLUMN = "_sf_lsn"
 _DATABASES = itertools.count(1)
 """Numbers the databases attached for checkpoint files: unique in the process (a unit may
 be served again on a node while a retired copy of it is still read)."""
+REWRITE_SHARE = 4
+"""A change of rows that changes at least one in this many of a shard's rows writes the
+shard's rows again whole (what earlier deletes left goes); a smaller one changes a copy of
+its checkpoint file in place."""
+CHANGED_ROWS = "shardflow_changed"
+"""The table an UPDATE keeps the ids of the rows it changes in, in the file it changes."""
 CHECKPOINT_TABLE = "shardflow_checkpoint"
 """The table in a checkpoint file that says up to which LSN it holds the rows."""
 KEY_INDEX = "key_index"
@@ -478,48 +484,95 @@ class NativeRows:
 
     def write_change(self, path: str, lsn: int, change: RowRewrite) -> tuple[int, int, int, int]:
         """The rows logged before ``lsn`` as ``change`` leaves them, written as a new
-        checkpoint file at ``path`` (at ``lsn``; every row is written again: the change's
-        rows may be anywhere in the base); its (rows, digest, Arrow bytes) and the rows
-        changed. Where none is, nothing is written. Values that do not fit their column
-        fail as DuckDB says (a ``duckdb.Error``), and so does a NULL set in a column that
-        takes none."""
+        checkpoint file at ``path`` (at ``lsn``); its (rows, digest, Arrow bytes) and the
+        rows changed. Where none is, nothing is written. A change of a few rows copies the
+        base's file (a file copy, at disk speed), adds the tail's rows and runs the change
+        in the copy (DuckDB keeps deleted rows' slots until it vacuums them); one of many
+        (:data:`REWRITE_SHARE`) writes the rows again whole, reclaiming what deletes left.
+        Values that do not fit their column fail as DuckDB says (a ``duckdb.Error``), and
+        so does a NULL set in a column that takes none."""
         with self._lock:
             base = self._base
             tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
         logged = f"{LSN_COLUMN} < {int(lsn)}"
         if base is not None:
             logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
-        rows_then = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
-        if base is not None:
-            rows_then = f"SELECT * FROM {base.table} UNION ALL {rows_then}"
-        source = f"({rows_then}) AS {quote(change.alias)}"
-        matched = f"coalesce(({change.where}), false)" if change.where else "true"
-        found = self.engine.run(f"SELECT count(*) AS n FROM {source} WHERE {matched}")
+        added = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
+        rows_then = f"SELECT * FROM {base.table} UNION ALL {added}" if base is not None else added
+        alias = quote(change.alias)
+        matched = f"({change.where})" if change.where else "true"
+        found = self.engine.run(
+            f"SELECT count(*) AS n FROM ({rows_then}) AS {alias} WHERE {matched}"
+        )
         changed = int(found.column("n")[0].as_py())
         if not changed:
             return 0, 0, 0, changed
-        if change.delete:
-            select = f"SELECT * FROM {source} WHERE NOT {matched}"
-        else:
-            replaced = ", ".join(
-                f"CASE WHEN {matched} THEN ({expression}) ELSE {quote(name)} END AS {quote(name)}"
-                for name, expression in change.sets
-            )
-            select = f"SELECT * REPLACE ({replaced}) FROM {source}"
-        name = f"{self.physical}_prep{next(_DATABASES)}"
-        table = f"{quote(name)}.main.{SHARD_TABLE}"
-        self.engine.attach_file(name, path)
-        try:
-            self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
-            self.engine.execute(f"INSERT INTO {table} {select}")
-            self._refuse_nulls(table, [column for column, _ in change.sets])
-            rows, digest = self.engine.checksum(f"SELECT * FROM {table}")
-            self._seal(name, lsn, fresh=True)
-        finally:
-            self.engine.detach(name)
         before = tail_rows + (base.meta.rows if base is not None else 0)
         weight = tail_bytes + (base.meta.nbytes if base is not None else 0)
+        name = f"{self.physical}_prep{next(_DATABASES)}"
+        table = f"{quote(name)}.main.{SHARD_TABLE}"
+        whole = base is None or changed * REWRITE_SHARE >= before
+        copied = not whole and base is not None and _copy_file(base.path, path)
+        self.engine.attach_file(name, path)
+        try:
+            if copied:
+                assert base is not None
+                rows, digest = self.engine.checksum(added)
+                self.engine.execute(f"INSERT INTO {table} {added}")
+                rows, digest = self._change_in_place(
+                    name, change, changed, rows + base.meta.rows, digest + base.meta.digest
+                )
+            else:
+                self._write_changed(table, rows_then, change)
+                rows, digest = self.engine.checksum(f"SELECT * FROM {table}")
+            self._refuse_nulls(table, [column for column, _ in change.sets])
+            self._seal(name, lsn, fresh=not copied)
+        finally:
+            self.engine.detach(name)
         return rows, digest, weight * rows // before if before else 0, changed
+
+    def _write_changed(self, table: str, rows_then: str, change: RowRewrite) -> None:
+        """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``."""
+        source = f"({rows_then}) AS {quote(change.alias)}"
+        kept = f"coalesce(({change.where}), false)" if change.where else "true"
+        if change.delete:
+            select = f"SELECT * FROM {source} WHERE NOT {kept}"
+        else:
+            replaced = ", ".join(
+                f"CASE WHEN {kept} THEN ({expression}) ELSE {quote(column)} END AS {quote(column)}"
+                for column, expression in change.sets
+            )
+            select = f"SELECT * REPLACE ({replaced}) FROM {source}"
+        # the shard's column types, whatever the expressions' are (an INSERT casts to them)
+        self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
+        self.engine.execute(f"INSERT INTO {table} {select}")
+
+    def _change_in_place(
+        self, name: str, change: RowRewrite, changed: int, rows: int, digest: int
+    ) -> tuple[int, int]:
+        """Run ``change`` in the copied file's table; its (rows, digest) after, from those
+        before: the changed rows' hashes taken out, an UPDATE's new ones put in (hashed by
+        row id; where DuckDB moved them, the table is hashed whole)."""
+        table = f"{quote(name)}.main.{SHARD_TABLE}"
+        target = f"{table} AS {quote(change.alias)}"
+        matched = f"({change.where})" if change.where else "true"
+        _, old = self.engine.checksum(f"SELECT * FROM {target} WHERE {matched}")
+        if change.delete:
+            self.engine.execute(f"DELETE FROM {target} WHERE {matched}")
+            return rows - changed, digest - old
+        ids = f"{quote(name)}.main.{CHANGED_ROWS}"
+        self.engine.execute(
+            f"CREATE TABLE {ids} AS SELECT rowid AS r FROM {target} WHERE {matched}"
+        )
+        sets = ", ".join(f"{quote(column)} = ({expression})" for column, expression in change.sets)
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
+        count, new = self.engine.checksum(
+            f"SELECT * FROM {table} WHERE rowid IN (SELECT r FROM {ids})"
+        )
+        self.engine.execute(f"DROP TABLE {ids}")
+        if count != changed:
+            return self.engine.checksum(f"SELECT * FROM {table}")
+        return rows, digest - old + new
 
     def _refuse_nulls(self, table: str, columns: list[str]) -> None:
         """``SchemaMismatchError`` where one of ``columns`` that takes no NULL holds one."""

@@ -360,9 +360,13 @@ class LocalCoordinator:
         return self._call(lambda: self.node.truncate_table(name))
 
     def change_rows(
-        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+        self,
+        name: str,
+        statement: str,
+        change: RowRewrite,
+        buckets: Sequence[int] | None = None,
     ) -> Reply[dict[str, Any]]:
-        return self._call(lambda: self.node.change_rows(name, statement, change, units))
+        return self._call(lambda: self.node.change_rows(name, statement, change, buckets))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.set_grants(name, [list(g) for g in grants]))

@@ -529,10 +529,15 @@ class Coordinator(Protocol):
         ...
 
     def change_rows(
-        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+        self,
+        name: str,
+        statement: str,
+        change: RowRewrite,
+        buckets: Sequence[int] | None = None,
     ) -> Reply[dict[str, Any]]:
         """Change rows of ``name`` all or nothing (``DELETE``, ``UPDATE``), once per
-        ``statement`` id: prepared on every shard (of ``units``; None: all), the decision
+        ``statement`` id: prepared on every shard (owning ``buckets``, the buckets its
+        ``WHERE`` fixes; None: all), the decision
         logged in the catalog, every node told before the answer: ``rows`` changed, the
         table's ``routing``. A statement already committed is answered as it was."""
         ...

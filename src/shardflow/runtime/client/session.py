@@ -63,7 +63,8 @@ from shardflow.runtime.query.fragments import FragmentCalls
 from shardflow.runtime.query.planning import Binder, PlanCache, PlannedQuery, answer
 from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
-from shardflow.sql.parse import named_tables
+from shardflow.sql.parse import named_tables, parse, sql_type
+from shardflow.sql.pruning import buckets_of, key_terms
 from shardflow.sql.statements import ChangeRows
 from shardflow.storage import RowRewrite
 from shardflow.storage.conform import conform
@@ -493,18 +494,24 @@ class Session:
                     "yet (the row would move to another shard): DELETE it and INSERT it again"
                 )
             sets.append((field.name, expression))
-        # the statement's SQL is read as a query's is first (columns, types, functions
-        # refused): a mistake is said before any shard prepares anything
-        values = ", ".join(f"({expression})" for _, expression in sets) or "count(*)"
+        # the statement's SQL is planned as a query's is first (columns, types, functions
+        # refused): a mistake is said before any shard prepares anything; and where its
+        # WHERE fixes the key, only the shards of those buckets are asked
+        values = ", ".join(
+            f"CAST(({expression}) AS {sql_type(spec.schema.field(column).type)})"
+            for column, expression in sets
+        )
         where = f" WHERE {change.where}" if change.where else ""
-        self.query(f'SELECT {values} FROM "{spec.name}" AS "{change.alias}"{where} LIMIT 0')
+        probe = f'SELECT {values or "count(*)"} FROM "{spec.name}" AS "{change.alias}"{where}'
+        self.plan(probe)
+        buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
         rewrite = RowRewrite(change.alias, change.where, tuple(sets), delete=change.delete)
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
             raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")
         answer = self.retrying(
             f"{'DELETE' if change.delete else 'UPDATE'} of {spec.name}",
-            lambda: self.coordinator.change_rows(spec.name, statement, rewrite).get(),
+            lambda: self.coordinator.change_rows(spec.name, statement, rewrite, buckets).get(),
         )
         self.refresh([spec.name])
         return int(answer["rows"])

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.errors import Error, UnknownTableError, UnsupportedError
@@ -122,10 +124,14 @@ class CoordinatorNode:
         return routing
 
     def change_rows(
-        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+        self,
+        name: str,
+        statement: str,
+        change: RowRewrite,
+        buckets: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         """Change rows of ``name`` all or nothing, in two phases: every node owning its
-        shards (of ``units``; None: all) prepares its part durably without putting it in
+        shards (those owning ``buckets``; None: all) prepares its part durably without putting it in
         effect; if one fails, every part is discarded and the error raised; else the
         decision is logged in the catalog (the commit point: the next commit number, the
         statement kept with it) and every node is told, each putting its parts in effect
@@ -145,7 +151,7 @@ class CoordinatorNode:
                 )
             spec = self.state.begin_change(spec.name, "changed")
             try:
-                rows = self._prepare(spec, statement, change, units)
+                rows = self._prepare(spec, statement, change, buckets)
                 if not rows:
                     return {"rows": 0, "routing": self.state.catalog_json([spec.name])}
                 deleted = rows if change.delete else 0
@@ -156,13 +162,15 @@ class CoordinatorNode:
             return {"rows": rows, "routing": routing}
 
     def _prepare(
-        self, spec: TableSpec, statement: str, change: RowRewrite, units: Sequence[int] | None
+        self, spec: TableSpec, statement: str, change: RowRewrite, buckets: Sequence[int] | None
     ) -> int:
         """Every owner of ``spec``'s shards prepares its part (all at once); the rows
         changed. On any failure every part is discarded (on the nodes that answer) and
         the failure raised: nothing of the statement takes effect."""
         group = self.state.catalog.groups[spec.group or ""]
-        wanted = None if units is None else set(units)
+        wanted = None
+        if buckets is not None:  # the units that own them now (no move runs meanwhile)
+            wanted = {int(u) for u in group.owners_of(np.asarray(buckets, np.int64))}
         owned: dict[str, list[int]] = {}
         for unit in group.units:
             if wanted is None or unit.unit_id in wanted:

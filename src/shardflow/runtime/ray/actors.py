@@ -170,9 +170,9 @@ class CoordinatorService:
 
     @ray.method
     def change_rows(
-        self, name: str, statement: str, change: RowRewrite, units: list[int] | None
+        self, name: str, statement: str, change: RowRewrite, buckets: list[int] | None
     ) -> dict[str, Any]:
-        return self.node.change_rows(name, statement, change, units)
+        return self.node.change_rows(name, statement, change, buckets)
 
     @ray.method
     def set_grants(self, name: str, grants: list[list[str]]) -> dict[str, Any]:

@@ -432,10 +432,14 @@ class RayCoordinator:
         return self._reply(self.handle.truncate_table.remote(name))
 
     def change_rows(
-        self, name: str, statement: str, change: RowRewrite, units: Sequence[int] | None = None
+        self,
+        name: str,
+        statement: str,
+        change: RowRewrite,
+        buckets: Sequence[int] | None = None,
     ) -> Reply[dict[str, Any]]:
-        units = list(units) if units is not None else None
-        return self._reply(self.handle.change_rows.remote(name, statement, change, units))
+        buckets = list(buckets) if buckets is not None else None
+        return self._reply(self.handle.change_rows.remote(name, statement, change, buckets))
 
     def set_grants(self, name: str, grants: Sequence[Sequence[str]]) -> Reply[CatalogJson]:
         return self._reply(self.handle.set_grants.remote(name, [list(g) for g in grants]))

@@ -1,10 +1,12 @@
 """``python -m tests.conformance``: DuckDB's sqllogictest corpus against shardflow.
 
 Reads the corpus from ``$SHARDFLOW_PEER_SQL`` or ``../shared/peer-sql/duckdb/test/sql``
-beside the repository, runs every file (or ``--sample``, or the ``--files`` patterns) on one
-real 3-worker cluster (its balancer as ``--balancer`` says), prints the skip rules, the
-unsupported messages, every wrong case, and last ``conformance: N/M equal, U unsupported, W
-wrong, S skipped``. Exits 1 if W > 0, 2 if the corpus is missing.
+beside the repository (with ``--dml``: DuckDB's tests of row changes, from
+``$SHARDFLOW_PEER_SQL_DML`` or ``../shared/peer-sql/duckdb-dml/test/sql``, their DELETEs
+and UPDATEs run in shardflow too), runs every file (or ``--sample``, or the ``--files``
+patterns) on one real 3-worker cluster (its balancer as ``--balancer`` says), prints the
+skip rules, the unsupported messages, every wrong case, and last ``conformance: N/M equal,
+U unsupported, W wrong, S skipped``. Exits 1 if W > 0, 2 if the corpus is missing.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from pathlib import Path
 from tests.conformance.backends import BALANCERS, make_backend
 from tests.conformance.runner import (
     CORPUS_ENV,
+    DML_CORPUS_ENV,
     WRONG,
     corpus_dir,
+    dml_corpus_dir,
+    dml_sample,
     list_files,
     run_files,
     sample_files,
@@ -57,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sample", action="store_true", help="only the fast sample of files")
     parser.add_argument(
+        "--dml",
+        action="store_true",
+        help="DuckDB's tests of DELETE and UPDATE, each statement run in shardflow too",
+    )
+    parser.add_argument(
         "--files",
         nargs="*",
         default=[],
@@ -65,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (CI logs)")
     args = parser.parse_args(argv)
 
-    root = args.corpus if args.corpus is not None else corpus_dir()
+    default = dml_corpus_dir() if args.dml else corpus_dir()
+    root = args.corpus if args.corpus is not None else default
     if root is None or not root.is_dir():
-        print(f"conformance: corpus not found (set {CORPUS_ENV})", file=sys.stderr)
+        wanted = DML_CORPUS_ENV if args.dml else CORPUS_ENV
+        print(f"conformance: corpus not found (set {wanted})", file=sys.stderr)
         return 2
     files = list_files(root)
     if args.sample:
-        files = sample_files(files)
+        files = dml_sample(files) if args.dml else sample_files(files)
     if args.files:
         files = [
             f
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 if seen % 50 == 1:
                     print(f"[{seen}/{len(files)}] {rel}", file=sys.stderr, flush=True)
 
-            report = run_files(files, root, backend, progress=note)
+            report = run_files(files, root, backend, progress=note, changes=args.dml)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     bar.update(task, completed=seen, description=rel[-60:])
                     seen += 1
 
-                report = run_files(files, root, backend, progress=step)
+                report = run_files(files, root, backend, progress=step, changes=args.dml)
                 bar.update(task, completed=len(files))
     finally:
         backend.close()

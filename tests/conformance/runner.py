@@ -32,6 +32,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import sqlglot
 from sqlglot import exp
 
 from shardflow.catalog.types import storage_schema
@@ -73,6 +74,9 @@ RULES: dict[str, str] = {
     "unparsable file": "the file is not well-formed sqllogictest; its `query` lines count",
     "require": "`require X` that this DuckDB build does not meet (extensions not built in, "
     "other vector sizes, ...)",
+    "statement DuckDB refuses": "a DELETE or UPDATE DuckDB refuses (a constraint; shardflow "
+    "keeps none) or answers no count of: not run in shardflow",
+    "table not held": "a DELETE or UPDATE of a table shardflow does not hold (see the load rules)",
     "persistent database": "`load`, `restart`, `reconnect` or `unzip`: the file needs a "
     "database file or a restart, which the in-memory oracle cannot replay",
     "include": "`include` of a template file that is not in the corpus",
@@ -210,12 +214,33 @@ def corpus_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+DML_CORPUS_ENV = "SHARDFLOW_PEER_SQL_DML"
+
+
+def dml_corpus_dir() -> Path | None:
+    """DuckDB's tests of row changes: ``$SHARDFLOW_PEER_SQL_DML`` or
+    ``../shared/peer-sql/duckdb-dml/test/sql`` beside the repository; None where absent."""
+    configured = os.environ.get(DML_CORPUS_ENV)
+    default = REPO_ROOT.parent / "shared/peer-sql/duckdb-dml/test/sql"
+    path = Path(configured) if configured else default
+    return path if path.is_dir() else None
+
+
 def list_files(root: Path) -> list[Path]:
     return sorted(root.rglob("*.test"), key=lambda p: p.relative_to(root).as_posix())
 
 
 def sample_files(files: Sequence[Path], every: int = SAMPLE_EVERY) -> list[Path]:
     return list(files[::every])
+
+
+DML_SLOW = ("update/test_stress_update_issue_19688.test",)
+"""DML files too slow for the sample (a stress loop of thousands of statements: 3 minutes)."""
+
+
+def dml_sample(files: Sequence[Path]) -> list[Path]:
+    """The fast sample of the DML corpus: every other file, the slow ones left out."""
+    return [f for f in files[::2] if not any(f.as_posix().endswith(s) for s in DML_SLOW)]
 
 
 # --------------------------------------------------------------------------------------
@@ -494,10 +519,18 @@ class FileRun:
     """All passes (layouts) over one file."""
 
     def __init__(
-        self, path: Path, rel: str, backend: Backend, oracle: _Oracle, report: Report
+        self,
+        path: Path,
+        rel: str,
+        backend: Backend,
+        oracle: _Oracle,
+        report: Report,
+        changes: bool = False,
     ) -> None:
         self.path, self.rel, self.backend, self.oracle = path, rel, backend, oracle
         self.report = report
+        self.changes = changes
+        """Run the file's DELETEs and UPDATEs in shardflow too (:meth:`_PassState._change`)."""
         self.skipped_once: set[int] = set()
         self.no_table_done: set[int] = set()
         self.schemas: dict[str, pa.Schema] = {}
@@ -576,6 +609,9 @@ class _PassState:
         self.null_order: str | None = None
         self.search_path_moved = False
         self.generation, self.synced = 1, 0
+        self.in_transaction = False
+        """Inside BEGIN ... COMMIT | ROLLBACK: a DELETE or UPDATE there is DuckDB's alone
+        (shardflow's statements commit each on its own)."""
         self.restarts = run.backend.restarts
         self.timeouts = 0
 
@@ -613,21 +649,84 @@ class _PassState:
                     self._skip(index, record, "mode skip")
                 continue
             if isinstance(record, Statement):
-                self._statement(record)
+                self._statement(index, record)
             else:
                 self._query(index, record)
 
-    def _statement(self, record: Statement) -> None:
+    def _statement(self, index: int, record: Statement) -> None:
         sql = self._subst(record.sql)
-        if first_keyword(sql) not in READ_ONLY_KEYWORDS:
+        keyword = first_keyword(sql)
+        target = self._changed_table(sql) if self.run_.changes else None
+        if target is not None and self.in_transaction:
+            case = Case(self.run_.rel, record.line, self.plan.name, SKIPPED, sql)
+            case.rule = "inside a transaction"
+            self.run_.report.cases.append(case)
+            target = None
+        if target is not None:
+            self._sync()  # shardflow's copy as DuckDB's table is just before the statement
+        if keyword in ("BEGIN", "START"):
+            self.in_transaction = True
+        elif keyword in ("COMMIT", "ROLLBACK", "END", "ABORT"):
+            self.in_transaction = False
+        if keyword not in READ_ONLY_KEYWORDS:
             self.generation += 1
+        counted: Any = None
         try:
-            self.con.execute(sql).complete()
+            answer = self.con.execute(sql).fetchall()
+            counted = answer[0][0] if answer and answer[0] else None
         except duckdb.Error:
             if record.expect == "ok" and self.first:
                 self.run_.report.setup_failures += 1
         if self.first:
             self.run_.join_sql.append(sql)
+        if target is not None:
+            self._change(index, record, sql, target, counted)
+
+    def _changed_table(self, sql: str) -> str | None:
+        """The table a DELETE or UPDATE changes (its name, lower-cased), or None where
+        ``sql`` is no such statement."""
+        try:
+            tree = sqlglot.parse_one(sql, read="duckdb")
+        except sqlglot.errors.SqlglotError:
+            return None
+        if not isinstance(tree, exp.Delete | exp.Update) or not isinstance(tree.this, exp.Table):
+            return None
+        if tree.this.args.get("db") or tree.this.args.get("catalog"):
+            return None
+        return tree.this.name.lower()
+
+    def _change(self, index: int, record: Statement, sql: str, key: str, counted: Any) -> None:
+        """Run a DELETE or UPDATE DuckDB ran in shardflow too: the rows changed must be as
+        many, and the table's content (compared by the queries that follow, with no load
+        in between) the same."""
+        layout = self.plan.name
+
+        def case(status: str, rule: str | None = None, detail: str = "") -> None:
+            found = Case(self.run_.rel, record.line, layout, status, sql, rule, detail[:300])
+            self.run_.report.cases.append(found)
+
+        loaded = self.loaded.get(key)
+        if record.expect != "ok" or not isinstance(counted, int):
+            case(SKIPPED, "statement DuckDB refuses")
+            return
+        if loaded is None or loaded.refused is not None or key not in self.current:
+            case(SKIPPED, "table not held")
+            return
+        from shardflow.errors import UnsupportedError
+
+        try:
+            got = self.run_.backend.sql(sql).column("count")[0].as_py()
+        except UnsupportedError as error:
+            case(UNSUPPORTED, detail=_first_lines(str(error), 1))
+            return  # the next query's load brings shardflow's copy to DuckDB's
+        except Exception as error:
+            case(WRONG, detail=f"{type(error).__name__}: {_first_lines(str(error), 1)}")
+            return
+        if got != counted:
+            case(WRONG, detail=f"shardflow changed {got} rows, DuckDB {counted}")
+            return
+        case(EQUAL)
+        loaded.fingerprint = self._fingerprint(self.current[key][0])  # kept: no load
 
     def _skip(self, index: int, record: Query, rule: str, detail: str = "") -> None:
         case = Case(self.run_.rel, record.line, "-", SKIPPED, record.sql, rule, detail[:300])
@@ -1015,7 +1114,11 @@ def run_files(
     root: Path,
     backend: Backend,
     progress: Callable[[str], None] | None = None,
+    changes: bool = False,
 ) -> Report:
+    """Run ``files``; with ``changes`` their DELETEs and UPDATEs run in shardflow too, each
+    a case (its count of changed rows against DuckDB's; the queries after it compare the
+    table's content), instead of shardflow's copy being loaded again after them."""
     logging.getLogger("sqlglot").setLevel(logging.ERROR)  # "falling back to Command" noise
     report = Report()
     oracle = _Oracle()
@@ -1025,7 +1128,7 @@ def run_files(
             progress(rel)
         started = time.perf_counter()
         try:
-            FileRun(path, rel, backend, oracle, report).run()
+            FileRun(path, rel, backend, oracle, report, changes).run()
         except Exception as error:  # a bug of the runner: loud, and it fails the gate
             detail = f"runner error: {type(error).__name__}: {_first_lines(str(error), 1)}"
             report.cases.append(Case(rel, 0, "runner", WRONG, "", detail=detail[:400]))

@@ -158,9 +158,7 @@ def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
     sets: list[tuple[str, str]] = []
     if isinstance(statement, exp.Update):
         for assignment in statement.expressions:
-            if not isinstance(assignment, exp.EQ) or not isinstance(assignment.this, exp.Column):
-                raise QueryError("UPDATE sets columns: UPDATE t SET c = value, ...")
-            sets.append((assignment.this.name, assignment.expression.sql("duckdb")))
+            sets.extend(_assignments(assignment))
     for part in [condition, *(a.expression for a in statement.expressions)]:
         if part is not None and part.find(exp.Query) is not None:
             raise UnsupportedError(
@@ -174,3 +172,26 @@ def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
         condition.sql("duckdb") if condition is not None else None,
         tuple(sets),
     )
+
+
+def _assignments(assignment: exp.Expr) -> list[tuple[str, str]]:
+    """``c = v`` as one (column, value); ``(a, b) = (x, y)`` as a pair each, and
+    ``(a, b) = v`` as ``v`` for each, as DuckDB reads them."""
+    if not isinstance(assignment, exp.EQ):
+        raise QueryError("UPDATE sets columns: UPDATE t SET c = value, ...")
+    target, value = assignment.this, assignment.expression
+    if isinstance(target, exp.Column):
+        return [(target.name, value.sql("duckdb"))]
+    if not isinstance(target, exp.Tuple) or not all(
+        isinstance(c, exp.Column) for c in target.expressions
+    ):
+        raise QueryError("UPDATE sets columns: UPDATE t SET c = value, (a, b) = (x, y), ...")
+    columns = [c.name for c in target.expressions]
+    if not isinstance(value, exp.Tuple):
+        return [(column, value.sql("duckdb")) for column in columns]
+    if len(value.expressions) != len(columns):
+        raise QueryError(
+            f"UPDATE SET ({', '.join(columns)}) = (...): expected {len(columns)} values, got "
+            f"{len(value.expressions)}"
+        )
+    return [(c, v.sql("duckdb")) for c, v in zip(columns, value.expressions, strict=True)]

@@ -82,8 +82,8 @@ def sql(
     ] = Format.table,
 ) -> None:
     """Run one query, or one statement that changes tables (INSERT INTO ... SELECT |
-    VALUES, CREATE TABLE ... AS SELECT, TRUNCATE, DROP TABLE), against the tables in a data
-    directory."""
+    VALUES, UPDATE, DELETE, CREATE TABLE ... AS SELECT, TRUNCATE, DROP TABLE), against the
+    tables in a data directory."""
     with connect_to(data_dir, address, looks=True, user=user, token=token) as db:
         write(db.sql(query), form)
 

@@ -475,11 +475,6 @@ class Session:
         if None); tried again with the same id, it is applied once. A query sees it on
         every shard or on none (it is the table's next commit)."""
         spec = self.table_spec(change.name)
-        if not spec.distributed:
-            raise UnsupportedError(
-                f"{spec.name} is replicated (a copy on every node): DELETE and UPDATE change "
-                "distributed tables only, for now"
-            )
         sets = []
         for column, expression in change.sets:
             field = spec.find_column(column)

@@ -16,7 +16,7 @@ import numpy as np
 
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
-from shardflow.errors import Error, UnknownTableError, UnsupportedError
+from shardflow.errors import ClusterError, Error, UnknownTableError
 from shardflow.runtime.coordinator.controller import Controller
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.coordinator.views import console_state, gauges
@@ -144,11 +144,6 @@ class CoordinatorNode:
             done = spec.change(statement)
             if done is not None:
                 return {"rows": done.rows, "routing": self.state.catalog_json([spec.name])}
-            if spec.group is None:
-                raise UnsupportedError(
-                    f"{spec.name} is replicated (a copy on every node): DELETE and UPDATE "
-                    "change distributed tables only, for now"
-                )
             spec = self.state.begin_change(spec.name, "changed")
             try:
                 rows = self._prepare(spec, statement, change, buckets)
@@ -167,19 +162,26 @@ class CoordinatorNode:
         """Every owner of ``spec``'s shards prepares its part (all at once); the rows
         changed. On any failure every part is discarded (on the nodes that answer) and
         the failure raised: nothing of the statement takes effect."""
-        group = self.state.catalog.groups[spec.group or ""]
-        wanted = None
-        if buckets is not None:  # the units that own them now (no move runs meanwhile)
-            wanted = {int(u) for u in group.owners_of(np.asarray(buckets, np.int64))}
-        owned: dict[str, list[int]] = {}
-        for unit in group.units:
-            if wanted is None or unit.unit_id in wanted:
-                owned.setdefault(unit.node, []).append(unit.unit_id)
+        owned: dict[str, list[int] | None] = {}
+        if spec.group is None:  # replicated: the copy that writes its log prepares
+            primary = self.state.catalog.primary
+            if primary is None:
+                raise ClusterError(f"no node serves {spec.name}: the cluster has none")
+            owned[primary] = None
+        else:
+            group = self.state.catalog.groups[spec.group]
+            wanted = None
+            if buckets is not None:  # the units that own them now (no move runs meanwhile)
+                wanted = {int(u) for u in group.owners_of(np.asarray(buckets, np.int64))}
+            for unit in group.units:
+                if wanted is None or unit.unit_id in wanted:
+                    owned.setdefault(unit.node, [])
+                    owned[unit.node].append(unit.unit_id)  # type: ignore[union-attr]
         replies = [
             (
                 node,
                 self.workers.get(node).prepare_change(
-                    spec.name, statement, spec.commit, change, sorted(ids)
+                    spec.name, statement, spec.commit, change, None if ids is None else sorted(ids)
                 ),
             )
             for node, ids in sorted(owned.items())

@@ -255,8 +255,9 @@ class WorkerNode(CatalogServing):
 
     def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
         """Release a shard no longer served here: now, or when the fragments still reading
-        it finish (they were bound to it before the catalog changed). Holds ``lock``."""
-        if self.readers[key] > 0:
+        it finish (they were bound to it before the catalog changed; a replicated table's
+        copy, read through its standing view: when no fragment runs here). Holds ``lock``."""
+        if self.readers[key] > 0 or (key[1] == REPLICA and self._running > 0):
             shard.retire()
             self._releasing.append((key, shard))
         else:
@@ -266,7 +267,7 @@ class WorkerNode(CatalogServing):
         """Release the shards :meth:`_release_when_read` kept for readers now gone."""
         waiting = []
         for key, shard in self._releasing:
-            if self.readers[key] > 0:
+            if self.readers[key] > 0 or (key[1] == REPLICA and self._running > 0):
                 waiting.append((key, shard))
             else:
                 self.release(shard)
@@ -394,26 +395,32 @@ class WorkerNode(CatalogServing):
         commit: int,
         change: RowRewrite,
         units: Sequence[int] | None = None,
-    ) -> dict[int, int]:
+    ) -> dict[int | str, int]:
         """Prepare ``statement``'s change of this node's shards of ``table`` (those of
-        ``units``; None: all), each durably and not in effect (``Shard.prepare_change``);
+        ``units``; None: all; a replicated table's copy where this node writes its log),
+        each durably and not in effect (``Shard.prepare_change``);
         answers the rows each changes. ``commit``: the table's commit number the statement
         was planned at (``Changed`` where this node serves another). If one shard fails,
         those prepared here are discarded and the error is raised."""
         epoch = self.catalog.epoch
         self.check_commits({table: commit}, epoch)
         with self.lock:
-            shards = {
+            shards: dict[int | str, Shard] = {
                 unit: shard
                 for (name, unit), shard in self.shards.items()
                 if name == table and (units is None or unit in units)
             }
+            replica = self.replicas.get(table)
+            if replica is not None:  # a replicated table: its writing copy (the log's)
+                if not replica.writer:
+                    raise Moved(f"{table} (replica): this node writes no log", epoch)
+                shards = {REPLICA: replica}
         missing = set(units or ()) - set(shards)
         if missing:
             raise Moved(f"{table}#{min(missing)}", epoch)
-        counts: dict[int, int] = {}
+        counts: dict[int | str, int] = {}
         try:
-            for unit, shard in sorted(shards.items()):
+            for unit, shard in sorted(shards.items(), key=lambda item: str(item[0])):
                 counts[unit] = shard.prepare_change(statement, change)
         except BaseException as error:
             for shard in shards.values():
@@ -427,6 +434,8 @@ class WorkerNode(CatalogServing):
         """Discard the change ``statement`` prepared in this node's shards of ``table``."""
         with self.lock:
             shards = [shard for (name, _), shard in self.shards.items() if name == table]
+            if table in self.replicas:
+                shards.append(self.replicas[table])
         for shard in shards:
             shard.discard_prepared(statement)
 
@@ -571,9 +580,9 @@ class WorkerNode(CatalogServing):
             elapsed = time.perf_counter() - started
             with self.lock:
                 self.readers.subtract(reading)
+                self._running -= 1
                 if self._releasing:
                     self._release_unread()
-                self._running -= 1
                 self._busy_seconds += elapsed
                 units = {u for _, u in reading}
                 operators = _operators(sql)

@@ -111,6 +111,28 @@ class CatalogServing:
         spec = catalog.tables.get(table)
         return spec is not None and any(spec.change(s) for s in shard.prepared)
 
+    def _renew_replica(self, catalog: Catalog, name: str) -> None:
+        """Make this node's copy of the replicated table ``name`` again from storage (a
+        statement changed its rows); the copy before holds its appends meanwhile, then
+        tells them ``Moved``, and is kept until no fragment runs here."""
+        before = self.replicas.pop(name)
+        before.fence()
+        try:
+            shard = self._take(catalog, name, REPLICA, writer=before.writer)
+        except BaseException:
+            before.unfence()
+            self.replicas[name] = before
+            raise
+        if shard is not None:
+            self.replicas[name] = shard
+        self._release_when_read((name, REPLICA), before)
+
+    @staticmethod
+    def _rows_changed_since(spec: TableSpec, shard: Shard) -> bool:
+        """Whether a statement changed the rows of ``spec`` (a replicated table) since its
+        copy ``shard`` was made."""
+        return any(change.statement not in shard.committed for change in spec.changes)
+
     def _apply_changes(self, catalog: Catalog, key: ShardKey) -> None:
         """Put the committed changes a shard prepared in effect: the shard is made again
         from storage (its prepared file becomes its newest checkpoint, the log after it is
@@ -146,6 +168,10 @@ class CatalogServing:
             spec = catalog.tables.get(name)
             if spec is None or spec.uid != self.replicas[name].store.table_uid:
                 self.release(self.replicas.pop(name))
+                changed.add(name)
+            elif self._rows_changed_since(spec, self.replicas[name]):
+                # every node's copy is made again from the files its log's writer changed
+                self._renew_replica(catalog, name)
                 changed.add(name)
         primary = self._is_primary(catalog)
         for spec in catalog.replicated_tables():

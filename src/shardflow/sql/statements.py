@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from shardflow.errors import QueryError, UnsupportedError
-from shardflow.sql.parse import syntax_error
+from shardflow.errors import QueryError, UnknownColumnError, UnknownTableError, UnsupportedError
+from shardflow.sql.parse import sql_type, syntax_error
 
 logging.getLogger("sqlglot").addFilter(
     lambda record: "Falling back to parsing as a 'Command'" not in record.getMessage()
@@ -138,9 +140,9 @@ def statement_of(sql: str) -> Change | None:
 
 
 def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
-    """A DELETE or UPDATE of one table's rows by its own values. What it would read of
-    other tables (``USING``, ``FROM``, a subquery) or give back (``RETURNING``) is refused
-    saying so: each shard evaluates it over its own rows."""
+    """A DELETE or UPDATE of one table's rows by its own values and the answers of
+    subqueries (the session runs those first, :func:`inline_subqueries`). What it would
+    join (``USING``, ``FROM``) or give back (``RETURNING``) is refused saying so."""
     verb = "DELETE" if isinstance(statement, exp.Delete) else "UPDATE"
     target = statement.this
     if not isinstance(target, exp.Table) or not target.name:
@@ -159,12 +161,6 @@ def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
     if isinstance(statement, exp.Update):
         for assignment in statement.expressions:
             sets.extend(_assignments(assignment))
-    for part in [condition, *(a.expression for a in statement.expressions)]:
-        if part is not None and part.find(exp.Query) is not None:
-            raise UnsupportedError(
-                f"{verb} with a subquery is not supported yet: each shard evaluates the "
-                "statement over its own rows; compute the values first and name them"
-            )
     alias = target.alias or target.name
     return ChangeRows(
         target.name,
@@ -195,3 +191,79 @@ def _assignments(assignment: exp.Expr) -> list[tuple[str, str]]:
             f"{len(value.expressions)}"
         )
     return [(c, v.sql("duckdb")) for c, v in zip(columns, value.expressions, strict=True)]
+
+
+MAX_INLINED_VALUES = 100_000
+"""The most values a subquery of a DELETE or UPDATE may answer (they become a list)."""
+
+
+def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
+    """``sql`` (a statement's WHERE or SET value) with each uncorrelated subquery replaced
+    by its answer, which ``run`` gives (a query over the cluster): ``x IN (SELECT ...)`` by
+    the list of values, ``EXISTS (SELECT ...)`` by TRUE or FALSE, a scalar ``(SELECT ...)``
+    by its value (NULL where it has no row; more than one is an error, as DuckDB says). A
+    subquery that reads the changed table's row (correlated) is refused: each shard
+    evaluates the statement over its own rows alone."""
+    tree = exp.Paren(this=sqlglot.parse_one(sql, read="duckdb"))  # a root to replace under
+    if tree.find(exp.Query) is None:
+        return sql
+    for node in list(tree.find_all(exp.In, exp.Exists, exp.Subquery)):
+        if node.parent is None or node.find_ancestor(exp.Query) is not None:
+            continue  # inside a subquery (or one replaced already): runs with it
+        if isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Expr):
+            answer = _answer(node.args["query"], run, MAX_INLINED_VALUES + 1)
+            values = answer.column(0)
+            if len(values) > MAX_INLINED_VALUES:
+                raise UnsupportedError(
+                    f"a subquery of a DELETE or UPDATE answers more than {MAX_INLINED_VALUES:,} "
+                    "values; change the rows in parts"
+                )
+            if not len(values):
+                node.replace(exp.false())
+                continue
+            literals = [_literal(v, values.type) for v in values.to_pylist()]
+            node.set("query", None)
+            node.set("expressions", literals)
+        elif isinstance(node, exp.Exists):
+            found = _answer(node.this, run, 1)
+            node.replace(exp.true() if found.num_rows else exp.false())
+        elif isinstance(node, exp.Subquery) and not isinstance(node.parent, exp.In):
+            if isinstance(node.parent, exp.Any | exp.All):
+                raise UnsupportedError("ANY and ALL over a subquery in a DELETE or UPDATE")
+            found = _answer(node, run, 2)
+            if found.num_rows > 1:
+                raise QueryError("More than one row returned by a subquery used as an expression")
+            column = found.column(0)
+            value = column[0].as_py() if found.num_rows else None
+            node.replace(_literal(value, column.type))
+    if tree.find(exp.Query) is not None:
+        raise UnsupportedError("this subquery of a DELETE or UPDATE is not supported yet")
+    return str(tree.this.sql("duckdb"))
+
+
+def _answer(query: exp.Expr, run: Callable[[str], pa.Table], rows: int) -> pa.Table:
+    inner = query.this if isinstance(query, exp.Subquery) else query
+    try:
+        return run(f"SELECT * FROM ({inner.sql('duckdb')}) AS sub LIMIT {rows}")
+    except (UnknownColumnError, UnknownTableError) as error:
+        if isinstance(error, UnknownTableError):
+            raise
+        raise UnsupportedError(
+            "a subquery of a DELETE or UPDATE that reads the changed row (correlated) is "
+            f"not supported yet: each shard evaluates the statement over its own rows ({error})"
+        ) from None
+
+
+def _literal(value: object, arrow_type: pa.DataType) -> exp.Expr:
+    """A subquery's value as SQL: a plain literal for numbers, text and booleans (a key
+    compared with literals routes the statement to its shards), else cast to its type."""
+    if value is None:
+        return exp.null()
+    plain = (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+    )
+    return exp.convert(value) if plain else exp.cast(exp.convert(value), sql_type(arrow_type))

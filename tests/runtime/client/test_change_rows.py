@@ -155,8 +155,10 @@ def test_inserts_racing_a_delete_are_kept_and_a_query_sees_it_whole_or_not(
 def test_what_is_not_built_yet_is_refused_saying_so(cluster: LocalCluster) -> None:
     with pytest.raises(UnsupportedError, match="distribution key"):
         change(cluster, "UPDATE t SET id = id + 1")
-    with pytest.raises(UnsupportedError, match="subquery"):
-        statement_of("DELETE FROM t WHERE id IN (SELECT id FROM t WHERE n = 1)")
+    with pytest.raises(UnsupportedError, match="correlated"):
+        change(cluster, "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.n = t.id)")
+    with pytest.raises(UnsupportedError, match="USING"):
+        change(cluster, "DELETE FROM t USING t AS u WHERE u.n = t.id")
     with pytest.raises(QueryError, match="no column"):
         change(cluster, "UPDATE t SET nope = 1")
     with pytest.raises(QueryError):
@@ -221,3 +223,26 @@ def test_a_replicated_table_changes_on_every_node_at_once(cluster: LocalCluster)
         cluster.restart(node)
     for _ in nodes:
         assert cluster.sql(f"{query} WHERE id < 1000").to_pylist() == expected
+
+
+def test_subqueries_are_answered_first_and_their_values_used(cluster: LocalCluster) -> None:
+    """An uncorrelated subquery in WHERE or SET runs as a query first; the statement then
+    uses its answer (IN lists, EXISTS, scalar values, none and NULL among them)."""
+    cluster.create_table("picks", pa.table({"k": pa.array([3, 5, 8, 2999, None], pa.int64())}), "k")
+    con = oracle()
+    con.execute(
+        "CREATE TABLE picks AS SELECT * FROM (VALUES (3), (5), (8), (2999), (NULL)) AS v(k)"
+    )
+    for sql in (
+        "DELETE FROM t WHERE id IN (SELECT k FROM picks)",
+        "DELETE FROM t WHERE id NOT IN (SELECT k FROM picks WHERE k < 0) AND id > 2990",
+        "UPDATE t SET n = (SELECT max(k) FROM picks) WHERE id < 20",
+        "UPDATE t SET name = 'none' WHERE n = (SELECT k FROM picks WHERE k < 0)",
+        "DELETE FROM t WHERE EXISTS (SELECT 1 FROM picks WHERE k = 8) AND id BETWEEN 40 AND 49",
+        "DELETE FROM t WHERE id > (SELECT avg(id) FROM t) + 1000",
+    ):
+        expected = con.execute(sql).fetchall()[0][0]
+        assert change(cluster, sql) == expected, sql
+        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+    with pytest.raises(QueryError, match="More than one row"):
+        change(cluster, "UPDATE t SET n = (SELECT k FROM picks) WHERE id = 1")

@@ -65,7 +65,7 @@ from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
 from shardflow.sql.parse import named_tables, parse, sql_type
 from shardflow.sql.pruning import buckets_of, key_terms
-from shardflow.sql.statements import ChangeRows
+from shardflow.sql.statements import ChangeRows, inline_subqueries
 from shardflow.storage import RowRewrite
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route
@@ -475,8 +475,14 @@ class Session:
         if None); tried again with the same id, it is applied once. A query sees it on
         every shard or on none (it is the table's next commit)."""
         spec = self.table_spec(change.name)
+
+        def answer(query: str) -> pa.Table:
+            return self.query(query)[0]
+
+        where = inline_subqueries(change.where, answer) if change.where else None
         sets = []
         for column, expression in change.sets:
+            expression = inline_subqueries(expression, answer)
             field = spec.find_column(column)
             if field is None:
                 raise UnknownColumnError(
@@ -496,11 +502,11 @@ class Session:
             f"CAST(({expression}) AS {sql_type(spec.schema.field(column).type)})"
             for column, expression in sets
         )
-        where = f" WHERE {change.where}" if change.where else ""
-        probe = f'SELECT {values or "count(*)"} FROM "{spec.name}" AS "{change.alias}"{where}'
+        probe = f'SELECT {values or "count(*)"} FROM "{spec.name}" AS "{change.alias}"'
+        probe += f" WHERE {where}" if where else ""
         self.plan(probe)
         buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
-        rewrite = RowRewrite(change.alias, change.where, tuple(sets), delete=change.delete)
+        rewrite = RowRewrite(change.alias, where, tuple(sets), delete=change.delete)
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
             raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")

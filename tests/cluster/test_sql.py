@@ -175,6 +175,12 @@ def test_db_sql_changes_tables_as_the_service_does(
         {"count": updated[0]}
     ]
     assert db.sql("DELETE FROM cheap WHERE k >= 10000000").to_pylist() == [{"count": copied}]
+    moved = small_oracle.execute(f"SELECT count(*) FROM ({made}) WHERE k < 100").fetchone()[0]
+    assert db.sql("UPDATE cheap SET k = k + 20000000 WHERE k < 100").to_pylist() == [
+        {"count": moved}
+    ]  # of the key, if the table is distributed by it: the rows move to their new shards
+    assert db.sql("SELECT k FROM cheap WHERE k = 20000001").to_pylist() == [{"k": 20000001}]
+    db.sql("UPDATE cheap SET k = k - 20000000 WHERE k >= 20000000")
     expected = small_oracle.execute(
         f"SELECT count(*) AS n, sum(CASE WHEN k < 500 THEN p * 2 ELSE p END) AS s FROM "
         f"({made} UNION ALL SELECT 5000001, 1.5 UNION ALL SELECT 5000002, 2.5)"

@@ -83,7 +83,7 @@ def test_a_prepared_delete_takes_effect_only_once_committed(
     before = table(shard)
     change = RowRewrite("t", "id % 2 = 0 OR id >= 2025", delete=True)
     # the even ids, and the odd ones from 2025
-    assert shard.prepare_change("s1", change) == 500 + 15 + 3
+    assert shard.prepare_change("s1", change)[0] == 500 + 15 + 3
     assert any(name.startswith("prep-") for name in folder(tmp_path))
     shard.append(rows(3000, 4), "b3")  # after the change's LSN: not deleted by it
     assert table(shard) == {**before, **{i: (f"r{i}", i) for i in range(3000, 3004)}}
@@ -109,7 +109,7 @@ def test_a_prepared_update_sets_values_from_the_old_ones_and_keeps_the_rows(
 ) -> None:
     shard = loaded(engine, tmp_path)
     change = RowRewrite("t", "t.id < 10", sets=(("n", "n * 100 + id"), ("name", "upper(name)")))
-    assert shard.prepare_change("u1", change) == 10
+    assert shard.prepare_change("u1", change)[0] == 10
     applied = shard_of(engine, tmp_path, frozenset({"u1"}))
     assert_checksum_true(engine, applied)
     found = table(applied)
@@ -122,9 +122,9 @@ def test_a_change_of_no_row_prepares_nothing_and_a_discarded_one_leaves_no_trace
     engine: DuckDBEngine, tmp_path: Path
 ) -> None:
     shard = loaded(engine, tmp_path)
-    assert shard.prepare_change("none", RowRewrite("t", "id < 0", delete=True)) == 0
+    assert shard.prepare_change("none", RowRewrite("t", "id < 0", delete=True))[0] == 0
     assert not any(name.startswith("prep-") for name in folder(tmp_path))
-    assert shard.prepare_change("s2", RowRewrite("t", None, delete=True)) == 1030
+    assert shard.prepare_change("s2", RowRewrite("t", None, delete=True))[0] == 1030
     shard.discard_prepared("s2")
     assert not any(name.startswith("prep-") for name in folder(tmp_path))
     assert len(table(shard_of(engine, tmp_path, frozenset({"s2"})))) == 1030
@@ -168,7 +168,7 @@ def test_a_change_prepared_before_and_never_decided_goes_at_the_next_prepare(
     loaded(engine, tmp_path).prepare_change("lost", RowRewrite("t", "id < 5", delete=True))
     again = shard_of(engine, tmp_path)
     assert set(again.prepared) == {"lost"}
-    assert again.prepare_change("next", RowRewrite("t", "id = 7", delete=True)) == 1
+    assert again.prepare_change("next", RowRewrite("t", "id = 7", delete=True))[0] == 1
     assert set(again.prepared) == {"next"}
     lsn = again.prepared["next"]
     assert [name for name in folder(tmp_path) if name.startswith("prep-")] == [

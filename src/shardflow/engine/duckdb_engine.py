@@ -6,6 +6,7 @@ view with the table's name, so fragments run as written."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -295,6 +296,19 @@ class DuckDBEngine:
 
 
 @dataclass(frozen=True)
+class Written:
+    """What writing a change of a shard's rows gave (:meth:`NativeRows.write_change`)."""
+
+    rows: int
+    digest: int
+    nbytes: int
+    changed: int
+    """The rows the statement changed (0: nothing was written)."""
+    leaving: pa.Table | None = None
+    """Rows an UPDATE of the key gave a key of another shard (new values)."""
+
+
+@dataclass(frozen=True)
 class _Base:
     """A checkpoint file a shard reads its older rows from."""
 
@@ -482,7 +496,13 @@ class NativeRows:
             )
         return rows, digest, nbytes
 
-    def write_change(self, path: str, lsn: int, change: RowRewrite) -> tuple[int, int, int, int]:
+    def write_change(
+        self,
+        path: str,
+        lsn: int,
+        change: RowRewrite,
+        keeps: Callable[[pa.Table], np.ndarray] | None = None,
+    ) -> Written:
         """The rows logged before ``lsn`` as ``change`` leaves them, written as a new
         checkpoint file at ``path`` (at ``lsn``); its (rows, digest, Arrow bytes) and the
         rows changed. Where none is, nothing is written. A change of a few rows copies the
@@ -490,7 +510,9 @@ class NativeRows:
         in the copy (DuckDB keeps deleted rows' slots until it vacuums them); one of many
         (:data:`REWRITE_SHARE`) writes the rows again whole, reclaiming what deletes left.
         Values that do not fit their column fail as DuckDB says (a ``duckdb.Error``), and
-        so does a NULL set in a column that takes none."""
+        so does a NULL set in a column that takes none. An UPDATE of the key (``change.key``)
+        is a delete of the rows it changes and an insert of those whose new key ``keeps``
+        holds here; the others are answered (``Written.leaving``), for their new shards."""
         with self._lock:
             base = self._base
             tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
@@ -506,7 +528,30 @@ class NativeRows:
         )
         changed = int(found.column("n")[0].as_py())
         if not changed:
-            return 0, 0, 0, changed
+            return Written(0, 0, 0, changed)
+        staying: pa.Table | None = None
+        leaving: pa.Table | None = None
+        if change.key is not None:  # rows may leave: deleted here, inserted where they belong
+            assert keeps is not None, "an UPDATE of the key needs to know what stays"
+            replaced = ", ".join(
+                f"({expression}) AS {quote(name)}" for name, expression in change.sets
+            )
+            updated = self.engine.run(
+                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}"
+            )
+            updated = (
+                updated.cast(self.schema) if not updated.schema.equals(self.schema) else updated
+            )
+            for column, _ in change.sets:
+                if not self.schema.field(column).nullable and updated.column(column).null_count:
+                    raise SchemaMismatchError(
+                        f"column {column!r} takes no NULL: the UPDATE would set it in "
+                        f"{updated.column(column).null_count} row(s); nothing was changed"
+                    )
+            kept = keeps(updated)
+            staying = updated.filter(pa.array(kept))
+            leaving = updated.filter(pa.array(~kept))
+            change = dataclasses.replace(change, sets=(), delete=True, key=None)
         before = tail_rows + (base.meta.rows if base is not None else 0)
         weight = tail_bytes + (base.meta.nbytes if base is not None else 0)
         name = f"{self.physical}_prep{next(_DATABASES)}"
@@ -525,11 +570,19 @@ class NativeRows:
             else:
                 self._write_changed(table, rows_then, change)
                 rows, digest = self.engine.checksum(f"SELECT * FROM {table}")
+            if staying is not None and staying.num_rows:
+                self.engine.execute(
+                    f"INSERT INTO {table} SELECT * FROM __sf_rows", {"__sf_rows": staying}
+                )
+                more, more_digest = self.engine.checksum(
+                    "SELECT * FROM __sf_rows", {"__sf_rows": staying}
+                )
+                rows, digest = rows + more, digest + more_digest
             self._refuse_nulls(table, [column for column, _ in change.sets])
             self._seal(name, lsn, fresh=not copied)
         finally:
             self.engine.detach(name)
-        return rows, digest, weight * rows // before if before else 0, changed
+        return Written(rows, digest, weight * rows // before if before else 0, changed, leaving)
 
     def _write_changed(self, table: str, rows_then: str, change: RowRewrite) -> None:
         """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``."""

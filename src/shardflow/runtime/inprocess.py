@@ -32,6 +32,7 @@ from shardflow.runtime.protocol import (
     LoadReport,
     NewTable,
     NodeLoad,
+    PreparedChange,
     Reply,
     ShardKey,
     SharedRows,
@@ -194,8 +195,17 @@ class LocalWorker:
         commit: int,
         change: RowRewrite,
         units: Sequence[int] | None = None,
-    ) -> Reply[dict[int, int]]:
+    ) -> Reply[PreparedChange]:
         return self._call(lambda: self.node.prepare_change(table, statement, commit, change, units))
+
+    def prepare_rows(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+    ) -> Reply[None]:
+        return self._call(lambda: self.node.prepare_rows(table, statement, commit, parts))
 
     def abort_change(self, table: str, statement: str) -> Reply[None]:
         return self._call(lambda: self.node.abort_change(table, statement))

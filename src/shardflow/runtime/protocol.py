@@ -239,6 +239,18 @@ class FinalApplied:
 
 # -- tables ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class PreparedChange:
+    """A node's part of a change of rows, prepared (``Worker.prepare_change``)."""
+
+    rows: dict[int | str, int]
+    """Per shard (unit id, or ``REPLICA``), the rows the statement changes there."""
+    moving: pa.Table | None = None
+    """Rows an UPDATE of the key gave a key another shard owns (new values), and below
+    their buckets: the statement inserts them there (``Worker.prepare_rows``)."""
+    buckets: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class NewTable:
     """A table to create, as the session asks the coordinator to plan it."""
 
@@ -360,9 +372,20 @@ class Worker(Protocol):
         commit: int,
         change: RowRewrite,
         units: Sequence[int] | None = None,
-    ) -> Reply[dict[int, int]]:
+    ) -> Reply[PreparedChange]:
         """Prepare the change in this node's shards of ``table``, durably and not in
         effect; the rows each changes. It takes effect once the catalog holds it committed."""
+        ...
+
+    def prepare_rows(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+    ) -> Reply[None]:
+        """Prepare the rows ``statement`` moves into this node's shards (per unit, rows and
+        their buckets: an UPDATE of the key), durably and not in effect."""
         ...
 
     def abort_change(self, table: str, statement: str) -> Reply[None]: ...

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -137,6 +137,9 @@ class RowRewrite:
     where: str | None
     sets: tuple[tuple[str, str], ...] = ()
     delete: bool = False
+    key: str | None = None
+    """The table's distribution key, where ``sets`` sets it: a row whose new key belongs
+    to another shard leaves this one (the statement inserts it there)."""
 
 
 @runtime_checkable
@@ -171,10 +174,17 @@ class CheckpointRows(RowStore, Protocol):
 
     def abandon_load(self) -> None: ...
 
-    def write_change(self, path: str, lsn: int, change: RowRewrite) -> tuple[int, int, int, int]:
+    def write_change(
+        self,
+        path: str,
+        lsn: int,
+        change: RowRewrite,
+        keeps: Callable[[pa.Table], np.ndarray] | None = None,
+    ) -> Any:
         """Write the rows logged before ``lsn`` as ``change`` leaves them, as a checkpoint
-        file at ``path`` (at ``lsn``); its (rows, digest, Arrow bytes) and the rows the
-        change changes. Nothing is written where it changes none (0, 0, 0, 0)."""
+        file at ``path`` (at ``lsn``); its rows, digest, Arrow bytes, the rows the change
+        changes (nothing is written where it changes none) and, for an UPDATE of the key,
+        the rows ``keeps`` does not keep here (``engine/duckdb_engine.Written``)."""
         ...
 
     def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
@@ -659,11 +669,18 @@ class Shard:
             self._lock.notify_all()
 
     # -- changes of rows (DELETE, UPDATE) ---------------------------------------------------
-    def prepare_change(self, statement: str, change: RowRewrite) -> int:
+    def prepare_change(
+        self,
+        statement: str,
+        change: RowRewrite,
+        keeps: Callable[[pa.Table], np.ndarray] | None = None,
+    ) -> tuple[int, pa.Table | None]:
         """Prepare ``statement``'s change of this shard's rows: the rows logged up to now
         as it leaves them, written durably as a file beside the checkpoints that is not in
         effect (``prep-<lsn>-<statement>``), at an LSN of its own; appends go on after it.
-        Answers the rows it changes (0: nothing is prepared). It takes effect when the
+        Answers the rows it changes (0: nothing is prepared), and for an UPDATE of the key
+        the rows whose new key ``keeps`` does not keep here (new values: the statement
+        inserts them where they belong, :meth:`prepare_entry`). It takes effect when the
         catalog holds the statement as committed: the shard made again from storage then
         starts from it (:meth:`ShardStore.recover`); until then no checkpoint is written."""
         if not isinstance(self.data, CheckpointRows) or not self.writer:
@@ -685,9 +702,10 @@ class Shard:
         try:
             written = self.store.new_prepared(lsn, statement, self.data.scratch)
             try:
-                rows, digest, nbytes, changed = self.data.write_change(written.path, lsn, change)
+                done = self.data.write_change(written.path, lsn, change, keeps)
+                changed = done.changed
                 if changed:
-                    written.finish(rows, digest, nbytes, applied)
+                    written.finish(done.rows, done.digest, done.nbytes, applied)
                 else:
                     written.abandon()
             except BaseException:
@@ -698,7 +716,28 @@ class Shard:
             raise
         if not changed:
             self._forget_prepared(statement)
-        return changed
+            return 0, None
+        return changed, done.leaving
+
+    def prepare_entry(self, statement: str, table: pa.Table, buckets: np.ndarray) -> None:
+        """Prepare rows ``statement`` adds to this shard (an UPDATE of the key brings them
+        from another), durably and not in effect, at an LSN of their own: a log entry once
+        the statement is committed."""
+        if not self.writer:
+            raise StorageError(f"{self.store.folder}: rows are changed on a writing copy only")
+        with self._lock:
+            while self._checkpointing:
+                self._lock.wait()
+            if self.retired or self.fenced:
+                raise Moved(self.store.folder, -1)
+            self.lsn += 1
+            lsn = self.lsn
+            self.prepared[statement] = lsn
+        try:
+            self.store.prepare_entry(table.cast(self.schema), lsn, statement, claim(buckets))
+        except BaseException:
+            self.discard_prepared(statement)
+            raise
 
     def discard_prepared(self, statement: str) -> None:
         """Drop the change ``statement`` prepared here (aborted): its file goes, and the

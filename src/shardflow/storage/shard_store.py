@@ -18,6 +18,8 @@ Layout under ``<data dir>/tables/<table uid>/<shard>/``::
     prep-<lsn>-<statement>.json   rows (DELETE, UPDATE) would leave them, prepared and not in
                                   effect: it becomes ckpt-<lsn> once the catalog holds the
                                   statement as committed (see ``Shard.prepare_change``)
+    prep-<lsn>-<statement>.arrow  rows such a statement adds (an UPDATE of the key moves
+                                  them from another shard): wal-<lsn>-<statement> then
 
 Each entry is its own file, written whole and renamed into place (or put as one object on
 an object store), so recovery never sees a torn entry. A checkpoint writes a new base and
@@ -249,15 +251,16 @@ class ShardStore:
         written. With ``sync_dir`` False the entry's file is synced but not the folder's
         listing: the caller calls :meth:`sync_dir` once for several entries before any of
         them is acknowledged (a group commit)."""
+        return self._write_entry(self._entry_name(lsn, batch_id), table, buckets, sync_dir)
+
+    def _write_entry(self, name: str, table: pa.Table, buckets: Held, sync_dir: bool) -> int:
         metadata = {b"shardflow.buckets": json.dumps(buckets).encode()}
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         payload = sink.getvalue().to_pybytes()
-        self._dir.write_atomic(
-            self._path(self._entry_name(lsn, batch_id)), payload, sync_dir=sync_dir
-        )
+        self._dir.write_atomic(self._path(name), payload, sync_dir=sync_dir)
         return len(payload)
 
     def discard_wal(self, lsn: int, batch_id: str) -> None:
@@ -377,28 +380,42 @@ class ShardStore:
         durable at :meth:`CheckpointFile.finish`, in effect only at :meth:`commit_prepared`."""
         return CheckpointFile(self, lsn, scratch, prepared=statement)
 
+    def prepare_entry(self, table: pa.Table, lsn: int, statement: str, buckets: Held) -> None:
+        """Rows ``statement`` adds to the shard (an UPDATE of the key brings them from
+        another), written durably as a log entry not in effect (``prep-<lsn>-<statement>
+        .arrow``): it becomes the log entry ``wal-<lsn>-<statement>`` at
+        :meth:`commit_prepared`."""
+        self._write_entry(_prepared_name(lsn, statement, ENTRY), table, buckets, True)
+
     def commit_prepared(self, statement: str) -> bool:
         """Put the change ``statement`` prepared in effect: its file becomes the shard's
-        newest checkpoint (its record first, then the file), and what that covers goes.
-        Only while this copy holds the shard. False where none is prepared here."""
-        found = [
+        newest checkpoint (its record first, then the file), and what that covers goes; the
+        rows it adds become a log entry after it. Only while this copy holds the shard.
+        False where nothing is prepared here."""
+        found = sorted(
             (lsn, name)
             for name in self._dir.list(self.folder)
             if (lsn := _prepared_lsn(name, statement)) is not None
-        ]
+        )
         if not found:
             return False
-        lsn, name = found[0]
-        final = _checkpoint_name(lsn)
         self._dir.check_owner()
         self.check_claim("checkpoints")
-        self._dir.write_atomic(
-            self._path(_meta_name(final)), self._dir.read(self._path(_meta_name(name)))
-        )
-        self._dir.fs.move(self._path(name), self._path(final))
-        self.sync_dir()
-        self._dir.delete(self._path(_meta_name(name)))
-        self._supersede(lsn, final)
+        for lsn, name in found:
+            if name.endswith(ENTRY):
+                self._dir.fs.move(
+                    self._path(name), self._path(f"wal-{lsn:012d}-{statement}{ENTRY}")
+                )
+                self.sync_dir()
+                continue
+            final = _checkpoint_name(lsn)
+            self._dir.write_atomic(
+                self._path(_meta_name(final)), self._dir.read(self._path(_meta_name(name)))
+            )
+            self._dir.fs.move(self._path(name), self._path(final))
+            self.sync_dir()
+            self._dir.delete(self._path(_meta_name(name)))
+            self._supersede(lsn, final)
         return True
 
     def discard_prepared(self, statement: str) -> None:
@@ -406,7 +423,8 @@ class ShardStore:
         again)."""
         for name in self._dir.list(self.folder):
             if _prepared_lsn(name, statement) is not None:
-                self._dir.delete(self._path(_meta_name(name)), fenced=False)
+                if not name.endswith(ENTRY):
+                    self._dir.delete(self._path(_meta_name(name)), fenced=False)
                 self._dir.delete(self._path(name), fenced=False)
 
     # -- checkpoint files ----------------------------------------------------------------
@@ -631,11 +649,15 @@ def _entry_of(name: str) -> tuple[str, str]:
 _ENTRY = re.compile(r"wal-\d{12}-(?P<batch>.+?)(?:\.(?P<holder>[0-9a-f]{16}))?\.arrow")
 
 
-_PREPARED = re.compile(r"prep-(?P<lsn>\d{12})-(?P<statement>[0-9A-Za-z_-]+)\.duckdb")
+ENTRY = ".arrow"
+"""The suffix of a prepared log entry (a prepared checkpoint file's is ``.duckdb``)."""
+_PREPARED = re.compile(
+    r"prep-(?P<lsn>\d{12})-(?P<statement>[0-9A-Za-z_-]+)(?P<kind>\.duckdb|\.arrow)"
+)
 
 
-def _prepared_name(lsn: int, statement: str) -> str:
-    return f"prep-{lsn:012d}-{statement}.duckdb"
+def _prepared_name(lsn: int, statement: str, kind: str = ".duckdb") -> str:
+    return f"prep-{lsn:012d}-{statement}{kind}"
 
 
 def _prepared_lsn(name: str, statement: str) -> int | None:
@@ -645,12 +667,14 @@ def _prepared_lsn(name: str, statement: str) -> int | None:
 
 
 def _prepared_in(names: list[str]) -> dict[str, int]:
-    """The changes prepared among ``names``: per statement, its LSN."""
-    return {
-        found["statement"]: int(found["lsn"])
-        for name in names
-        if (found := _PREPARED.fullmatch(name)) is not None
-    }
+    """The changes prepared among ``names``: per statement, the highest LSN it holds."""
+    prepared: dict[str, int] = {}
+    for name in names:
+        found = _PREPARED.fullmatch(name)
+        if found is not None:
+            lsn = int(found["lsn"])
+            prepared[found["statement"]] = max(lsn, prepared.get(found["statement"], lsn))
+    return prepared
 
 
 def _checkpoint_name(lsn: int) -> str:

@@ -39,7 +39,6 @@ from shardflow.errors import (
     UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
-    UnsupportedError,
 )
 from shardflow.runtime.client.loads import Loader, Progress
 from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
@@ -489,11 +488,8 @@ class Session:
                     f"table {spec.name!r} has no column {column!r}; it has "
                     f"{', '.join(spec.schema.names)}"
                 )
-            if spec.key is not None and field.name == spec.key:
-                raise UnsupportedError(
-                    f"UPDATE of {spec.name}'s distribution key {spec.key!r} is not supported "
-                    "yet (the row would move to another shard): DELETE it and INSERT it again"
-                )
+            if field.name == spec.key:  # rows may move: each value typed as the column
+                expression = f"CAST(({expression}) AS {sql_type(field.type)})"
             sets.append((field.name, expression))
         # the statement's SQL is planned as a query's is first (columns, types, functions
         # refused): a mistake is said before any shard prepares anything; and where its
@@ -506,7 +502,8 @@ class Session:
         probe += f" WHERE {where}" if where else ""
         self.plan(probe)
         buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
-        rewrite = RowRewrite(change.alias, where, tuple(sets), delete=change.delete)
+        rekey = spec.key if any(column == spec.key for column, _ in sets) else None
+        rewrite = RowRewrite(change.alias, where, tuple(sets), delete=change.delete, key=rekey)
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
             raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")

@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
@@ -22,6 +23,7 @@ from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.coordinator.views import console_state, gauges
 from shardflow.runtime.protocol import DrainReport, NewTable, NodeLoad, ShardKey, Workers
 from shardflow.storage import RowRewrite
+from shardflow.storage.partition import route
 from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.console import ConsoleServer
 from shardflow.telemetry.devices import NodeProfile
@@ -188,19 +190,51 @@ class CoordinatorNode:
         ]
         rows = 0
         failure: BaseException | None = None
+        moving: list[tuple[pa.Table, np.ndarray]] = []
         for _, reply in replies:
             try:
-                rows += sum(reply.get().values())
+                prepared = reply.get()
             except Error as error:
                 failure = failure or error
+                continue
+            rows += sum(prepared.rows.values())
+            if prepared.moving is not None and prepared.buckets is not None:
+                moving.append((prepared.moving, prepared.buckets))
+        touched = set(owned)
+        if moving and failure is None:  # an UPDATE of the key: rows go to their new shards
+            try:
+                touched |= self._prepare_moving(spec, statement, moving)
+            except Error as error:
+                failure = error
+                touched = set(self.state.catalog.nodes)
         if failure is None or unfenced("atomic"):  # the test hook: commit what was prepared
             return rows
-        for node in owned:
+        for node in sorted(touched):
             try:
                 self.workers.get(node).abort_change(spec.name, statement).get()
             except Error as error:  # gone: its parts are never committed, nor applied
                 log.info("abort of %s on %s skipped: %s", statement, node, error)
         raise failure
+
+    def _prepare_moving(
+        self, spec: TableSpec, statement: str, moving: list[tuple[pa.Table, np.ndarray]]
+    ) -> set[str]:
+        """Prepare the rows an UPDATE of the key moves on the shards that own their new
+        keys; the nodes asked."""
+        assert spec.group is not None
+        rows = pa.concat_tables([table for table, _ in moving])
+        buckets = np.concatenate([b for _, b in moving])
+        group = self.state.catalog.groups[spec.group]
+        by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = {}
+        for unit_id, part in route(rows, buckets, self.state.catalog, spec.group).items():
+            by_node.setdefault(group.unit(unit_id).node, {})[unit_id] = part
+        replies = [
+            self.workers.get(node).prepare_rows(spec.name, statement, spec.commit, parts)
+            for node, parts in sorted(by_node.items())
+        ]
+        for reply in replies:
+            reply.get()
+        return set(by_node)
 
     def _changes_lock(self, name: str) -> threading.Lock:
         """The lock one change of rows of ``name``'s co-location group holds."""

@@ -41,6 +41,7 @@ from shardflow.runtime.protocol import (
     LoadReport,
     NewTable,
     NodeLoad,
+    PreparedChange,
     ShardKey,
     WorkerInfo,
     Workers,
@@ -445,8 +446,18 @@ class WorkerService:
     @ray.method
     def prepare_change(
         self, table: str, statement: str, commit: int, change: RowRewrite, units: list[int] | None
-    ) -> dict[int, int]:
+    ) -> PreparedChange:
         return self.node.prepare_change(table, statement, commit, change, units)
+
+    @ray.method
+    def prepare_rows(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        parts: dict[int, tuple[pa.Table, np.ndarray]],
+    ) -> None:
+        self.node.prepare_rows(table, statement, commit, parts)
 
     @ray.method
     def abort_change(self, table: str, statement: str) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import numpy as np
 import pyarrow as pa
 import ray
 
@@ -29,6 +30,7 @@ from shardflow.runtime.protocol import (
     LoadReport,
     NewTable,
     NodeLoad,
+    PreparedChange,
     Reply,
     ShardKey,
     SharedRows,
@@ -196,11 +198,20 @@ class RayWorker:
         commit: int,
         change: RowRewrite,
         units: Sequence[int] | None = None,
-    ) -> Reply[dict[int, int]]:
+    ) -> Reply[PreparedChange]:
         units = list(units) if units is not None else None
         return self._reply(
             self.handle.prepare_change.remote(table, statement, commit, change, units)
         )
+
+    def prepare_rows(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+    ) -> Reply[None]:
+        return self._reply(self.handle.prepare_rows.remote(table, statement, commit, dict(parts)))
 
     def abort_change(self, table: str, statement: str) -> Reply[None]:
         return self._reply(self.handle.abort_change.remote(table, statement))

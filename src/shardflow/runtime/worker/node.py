@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -37,6 +37,7 @@ from shardflow.runtime.protocol import (
     DeviceCache,
     FragmentStats,
     LoadReport,
+    PreparedChange,
     ReplicaInfo,
     ShardInfo,
     ShardKey,
@@ -60,6 +61,7 @@ from shardflow.runtime.worker.profile import (
 from shardflow.runtime.worker.resident import KeepsFrames
 from shardflow.runtime.worker.serving import CatalogServing
 from shardflow.storage import CheckpointPolicy, RowRewrite, Shard, ShardStore
+from shardflow.storage.partition import buckets_for
 from shardflow.storage.shard_store import unfenced
 from shardflow.telemetry.calibration import calibrate, operator_mix
 from shardflow.telemetry.devices import NodeProfile, device_state, discover, memory_state
@@ -395,7 +397,7 @@ class WorkerNode(CatalogServing):
         commit: int,
         change: RowRewrite,
         units: Sequence[int] | None = None,
-    ) -> dict[int | str, int]:
+    ) -> PreparedChange:
         """Prepare ``statement``'s change of this node's shards of ``table`` (those of
         ``units``; None: all; a replicated table's copy where this node writes its log),
         each durably and not in effect (``Shard.prepare_change``);
@@ -419,16 +421,59 @@ class WorkerNode(CatalogServing):
         if missing:
             raise Moved(f"{table}#{min(missing)}", epoch)
         counts: dict[int | str, int] = {}
+        moving: list[pa.Table] = []
         try:
             for unit, shard in sorted(shards.items(), key=lambda item: str(item[0])):
-                counts[unit] = shard.prepare_change(statement, change)
+                keeps = self._keeps(table, unit) if change.key is not None else None
+                counts[unit], leaving = shard.prepare_change(statement, change, keeps)
+                if leaving is not None and leaving.num_rows:
+                    moving.append(leaving)
         except BaseException as error:
             for shard in shards.values():
                 shard.discard_prepared(statement)
             if isinstance(error, duckdb.Error):  # a value that does not fit, as DuckDB says
                 raise query_error(error) from None
             raise
-        return counts
+        if not moving:
+            return PreparedChange(counts)
+        moved = pa.concat_tables(moving)
+        spec = self.catalog.table(table)
+        return PreparedChange(counts, moved, buckets_for(moved, spec, self.catalog.n_buckets))
+
+    def _keeps(self, table: str, unit: int | str) -> Callable[[pa.Table], np.ndarray]:
+        """Which rows (new values of an UPDATE of the key) the unit ``unit`` of ``table``
+        owns: the others leave it."""
+        spec = self.catalog.table(table)
+        assert spec.group is not None and isinstance(unit, int)
+        owned = self.catalog.groups[spec.group].unit(unit)
+        n_buckets = self.catalog.n_buckets
+
+        def keeps(rows: pa.Table) -> np.ndarray:
+            buckets = buckets_for(rows, spec, n_buckets)
+            return np.asarray((buckets >= owned.lo) & (buckets < owned.hi))
+
+        return keeps
+
+    def prepare_rows(
+        self,
+        table: str,
+        statement: str,
+        commit: int,
+        parts: Mapping[int, tuple[pa.Table, np.ndarray]],
+    ) -> None:
+        """Prepare rows ``statement`` moves into this node's shards of ``table`` (per unit,
+        rows and their buckets: an UPDATE of the key), each durably and not in effect."""
+        epoch = self.catalog.epoch
+        self.check_commits({table: commit}, epoch)
+        with self.lock:
+            shards = {unit: self.shards.get((table, unit)) for unit in parts}
+        for unit, shard in shards.items():
+            if shard is None:
+                raise Moved(f"{table}#{unit}", epoch)
+        for unit, (rows, buckets) in parts.items():
+            shard = shards[unit]
+            assert shard is not None
+            shard.prepare_entry(statement, rows, np.asarray(buckets))
 
     def abort_change(self, table: str, statement: str) -> None:
         """Discard the change ``statement`` prepared in this node's shards of ``table``."""

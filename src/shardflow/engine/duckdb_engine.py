@@ -461,17 +461,27 @@ class NativeRows:
             name, self._loading = self._loading, None
             self.engine.detach(name)
 
+    def _logged(self, upto: str) -> tuple[_Base | None, int, int, str]:
+        """The base now, the tail's rows and bytes, and a query of the tail's rows past the
+        base logged at an LSN ``upto`` says (``"<= 12"``)."""
+        with self._lock:
+            base = self._base
+            tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
+        logged = f"{LSN_COLUMN} {upto}"
+        if base is not None:
+            logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
+        return (
+            base,
+            tail_rows,
+            tail_bytes,
+            f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}",
+        )
+
     def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
         """The base's file copied to ``path`` with the tail's rows up to ``lsn`` added;
         its (rows, digest, Arrow bytes): the base's (kept in its record) plus the added
         rows' (hashed here: only they are read)."""
-        with self._lock:
-            base = self._base
-            tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
-        logged = f"{LSN_COLUMN} <= {int(lsn)}"
-        if base is not None:
-            logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
-        added = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
+        base, tail_rows, tail_bytes, added = self._logged(f"<= {int(lsn)}")
         rows, digest = self.engine.checksum(added)
         copied = base is not None and _copy_file(base.path, path)
         if base is not None and not copied:  # its file is gone (another copy of the shard
@@ -513,13 +523,7 @@ class NativeRows:
         so does a NULL set in a column that takes none. An UPDATE of the key (``change.key``)
         is a delete of the rows it changes and an insert of those whose new key ``keeps``
         holds here; the others are answered (``Written.leaving``), for their new shards."""
-        with self._lock:
-            base = self._base
-            tail_rows, tail_bytes = self._tail_rows, self._tail_bytes
-        logged = f"{LSN_COLUMN} < {int(lsn)}"
-        if base is not None:
-            logged += f" AND {LSN_COLUMN} > {base.meta.lsn}"
-        added = f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}"
+        base, tail_rows, tail_bytes, added = self._logged(f"< {int(lsn)}")
         rows_then = f"SELECT * FROM {base.table} UNION ALL {added}" if base is not None else added
         alias = quote(change.alias)
         matched = f"({change.where})" if change.where else "true"

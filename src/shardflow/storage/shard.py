@@ -690,15 +690,7 @@ class Shard:
         # was aborted (this statement's own, tried again, among them)
         for earlier in list(self.prepared):
             self.discard_prepared(earlier)
-        with self._lock:
-            while self._checkpointing:
-                self._lock.wait()
-            if self.retired or self.fenced:
-                raise Moved(self.store.folder, -1)
-            self.lsn += 1
-            lsn = self.lsn
-            self.prepared[statement] = lsn
-            applied = dict(self._applied)
+        lsn, applied = self._prepared_lsn(statement)
         try:
             written = self.store.new_prepared(lsn, statement, self.data.scratch)
             try:
@@ -725,19 +717,24 @@ class Shard:
         the statement is committed."""
         if not self.writer:
             raise StorageError(f"{self.store.folder}: rows are changed on a writing copy only")
+        lsn, _ = self._prepared_lsn(statement)
+        try:
+            self.store.prepare_entry(table.cast(self.schema), lsn, statement, claim(buckets))
+        except BaseException:
+            self.discard_prepared(statement)
+            raise
+
+    def _prepared_lsn(self, statement: str) -> tuple[int, Applied]:
+        """An LSN of its own for what ``statement`` prepares here (once no checkpoint is
+        being written; none is from now until it is decided), and the batches applied."""
         with self._lock:
             while self._checkpointing:
                 self._lock.wait()
             if self.retired or self.fenced:
                 raise Moved(self.store.folder, -1)
             self.lsn += 1
-            lsn = self.lsn
-            self.prepared[statement] = lsn
-        try:
-            self.store.prepare_entry(table.cast(self.schema), lsn, statement, claim(buckets))
-        except BaseException:
-            self.discard_prepared(statement)
-            raise
+            self.prepared[statement] = self.lsn
+            return self.lsn, dict(self._applied)
 
     def discard_prepared(self, statement: str) -> None:
         """Drop the change ``statement`` prepared here (aborted): its file goes, and the

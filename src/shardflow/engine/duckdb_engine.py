@@ -68,9 +68,17 @@ _DATABASES = itertools.count(1)
 """Numbers the databases attached for checkpoint files: unique in the process (a unit may
 be served again on a node while a retired copy of it is still read)."""
 REWRITE_SHARE = 4
-"""A change of rows that changes at least one in this many of a shard's rows writes the
-shard's rows again whole (what earlier deletes left goes); a smaller one changes a copy of
-its checkpoint file in place."""
+"""Once one in this many of the rows a checkpoint file holds are deleted rows (a DELETE run
+in a copy of the file leaves their slots), the next change or checkpoint writes the rows
+again whole: a change that would leave so many writes them whole at once; a smaller one
+changes a copy of the checkpoint file in place."""
+
+
+def _mostly_dead(live: int, dead: int) -> bool:
+    """Whether a file holding ``live`` rows and ``dead`` deleted ones wants compacting."""
+    return dead > 0 and dead * REWRITE_SHARE >= live + dead
+
+
 CHANGED_ROWS = "shardflow_changed"
 """The table an UPDATE keeps the ids of the rows it changes in, in the file it changes."""
 CHECKPOINT_TABLE = "shardflow_checkpoint"
@@ -306,6 +314,8 @@ class Written:
     """The rows the statement changed (0: nothing was written)."""
     leaving: pa.Table | None = None
     """Rows an UPDATE of the key gave a key of another shard (new values)."""
+    dead: int = 0
+    """Rows deleted in place whose slots the file still holds."""
 
 
 @dataclass(frozen=True)
@@ -477,15 +487,19 @@ class NativeRows:
             f"SELECT * EXCLUDE ({LSN_COLUMN}) FROM {self.tail} WHERE {logged}",
         )
 
-    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
+    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int, int]:
         """The base's file copied to ``path`` with the tail's rows up to ``lsn`` added;
         its (rows, digest, Arrow bytes): the base's (kept in its record) plus the added
-        rows' (hashed here: only they are read)."""
+        rows' (hashed here: only they are read), and the rows deleted in place the copy
+        still holds. A base holding many of those (:func:`_mostly_dead`) is not copied: its
+        rows are written again whole, and their slots go (compaction, in the background as
+        every checkpoint)."""
         base, tail_rows, tail_bytes, added = self._logged(f"<= {int(lsn)}")
         rows, digest = self.engine.checksum(added)
-        copied = base is not None and _copy_file(base.path, path)
-        if base is not None and not copied:  # its file is gone (another copy of the shard
-            # checkpointed since): the rows are written again, from the file still open here
+        compact = base is not None and _mostly_dead(base.meta.rows, base.meta.dead)
+        copied = base is not None and not compact and _copy_file(base.path, path)
+        if base is not None and not copied:  # compacted, or its file is gone (another copy of
+            # the shard checkpointed since): the rows are written again, from the file open here
             added = f"SELECT * FROM {base.table} UNION ALL {added}"
         name = f"{self.physical}_ckpt{next(_DATABASES)}"
         self.engine.attach_file(name, path)
@@ -504,7 +518,7 @@ class NativeRows:
                 digest + base.meta.digest,
                 nbytes + base.meta.nbytes,
             )
-        return rows, digest, nbytes
+        return rows, digest, nbytes, base.meta.dead if copied and base is not None else 0
 
     def write_change(
         self,
@@ -560,7 +574,8 @@ class NativeRows:
         weight = tail_bytes + (base.meta.nbytes if base is not None else 0)
         name = f"{self.physical}_prep{next(_DATABASES)}"
         table = f"{quote(name)}.main.{SHARD_TABLE}"
-        whole = base is None or changed * REWRITE_SHARE >= before
+        dead = base.meta.dead if base is not None else 0
+        whole = base is None or _mostly_dead(before - changed, dead + changed)
         copied = not whole and base is not None and _copy_file(base.path, path)
         self.engine.attach_file(name, path)
         try:
@@ -586,7 +601,10 @@ class NativeRows:
             self._seal(name, lsn, fresh=not copied)
         finally:
             self.engine.detach(name)
-        return Written(rows, digest, weight * rows // before if before else 0, changed, leaving)
+        if copied and change.delete:
+            dead += changed  # their slots stay in the copy until it is written whole
+        nbytes = weight * rows // before if before else 0
+        return Written(rows, digest, nbytes, changed, leaving, dead if copied else 0)
 
     def _write_changed(self, table: str, rows_then: str, change: RowRewrite) -> None:
         """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``."""

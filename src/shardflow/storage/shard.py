@@ -187,9 +187,9 @@ class CheckpointRows(RowStore, Protocol):
         the rows ``keeps`` does not keep here (``engine/duckdb_engine.Written``)."""
         ...
 
-    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int]:
+    def write_checkpoint(self, path: str, lsn: int) -> tuple[int, int, int, int]:
         """Write every row logged up to ``lsn`` as a checkpoint file at ``path``; its
-        (rows, digest, Arrow bytes)."""
+        (rows, digest, Arrow bytes, rows deleted in place it still holds)."""
         ...
 
     def use_checkpoint(self, path: str, meta: CheckpointMeta) -> None:
@@ -429,17 +429,18 @@ class Shard:
         self.data.begin_load(self._load_file.path)
 
     def _finish_file(
-        self, written: CheckpointFile, write: Callable[[], tuple[int, int, int]], applied: Applied
+        self, written: CheckpointFile, write: Callable[[], tuple[int, ...]], applied: Applied
     ) -> None:
-        """Write a checkpoint file (``write``: its rows, digest and bytes), make it the
-        shard's base, and read the shard from it from then on; abandoned if it fails."""
+        """Write a checkpoint file (``write``: its rows, digest and bytes, and the rows
+        deleted in place it holds, if any), make it the shard's base, and read the shard
+        from it from then on; abandoned if it fails."""
         assert isinstance(self.data, CheckpointRows)
         try:
-            sums = write()
+            rows, digest, nbytes, *dead = write()
         except BaseException:
             written.abandon()
             raise
-        meta = written.finish(*sums, applied)
+        meta = written.finish(rows, digest, nbytes, applied, *dead)
         self.data.use_checkpoint(written.opened_at, meta)
 
     def abandon_load(self) -> None:
@@ -697,7 +698,7 @@ class Shard:
                 done = self.data.write_change(written.path, lsn, change, keeps)
                 changed = done.changed
                 if changed:
-                    written.finish(done.rows, done.digest, done.nbytes, applied)
+                    written.finish(done.rows, done.digest, done.nbytes, applied, done.dead)
                 else:
                     written.abandon()
             except BaseException:

@@ -127,6 +127,10 @@ class CheckpointMeta:
     file_bytes: int
     """The file's size: a file cut short is refused."""
     applied: Applied
+    dead: int = 0
+    """Rows deleted in place whose slots the file may still hold (a DELETE run in a copy of
+    the file; at most this many: DuckDB's own checkpoint vacuums a row group where enough
+    went): once they could be many, the next change or checkpoint writes the rows whole."""
 
 
 @dataclass(frozen=True)
@@ -548,7 +552,9 @@ class CheckpointFile:
         """Where the shard opens the file once finished (kept local where the data
         directory is not)."""
 
-    def finish(self, rows: int, digest: int, nbytes: int, applied: Applied) -> CheckpointMeta:
+    def finish(
+        self, rows: int, digest: int, nbytes: int, applied: Applied, dead: int = 0
+    ) -> CheckpointMeta:
         """Make the written file the shard's base: its record first, then the file
         (renamed, or put whole on an object store), then what it supersedes goes. Only
         while our cluster owns the directory and this copy holds the shard (else it would
@@ -560,7 +566,7 @@ class CheckpointFile:
             with open(self.path, "rb+") as handle:
                 os.fsync(handle.fileno())
             size = os.path.getsize(self.path)
-            meta = CheckpointMeta(self.lsn, rows, digest, nbytes, size, recent)
+            meta = CheckpointMeta(self.lsn, rows, digest, nbytes, size, recent, dead)
             data_dir.check_owner()
             store.check_claim("checkpoints")
             data_dir.write_atomic(

@@ -607,20 +607,21 @@ class NativeRows:
         return Written(rows, digest, nbytes, changed, leaving, dead if copied else 0)
 
     def _write_changed(self, table: str, rows_then: str, change: RowRewrite) -> None:
-        """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``."""
+        """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``: the rows kept
+        (a DELETE), or every row and then the UPDATE run over them (values cast to their
+        columns as DuckDB's own UPDATE casts them)."""
         source = f"({rows_then}) AS {quote(change.alias)}"
-        kept = f"coalesce(({change.where}), false)" if change.where else "true"
-        if change.delete:
-            select = f"SELECT * FROM {source} WHERE NOT {kept}"
-        else:
-            replaced = ", ".join(
-                f"CASE WHEN {kept} THEN ({expression}) ELSE {quote(column)} END AS {quote(column)}"
-                for column, expression in change.sets
-            )
-            select = f"SELECT * REPLACE ({replaced}) FROM {source}"
-        # the shard's column types, whatever the expressions' are (an INSERT casts to them)
+        kept = f"NOT coalesce(({change.where}), false)" if change.where else "false"
+        # the shard's column types, whatever the expressions' are
         self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
-        self.engine.execute(f"INSERT INTO {table} {select}")
+        if change.delete:
+            self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source} WHERE {kept}")
+            return
+        self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source}")
+        sets = ", ".join(f"{quote(column)} = ({value})" for column, value in change.sets)
+        matched = f"({change.where})" if change.where else "true"
+        target = f"{table} AS {quote(change.alias)}"
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
 
     def _change_in_place(
         self, name: str, change: RowRewrite, changed: int, rows: int, digest: int

@@ -176,6 +176,17 @@ def _assignments(assignment: exp.Expr) -> list[tuple[str, str]]:
     if not isinstance(assignment, exp.EQ):
         raise QueryError("UPDATE sets columns: UPDATE t SET c = value, ...")
     target, value = assignment.this, assignment.expression
+    if any(
+        isinstance(v, exp.Column)
+        and v.name.upper() == "DEFAULT"
+        and not v.table
+        and not v.this.quoted
+        for v in [value, *value.find_all(exp.Column)]
+    ):
+        raise UnsupportedError(
+            "UPDATE ... SET c = DEFAULT: shardflow's tables keep no column defaults; set the "
+            "value (NULL, say)"
+        )
     if isinstance(target, exp.Column):
         return [(target.name, value.sql("duckdb"))]
     if not isinstance(target, exp.Tuple) or not all(

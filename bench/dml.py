@@ -108,6 +108,8 @@ def main() -> None:
             run_bank(db, bank, args.seconds, transferers=2, readers=2, meanwhile=move_accounts)
             assert check_total(db, bank), "the bank's money after the run"
             print(bank.line(), flush=True)
+            for error in bank.errors[:5]:
+                print(f"  bank: {error}")
     oracle.close()
     print(
         f"delete_key_qps_4={qps:.1f} bulk_delete_ratio={bulk:.2f} update_ratio={update:.2f} "

@@ -8,6 +8,7 @@ fail."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from shardflow.control import balancer
 from shardflow.errors import QueryError, UnsupportedError
 from shardflow.sql.statements import ChangeRows, statement_of
 from shardflow.storage import RowRewrite
@@ -269,3 +271,33 @@ def test_an_update_of_the_key_moves_rows_to_their_new_shards(cluster: LocalClust
     with pytest.raises(QueryError):  # fails on one shard only: no row moves anywhere
         change(cluster, "UPDATE t SET id = CAST(CASE WHEN id = 1 THEN 'x' ELSE '5' END AS BIGINT)")
     assert summary(cluster) == before
+
+
+def test_the_balancers_moves_do_not_wait_for_a_change_that_waits_for_them(
+    cluster: LocalCluster,
+) -> None:
+    """The balancer reserves every move of a decision before it runs any, and a change of
+    rows waits for the moves reserved: were the balancer's second move to wait for the
+    change, neither would ever end (a bank run hung so). Its moves are refused at once
+    while a change runs, and tried again at its next decision; a move asked for by an
+    operator waits for the change instead, and then runs."""
+    units = cluster.units("t")
+    cluster.state.begin_change("t", "changed")
+    try:
+        moves = tuple(
+            balancer.Move(u.unit_id, next(n for n in ("node-0", "node-1") if n != u.node), 0, "t")
+            for u in units[:2]
+        )
+        decision = balancer.Decision(moves, "test", "load", 0.0, 0.0)
+        started = time.monotonic()
+        assert cluster.controller.carry_out(decision) == []  # both refused, none waited
+        assert time.monotonic() - started < 5
+        waiting = threading.Thread(target=cluster.migrate, args=(moves[0].unit_id, moves[0].to))
+        waiting.start()
+        group = cluster.catalog.table("t").group
+        while not cluster.state.waiting_moves[group]:
+            time.sleep(0.01)
+    finally:
+        cluster.state.end_change("t")
+    waiting.join()
+    assert cluster.catalog.group_of("t").unit(units[0].unit_id).node == moves[0].to

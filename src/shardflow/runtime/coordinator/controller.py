@@ -563,12 +563,18 @@ class Controller:
         plans: list[MovePlan] = []
         for action in decision.actions:
             try:
+                # refused at once while a table of the unit's group changes rows (a change
+                # waits for the moves reserved here, which run once all are): tried again
+                # at the next decision
                 if isinstance(action, balancer.Split):
-                    plans.append(self.state.plan_split(action.unit_id, action.reason))
+                    plans.append(self.state.plan_split(action.unit_id, action.reason, False))
                 elif isinstance(action, balancer.Merge):
-                    plans.append(self.state.plan_merge(action.first, action.second, action.reason))
+                    first, second = action.first, action.second
+                    plans.append(self.state.plan_merge(first, second, action.reason, False))
                 else:
-                    plans.append(self.state.plan_move(action.unit_id, action.to, action.reason))
+                    plans.append(
+                        self.state.plan_move(action.unit_id, action.to, action.reason, False)
+                    )
             except (MoveRefusedError, UnknownShardError) as error:
                 log.info("balancer action skipped: %s", error)
         if not plans:

@@ -204,12 +204,14 @@ class CoordinatorState:
                     return group.group_id, unit
         raise UnknownShardError(f"no shard unit {unit_id}; see db.cluster.shards()")
 
-    def _wait_out_changes(self, group_of: Callable[[], str]) -> None:
+    def _wait_out_changes(self, group_of: Callable[[], str], wait: bool = True) -> None:
         """Wait (the lock released meanwhile) while a table of the group ``group_of()``
         names is being changed: the move starts once it ends, before the next change of the
-        group begins (:meth:`begin_change` lets waiting moves go first). ``ClusterError``
-        after :data:`CREATE_WAITS_FOR_MOVES_S`."""
-        deadline = time.monotonic() + CREATE_WAITS_FOR_MOVES_S
+        group begins (:meth:`begin_change` lets waiting moves go first).
+        ``MoveRefusedError`` after :data:`CREATE_WAITS_FOR_MOVES_S`, or at once without
+        ``wait``: the balancer reserves all the moves of a decision before it runs any, and
+        a change waits for the moves reserved, so one of them must not wait for it."""
+        deadline = time.monotonic() + (CREATE_WAITS_FOR_MOVES_S if wait else 0.0)
         while (group := group_of()) in self.changing:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -269,9 +271,13 @@ class CoordinatorState:
         self.moving[plan.move_id] = plan
         return plan
 
-    def plan_move(self, unit_id: int, to: str, reason: str = "requested") -> MovePlan:
+    def plan_move(
+        self, unit_id: int, to: str, reason: str = "requested", wait: bool = True
+    ) -> MovePlan:
+        """Reserve a move of ``unit_id`` to ``to`` (see :meth:`_wait_out_changes` for
+        ``wait``)."""
         with self._lock:
-            self._wait_out_changes(lambda: self._find_unit(unit_id)[0])
+            self._wait_out_changes(lambda: self._find_unit(unit_id)[0], wait)
             group, unit = self._find_unit(unit_id)
             if to not in self.catalog.nodes:
                 raise MoveRefusedError(f"{to!r} is not a node of the cluster")
@@ -279,9 +285,9 @@ class CoordinatorState:
                 raise MoveRefusedError(f"unit {unit_id} is already on {to}")
             return self._reserve("move", group, [unit], [(unit.lo, unit.hi, to)], reason)
 
-    def plan_split(self, unit_id: int, reason: str = "requested") -> MovePlan:
+    def plan_split(self, unit_id: int, reason: str = "requested", wait: bool = True) -> MovePlan:
         with self._lock:
-            self._wait_out_changes(lambda: self._find_unit(unit_id)[0])
+            self._wait_out_changes(lambda: self._find_unit(unit_id)[0], wait)
             group, unit = self._find_unit(unit_id)
             if unit.buckets < 2:
                 raise MoveRefusedError(f"unit {unit_id} holds one bucket and cannot be split")
@@ -289,9 +295,11 @@ class CoordinatorState:
             halves = [(unit.lo, middle, unit.node), (middle, unit.hi, unit.node)]
             return self._reserve("split", group, [unit], halves, reason)
 
-    def plan_merge(self, first: int, second: int, reason: str = "requested") -> MovePlan:
+    def plan_merge(
+        self, first: int, second: int, reason: str = "requested", wait: bool = True
+    ) -> MovePlan:
         with self._lock:
-            self._wait_out_changes(lambda: self._find_unit(first)[0])
+            self._wait_out_changes(lambda: self._find_unit(first)[0], wait)
             group_a, a = self._find_unit(first)
             group_b, b = self._find_unit(second)
             if group_a != group_b or not (a.hi == b.lo or b.hi == a.lo):

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 CLOSE_ATTEMPTS = 50
 CLOSE_RETRY_S = 0.02
+SEAL_ATTEMPTS = 20
+"""How often the CHECKPOINT that makes a new checkpoint file durable is asked for while
+DuckDB refuses it for another write transaction (each wait a little longer)."""
 COMPACT_AFTER_BYTES = 64 << 20
 """Bytes appended to native tables (as Arrow) after which the compactor compresses them."""
 DEFER_AT_MOST_S = 30.0
@@ -673,7 +676,15 @@ class NativeRows:
             self.engine.execute(f"CREATE INDEX {KEY_INDEX} ON {table} ({quote(self.index)})")
         marker = f"{quote(name)}.main.{CHECKPOINT_TABLE}"
         self.engine.execute(f"CREATE OR REPLACE TABLE {marker} AS SELECT {int(lsn)}::BIGINT AS lsn")
-        self.engine.execute(f"CHECKPOINT {quote(name)}")
+        for attempt in range(SEAL_ATTEMPTS):
+            try:
+                self.engine.execute(f"CHECKPOINT {quote(name)}")
+                return
+            except duckdb.TransactionException:  # DuckDB refuses it while another write
+                # transaction is active (seen once in a bank run): it ends in milliseconds
+                if attempt == SEAL_ATTEMPTS - 1:
+                    raise
+                time.sleep(CLOSE_RETRY_S * (attempt + 1))
 
     def use_checkpoint(self, path: str, meta: CheckpointMeta) -> None:
         """Read the rows up to ``meta.lsn`` from the checkpoint file at ``path`` from now

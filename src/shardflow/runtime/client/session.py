@@ -507,12 +507,12 @@ class Session:
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
             raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")
-        answer = self.retrying(
+        done = self.retrying(
             f"{'DELETE' if change.delete else 'UPDATE'} of {spec.name}",
             lambda: self.coordinator.change_rows(spec.name, statement, rewrite, buckets).get(),
         )
         self.refresh([spec.name])
-        return int(answer["rows"])
+        return int(done["rows"])
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:

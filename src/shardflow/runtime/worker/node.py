@@ -159,6 +159,8 @@ class WorkerNode(CatalogServing):
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
         self._releasing: list[tuple[ShardKey, Shard]] = []
+        self._releasing_replicas: list[Shard] = []
+        """Replicated tables' copies made again, kept until no fragment runs here."""
         """Shards no longer served, kept until the fragments reading them finish."""
         self._unit_seconds: defaultdict[int, defaultdict[str, float]] = defaultdict(
             lambda: defaultdict(float)
@@ -257,9 +259,8 @@ class WorkerNode(CatalogServing):
 
     def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
         """Release a shard no longer served here: now, or when the fragments still reading
-        it finish (they were bound to it before the catalog changed; a replicated table's
-        copy, read through its standing view: when no fragment runs here). Holds ``lock``."""
-        if self.readers[key] > 0 or (key[1] == REPLICA and self._running > 0):
+        it finish (they were bound to it before the catalog changed). Holds ``lock``."""
+        if self.readers[key] > 0:
             shard.retire()
             self._releasing.append((key, shard))
         else:
@@ -267,13 +268,27 @@ class WorkerNode(CatalogServing):
 
     def _release_unread(self) -> None:
         """Release the shards :meth:`_release_when_read` kept for readers now gone."""
+        if self._releasing_replicas and not self._running:
+            for replica in self._releasing_replicas:
+                self.release(replica)
+            self._releasing_replicas = []
         waiting = []
         for key, shard in self._releasing:
-            if self.readers[key] > 0 or (key[1] == REPLICA and self._running > 0):
+            if self.readers[key] > 0:
                 waiting.append((key, shard))
             else:
                 self.release(shard)
         self._releasing = waiting
+
+    def _release_replica_when_idle(self, shard: Shard) -> None:
+        """Release a replicated table's copy no longer served here: now, or once no
+        fragment runs here (they read it through its standing view, bound as they began).
+        Holds ``lock``."""
+        if self._running > 0:
+            shard.retire()
+            self._releasing_replicas.append(shard)
+        else:
+            self.release(shard)
 
     def release(self, shard: Shard) -> None:
         """Stop serving ``shard`` and free its rows (and its kept frame). It is retired
@@ -626,7 +641,7 @@ class WorkerNode(CatalogServing):
             with self.lock:
                 self.readers.subtract(reading)
                 self._running -= 1
-                if self._releasing:
+                if self._releasing or self._releasing_replicas:
                     self._release_unread()
                 self._busy_seconds += elapsed
                 units = {u for _, u in reading}

@@ -41,6 +41,9 @@ class CatalogServing:
     def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
         raise NotImplementedError
 
+    def _release_replica_when_idle(self, shard: Shard) -> None:
+        raise NotImplementedError
+
     def refresh_view(self, table: str) -> None:
         raise NotImplementedError
 
@@ -125,7 +128,7 @@ class CatalogServing:
             raise
         if shard is not None:
             self.replicas[name] = shard
-        self._release_when_read((name, REPLICA), before)
+        self._release_replica_when_idle(before)
 
     @staticmethod
     def _rows_changed_since(spec: TableSpec, shard: Shard) -> bool:

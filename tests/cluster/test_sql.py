@@ -165,17 +165,17 @@ def test_db_sql_changes_tables_as_the_service_does(
         f"SELECT count(*) AS n, sum(p) AS s FROM ({made} UNION ALL "
         f"SELECT 5000001, 1.5 UNION ALL SELECT 5000002, 2.5 UNION ALL "
         f"SELECT o_orderkey + 10000000, o_totalprice FROM orders WHERE o_orderkey < 100)"
-    ).fetchone()
+    ).fetchall()[0]
     got = db.sql("SELECT count(*) AS n, sum(p) AS s FROM cheap").to_pylist()[0]
-    assert copied == small_oracle.execute(f"SELECT count(*) FROM ({more})").fetchone()[0]
+    assert copied == small_oracle.execute(f"SELECT count(*) FROM ({more})").fetchall()[0][0]
     assert got["n"] == expected[0] and float(got["s"]) == pytest.approx(float(expected[1]))
     # UPDATE and DELETE: the answer is the rows changed, the rows are as DuckDB has them
-    updated = small_oracle.execute(f"SELECT count(*) FROM ({made}) WHERE k < 500").fetchone()
+    updated = small_oracle.execute(f"SELECT count(*) FROM ({made}) WHERE k < 500").fetchall()[0]
     assert db.sql("UPDATE cheap SET p = p * 2 WHERE k < ?", [500]).to_pylist() == [
         {"count": updated[0]}
     ]
     assert db.sql("DELETE FROM cheap WHERE k >= 10000000").to_pylist() == [{"count": copied}]
-    moved = small_oracle.execute(f"SELECT count(*) FROM ({made}) WHERE k < 100").fetchone()[0]
+    moved = small_oracle.execute(f"SELECT count(*) FROM ({made}) WHERE k < 100").fetchall()[0][0]
     assert db.sql("UPDATE cheap SET k = k + 20000000 WHERE k < 100").to_pylist() == [
         {"count": moved}
     ]  # of the key, if the table is distributed by it: the rows move to their new shards
@@ -184,10 +184,10 @@ def test_db_sql_changes_tables_as_the_service_does(
     expected = small_oracle.execute(
         f"SELECT count(*) AS n, sum(CASE WHEN k < 500 THEN p * 2 ELSE p END) AS s FROM "
         f"({made} UNION ALL SELECT 5000001, 1.5 UNION ALL SELECT 5000002, 2.5)"
-    ).fetchone()
+    ).fetchall()[0]
     got = db.sql("SELECT count(*) AS n, sum(p) AS s FROM cheap").to_pylist()[0]
     assert got["n"] == expected[0] and float(got["s"]) == pytest.approx(float(expected[1]))
-    replicated = small_oracle.execute("SELECT count(*) FROM nation").fetchone()[0]
+    replicated = small_oracle.execute("SELECT count(*) FROM nation").fetchall()[0][0]
     db.create_table("few", db.sql("SELECT * FROM nation"), replicated=True)
     for table, held in (("cheap", expected[0]), ("few", replicated)):
         assert db.sql(f"TRUNCATE TABLE {table}").to_pylist() == [{"count": held}]

@@ -119,11 +119,9 @@ class CatalogServing:
         statement changed its rows); the copy before holds its appends meanwhile, then
         tells them ``Moved``, and is kept until no fragment runs here."""
         before = self.replicas.pop(name)
-        before.fence()
         try:
-            shard = self._take(catalog, name, REPLICA, writer=before.writer)
+            shard = self._made_again(catalog, name, REPLICA, before)
         except BaseException:
-            before.unfence()
             self.replicas[name] = before
             raise
         if shard is not None:
@@ -144,17 +142,23 @@ class CatalogServing:
         reading it. A fragment or an insert routed at the commit before is ``Changed``
         from the moment this node's catalog says the new one (it switches after this)."""
         before = self.shards[key]
-        before.fence()
-        try:
-            shard = self._take(catalog, key[0], str(key[1]), writer=True)
-        except BaseException:
-            before.unfence()
-            raise
+        shard = self._made_again(catalog, key[0], str(key[1]), before)
         if shard is None:  # a copy given it at a later epoch holds it
             self._release_when_read(key, self.shards.pop(key))
             return
         self.shards[key] = shard
         self._release_when_read(key, before)
+
+    def _made_again(self, catalog: Catalog, table: str, name: str, before: Shard) -> Shard | None:
+        """The shard ``before`` made again from storage as ``catalog`` has it (None where
+        a copy given it at a later epoch holds it); ``before`` holds its appends from now
+        on (its caller releases it), or again takes them if this fails."""
+        before.fence()
+        try:
+            return self._take(catalog, table, name, writer=before.writer)
+        except BaseException:
+            before.unfence()
+            raise
 
     def _owns(self, catalog: Catalog, key: ShardKey) -> bool:
         spec = catalog.tables.get(key[0])

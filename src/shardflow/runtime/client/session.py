@@ -163,7 +163,14 @@ class Session:
 
     def retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Work on the workers, retried with fresh routing (see :func:`retry.retrying`)."""
-        return retrying(what, attempt, self.settings.retry_deadline_s, self.refresh, self.closed)
+        return retrying(
+            what,
+            attempt,
+            self.settings.retry_deadline_s,
+            self.refresh,
+            self.closed,
+            lambda: self.catalog.version,
+        )
 
     def pick_node(self) -> str:
         """A serving node, round robin (for steps over replicated tables)."""

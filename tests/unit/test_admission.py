@@ -8,7 +8,7 @@ import math
 import pytest
 
 from shardflow.control import admission
-from shardflow.control.admission import CopyPacer, Foreground
+from shardflow.control.admission import CopyPacer, Foreground, MoveBudget
 
 MB = 1e6
 
@@ -76,3 +76,36 @@ def test_the_foreground_keeps_a_bounded_number_of_kinds(monkeypatch: pytest.Monk
     for number in range(10):
         fg.record(f"q{number}", 0.01, now=0.0, background=False)
     assert list(fg.usual) == ["q7", "q8", "q9"]
+
+
+# -- the moves' share of a busy cluster's time (MoveBudget) ---------------------------------
+def test_moves_on_a_cluster_nobody_uses_go_back_to_back() -> None:
+    budget = MoveBudget(0.1)
+    budget.moved(0.3, now=100.0)
+    assert budget.wait_before(100.0) == 0.0  # no query or insert ever finished
+    budget.foreground(90.0)  # long ago
+    assert budget.wait_before(100.0) == 0.0
+
+
+def test_while_queries_run_a_move_waits_until_the_one_before_fits_the_share() -> None:
+    budget = MoveBudget(0.1)
+    budget.foreground(99.5)
+    budget.moved(0.3, now=100.0)  # 0.3 s of moving leaves 2.7 s to the foreground
+    assert budget.wait_before(100.0) == pytest.approx(2.7)
+    budget.foreground(101.0)
+    assert budget.wait_before(101.0) == pytest.approx(1.7)
+    assert budget.wait_before(102.7) == 0.0
+    # the foreground goes quiet: the move need not wait any more
+    assert budget.wait_before(101.0 + admission.FOREGROUND_WINDOW_S + 0.1) == 0.0
+
+
+def test_only_the_latest_move_counts_and_a_share_of_one_never_waits() -> None:
+    budget = MoveBudget(0.5)
+    for end in (10.0, 10.1, 10.2, 10.3):  # moves made while nobody queried
+        budget.moved(0.1, now=end)
+    budget.foreground(10.3)
+    assert budget.wait_before(10.3) == pytest.approx(0.1)  # not 0.4: no debt piles up
+    off = MoveBudget(1.0)
+    off.foreground(10.0)
+    off.moved(5.0, now=10.0)
+    assert off.wait_before(10.0) == 0.0

@@ -45,6 +45,7 @@ BALANCER_SETTINGS = {
     "tolerance": "balance_tolerance",
     "maxConcurrentMoves": "max_concurrent_moves",
     "migrationBandwidthMBps": "migration_bandwidth_mb_s",
+    "migrationShare": "migration_share",
 }
 """``spec.balancer`` fields and the shardflow settings they set (``shardflow serve --set``)."""
 

@@ -71,6 +71,7 @@ class Controller:
             self.announcer,
             MigrationPolicy(),
             bandwidth_bytes_s=settings.migration_bandwidth_mb_s * 1e6,
+            share=settings.migration_share,
         )
         self.failovers: list[Failover] = []
         self.decisions: list[dict[str, Any]] = []

@@ -4,8 +4,10 @@ history."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -13,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from shardflow.control import migration
+from shardflow.control.admission import MoveBudget
 from shardflow.control.migration import (
     BEFORE_SWITCH,
     Action,
@@ -48,10 +51,14 @@ PRECHECK_TIMEOUT_S = 30.0
 HEADROOM_FACTOR = 1.5
 MAX_ACTIONS = 200
 HISTORY = 1000
-UNWRITTEN = frozenset({Phase.VERIFY, Phase.SWITCH})
-"""Phases kept in memory only: they pass while writers are held, and a restarted
-coordinator does the same found in them as found in FENCE (whether the catalog switched
-decides)."""
+PACING_STEP_S = 0.1
+"""How often a move waiting for its turn (``migration_share``) looks again: whether the
+foreground went quiet, or an operator cancelled it."""
+UNWRITTEN = frozenset({Phase.FENCE, Phase.VERIFY, Phase.SWITCH})
+"""Phases kept in memory only: they pass while writers are held (a write would add to the
+pause), and a restarted coordinator does the same found in them as found in CATCH_UP:
+whether the catalog switched decides (clean up, or roll back, which unfences the
+sources)."""
 
 
 class Migrator:
@@ -62,12 +69,18 @@ class Migrator:
         announcer: Announcer,
         policy: MigrationPolicy | None = None,
         bandwidth_bytes_s: float = 0.0,
+        share: float = 1.0,
     ) -> None:
         self.state = state
         self.workers = workers
         self.announcer = announcer
         self.policy = policy or MigrationPolicy()
         self.bandwidth = bandwidth_bytes_s
+        self.budget = MoveBudget(share)
+        """The share of the time moves may take while the foreground works."""
+        self._budget_lock = threading.Lock()
+        self._waiting: dict[str, MovePlan] = {}
+        """Moves waiting for their turn (not started yet)."""
         self.folder = state.data_dir.path("migrations")
         state.data_dir.fs.create_dir(self.folder, recursive=True)
         self.history: list[MigrationState] = self._load()
@@ -107,11 +120,52 @@ class Migrator:
 
     # -- running ------------------------------------------------------------------------
     def run(self, plan: MovePlan) -> MigrationState:
-        state, actions = migration.start(plan, time.time())
         try:
-            return self._drive(state, actions)
+            waited = self._wait_for_turn(plan)
+            state, actions = migration.start(plan, time.time())
+            if waited:  # the move's own time starts now; the wait is told apart
+                state = dataclasses.replace(state, phase_seconds={"paced": waited})
+            started = time.monotonic()
+            try:
+                return self._drive(state, actions)
+            finally:
+                with self._budget_lock:
+                    self.budget.moved(time.monotonic() - started, time.monotonic())
         finally:
             self.state.finish_move(plan)
+
+    def foreground(self) -> None:
+        """Queries or inserts finished just now (the sessions' reports)."""
+        with self._budget_lock:
+            self.budget.foreground(time.monotonic())
+
+    def _wait_for_turn(self, plan: MovePlan) -> float:
+        """Wait until the moves before this one fit ``migration_share`` of the time (none
+        while the foreground is quiet; a drain's moves never wait: the operator wants the
+        node out); returns the seconds waited. A cancel ends the wait (the move then rolls
+        back at its first step)."""
+        if plan.reason.startswith("drain "):
+            return 0.0
+        began = time.monotonic()
+        slept = False
+        self._waiting[plan.move_id] = plan
+        try:
+            while plan.move_id not in self._cancelled:
+                with self._budget_lock:
+                    wait = self.budget.wait_before(time.monotonic())
+                if wait <= 0:
+                    break
+                time.sleep(min(wait, PACING_STEP_S))
+                slept = True
+        finally:
+            self._waiting.pop(plan.move_id, None)
+        if not slept:
+            return 0.0
+        waited = time.monotonic() - began
+        with self._budget_lock:
+            self.budget.waited += waited
+        log.info("move %s waited %.2f s for its turn (migration_share)", plan.move_id, waited)
+        return waited
 
     def running_moves(self, reason: str) -> list[str]:
         """The moves being driven now for ``reason`` (a drain's: "drain <node>")."""
@@ -122,6 +176,10 @@ class Migrator:
         its next step, the source serving throughout); returns the move as it stands.
         Refused for a move not running; one past its switch ends as it would (nothing is
         left to undo)."""
+        waiting = self._waiting.get(move_id)
+        if waiting is not None:  # not started: it rolls back at its first step
+            self._cancelled[move_id] = by
+            return migration.start(waiting, time.time())[0]
         state = self._running.get(move_id)
         if state is None:
             done = next((m for m in self.history if m.plan.move_id == move_id), None)
@@ -255,25 +313,29 @@ class Migrator:
             reply.get()
 
     def _roll_back(self, plan: MovePlan) -> None:
-        """The target drops its copy, the sources serve writes again (all asked at once;
-        a worker that is gone has nothing to undo)."""
+        """The target drops its copy, then the sources serve writes again (at once, all of
+        them): a target promoted already ends its claim of the shards before a source
+        claims them back. A worker that is gone has nothing to undo."""
         self._promoted.discard(plan.move_id)
+        self._ask_all([lambda: self._target(plan).abort_import(plan.move_id)], plan.move_id)
         calls: list[Callable[[], Reply[None]]] = [
-            lambda: self._target(plan).abort_import(plan.move_id)
+            partial(self._abort_export, node, plan.move_id) for node in self._source_nodes(plan)
         ]
-        for node in self._source_nodes(plan):
-            calls.append(partial(self._abort_export, node, plan.move_id))
+        self._ask_all(calls, plan.move_id)
+
+    @staticmethod
+    def _ask_all(calls: list[Callable[[], Reply[None]]], move_id: str) -> None:
         replies = []
         for call in calls:
             try:
                 replies.append(call())
             except Error as error:
-                log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+                log.info("roll-back step of %s skipped: %s", move_id, error)
         for reply in replies:
             try:
                 reply.get(PRECHECK_TIMEOUT_S)
             except Error as error:
-                log.info("roll-back step of %s skipped: %s", plan.move_id, error)
+                log.info("roll-back step of %s skipped: %s", move_id, error)
 
     def _abort_export(self, node: str, move_id: str) -> Reply[None]:
         return self.workers.get(node).abort_export(move_id)

@@ -341,6 +341,8 @@ class CoordinatorNode:
     def record_outcomes(self, queries: list[tuple[float, bool]], inserts: list[int]) -> None:
         """Queries' (seconds, succeeded) and inserts' row counts, sent in batches by each
         session."""
+        if queries or inserts:  # moves yield to them (``migration_share``)
+            self.controller.migrator.foreground()
         recorder = self.controller.recorder
         if recorder is not None:
             for seconds, ok in queries:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -333,3 +334,59 @@ def test_a_moves_target_succeeds_its_source_and_a_failover_fences_it(tmp_path: P
         source.check_held()
     with pytest.raises(Moved):
         failover.store.claim("node-3", 2)  # a stale catalog's claim is refused
+
+
+def test_a_targets_claim_in_the_background_comes_before_its_first_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move's target claims the shard on a thread (``claim_soon``, out of the writers'
+    pause): an append waits for the claim and is logged under it; a claim that failed is
+    made again by the first write; the claim of a target whose move rolls back ends
+    before the source claims the shard again."""
+    source = shard_at(tmp_path)
+    source.claim("node-0", 3)
+    source.append(rows(0, 5), "b1")
+    target = reopened(tmp_path)
+    release = threading.Event()
+    writing = ShardStore._write_holders
+
+    def slow_write(store: ShardStore, holders: list[Any]) -> None:
+        release.wait(10)
+        writing(store, holders)
+
+    monkeypatch.setattr(ShardStore, "_write_holders", slow_write)
+    target.claim_soon("node-1")
+    done = threading.Event()
+    appender = threading.Thread(target=lambda: (target.append(rows(5, 5), "b2"), done.set()))
+    appender.start()
+    assert not done.wait(0.3)  # the claim is not written yet: nor is the insert
+    release.set()
+    appender.join(10)
+    assert done.is_set()
+    holders = target.store.holders()
+    assert [h.node for h in holders[-2:]] == ["node-0", "node-1"]
+    with pytest.raises(Moved):
+        source.append(rows(10, 1), "b3")  # the source is fenced off by the claim
+    assert ids(reopened(tmp_path)) == list(range(10))
+
+    failing = iter([OSError("disk full"), None])
+
+    def flaky_write(store: ShardStore, holders: list[Any]) -> None:
+        if (error := next(failing, None)) is not None:
+            raise error
+        writing(store, holders)
+
+    monkeypatch.setattr(ShardStore, "_write_holders", flaky_write)
+    again = reopened(tmp_path)
+    again.claim_soon("node-2")
+    again.append(rows(10, 2), "b4")  # claims again, then writes
+    assert again.store.holders()[-1].node == "node-2"
+    assert ids(reopened(tmp_path)) == list(range(12))
+
+    monkeypatch.setattr(ShardStore, "_write_holders", slow_write)
+    release.clear()
+    rolled_back = reopened(tmp_path)
+    rolled_back.claim_soon("node-3")
+    threading.Timer(0.2, release.set).start()
+    rolled_back.await_claim()  # what a roll-back does before the source claims again
+    assert rolled_back.store.holders()[-1].node == "node-3"

@@ -287,6 +287,10 @@ class Shard:
         self._queue: list[_Pending] = []
         """Appends waiting for the next group commit (see :meth:`append`)."""
         self._queue_lock = threading.Lock()
+        self._claiming: tuple[str, threading.Thread] | None = None
+        """A claim under way on a thread (:meth:`claim_soon`): the node, the thread."""
+        self._claim_failed: Exception | None = None
+        self._claim_lock = threading.Lock()
         self._tap: list[Change] | None = None
         self._checkpointing = False
         """A checkpoint is being written in the background (see :meth:`_start_checkpoint`)."""
@@ -314,6 +318,42 @@ class Shard:
         recovered (``recovering``) claims it first, and :meth:`recover` records the LSN it
         reaches; a new shard, or a move's copy taking over, records its LSN now."""
         self.store.claim(node, epoch, None if recovering else self.lsn)
+
+    def claim_soon(self, node: str) -> None:
+        """:meth:`claim` as a move's target takes the shard over (succeeding the fenced
+        source at its epoch), on a thread of its own: the claim's synced writes go on while
+        the coordinator switches the routing, out of the writers' pause. Nothing is written
+        to the shard (a log entry, a checkpoint, a prepared change) before the claim is
+        done (:meth:`await_claim`)."""
+        thread = threading.Thread(target=self._claim_quietly, args=(node,), daemon=True)
+        thread.name = "claim"
+        with self._claim_lock:
+            self._claiming = (node, thread)
+            self._claim_failed = None
+        thread.start()
+
+    def _claim_quietly(self, node: str) -> None:
+        try:
+            self.claim(node, None)
+        except Exception as error:  # the first write claims again, and says why if it fails
+            log.warning(
+                "%s: claim failed, tried again at the first write: %s", self.store.folder, error
+            )
+            self._claim_failed = error
+
+    def await_claim(self) -> None:
+        """Wait for a claim :meth:`claim_soon` began; one that failed is made again here
+        (its error raised where that fails too)."""
+        with self._claim_lock:
+            pending = self._claiming
+            if pending is None:
+                return
+            node, thread = pending
+            thread.join()
+            self._claiming = None
+            if self._claim_failed is not None:
+                self._claim_failed = None
+                self.claim(node, None)
 
     def claim_again(self, node: str) -> None:
         """Hold the shard again after a move that was to take it over rolled back (its
@@ -549,6 +589,7 @@ class Shard:
         written: list[tuple[int, str, int]] = []
         try:
             if self.writer:
+                self.await_claim()
                 for entry, table, _, present, lsn in admitted:
                     size = self.store.append_wal(
                         table, lsn, entry.batch_id, present, sync_dir=False
@@ -589,6 +630,7 @@ class Shard:
         self.wait_for_checkpoint()
         with self._lock:
             if self.writer and self._wal_entries and not self.prepared:
+                self.await_claim()
                 self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
@@ -733,6 +775,7 @@ class Shard:
                 self._lock.wait()
             if self.retired or self.fenced:
                 raise Moved(self.store.folder, -1)
+            self.await_claim()
             self.lsn += 1
             self.prepared[statement] = self.lsn
             return self.lsn, dict(self._applied)

@@ -474,7 +474,7 @@ class TargetSide:
             move.release_compaction()
             for key, shard in move.shards.items():
                 if move.shares_files:  # it takes over the source's log: the fenced source
-                    shard.claim(node.node_id, None)  # writes no more
+                    shard.claim_soon(node.node_id)  # writes no more (first writes wait)
                 shard.writer = True  # from the switch on, this copy logs the inserts
                 node.shards[key] = shard
 
@@ -491,6 +491,10 @@ class TargetSide:
                     del node.shards[key]
         move.release_compaction()
         for shard in move.shards.values():
+            try:  # a claim under way ends before the source claims the shard again
+                shard.await_claim()
+            except Exception as error:
+                log.info("move %s: the claim taken back failed: %s", move_id, error)
             shard.abandon_load()
             self.node.release(shard)
             if not move.shares_files:  # the source's files are the shard's files

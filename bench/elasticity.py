@@ -7,8 +7,9 @@ copy rate of moves on the idle cluster over plain Arrow IPC, insert p99 while mi
 steady (an inserter runs in both phases), and seconds per GB a move takes under this load.
 
 While migrating, one lineitem unit moves back and forth between its node and another, one
-move after the other (``--gap S``: S seconds between them); steady is measured in both of
-those placements, half the time each.
+move after the other (``--gap S``: S seconds between them; each move also waits its turn
+under ``migration_share``, ``--share 1`` for none); steady is measured in both of those
+placements, half the time each.
 So the ratios weigh what moving costs, not what the placement a move leaves costs (a unit
 moved to a node that holds more already slows every query that follows, moving or not).
 
@@ -250,6 +251,13 @@ def main() -> None:
         "--bandwidth", type=float, default=0.0, help="migration bandwidth cap in MB/s (0: none)"
     )
     parser.add_argument(
+        "--share",
+        type=float,
+        default=None,
+        help="migration_share: the time moves may take while queries run (default: the "
+        "setting's default; 1.0: moves back to back, unpaced)",
+    )
+    parser.add_argument(
         "--idle-moves", type=int, default=5, help="moves on the idle cluster (the copy rate)"
     )
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
@@ -263,6 +271,7 @@ def main() -> None:
         data_dir=db_dir,
         auto_balance=False,
         migration_bandwidth_mb_s=args.bandwidth,
+        **({} if args.share is None else {"migration_share": args.share}),
     ) as db:
         tpch.load(db, data)
         db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")

@@ -27,6 +27,7 @@ from shardflow.catalog import (
     Unit,
     lease,
     name_key,
+    version,
 )
 from shardflow.catalog.buckets import key_family
 from shardflow.catalog.grants import SHARED
@@ -78,6 +79,11 @@ class CoordinatorState:
         owner = owner or f"cluster-{uuid.uuid4().hex}"
         self.owner: OwnerToken = lease.acquire(plain, owner, settings.lease_ttl_s, description)
         self.data_dir = plain.fenced(self.owner)
+        try:  # a format newer than this release reads is refused before anything is read
+            version.open_format(self.data_dir)
+        except Exception:
+            lease.release(plain, self.owner)
+            raise
         self.store = CatalogStore(self.data_dir)
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)

@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec
+from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, TableSpec, version
 from shardflow.catalog.store import CATALOG_FOLDER
 from shardflow.config import Settings
 from shardflow.control.admission import Foreground
@@ -126,6 +126,7 @@ class WorkerNode(CatalogServing, RowChanges):
         """Writes only while ``owner`` owns the data directory (None: unchecked, in tests)."""
         if owner is not None:
             check_shared(self.data_dir, owner, node_id)
+        version.read_format(self.data_dir)  # a newer format than this release reads: refused
         self.settings = settings
         self.device = discover(gpu_index)
         self.memory_limit_mb = settings.worker_memory_mb or default_memory_mb()

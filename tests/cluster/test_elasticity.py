@@ -88,7 +88,9 @@ class Load:
 
 @contextmanager
 def cluster(tmp_path: Path, workers: int = 3, **settings: object) -> Iterator[shardflow.Database]:
-    options = {"auto_balance": False, "initial_shard_bytes": 0, **settings}  # spread small tables
+    # small tables spread; moves back to back (the churn is what these check: moves that
+    # yield to the foreground have tests of their own, tests/runtime/coordinator/test_pacing)
+    options = {"auto_balance": False, "initial_shard_bytes": 0, "migration_share": 1.0, **settings}
     with shardflow.connect(workers=workers, data_dir=tmp_path / "data", **options) as db:
         yield db
 

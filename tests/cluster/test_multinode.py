@@ -62,7 +62,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             "migration_bandwidth_mb_s=2",
             "--set",
             "initial_shard_bytes=0",
-        )  # fmt: skip  (moves take a while)
+            "--set",
+            "migration_share=1.0",
+        )  # fmt: skip  (moves take a while, and go back to back: the drill's churn)
         assert "with 3 worker(s)" in out
         yield Running(local, data_dir)
     finally:

@@ -116,7 +116,11 @@ def test_zero_downtime_under_load(tpch_tiny: Path, tmp_path: Path) -> None:
     expected = {n: oracle.sql(tpch.query(n)).to_arrow_table() for n in QUERIES}
 
     with shardflow.connect(
-        workers=3, initial_shard_bytes=0, data_dir=tmp_path / "data", auto_balance=False
+        workers=3,
+        initial_shard_bytes=0,
+        data_dir=tmp_path / "data",
+        auto_balance=False,
+        migration_share=1.0,  # the churn is what it checks: moves back to back, unpaced
     ) as db:
         tpch.load(db, tpch_tiny)
         db.create_table("events", pa.table({"id": pa.array([], pa.int64())}), distributed_by="id")

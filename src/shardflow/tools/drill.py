@@ -767,8 +767,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     local = LocalRayCluster(args.data_dir)
-    # the drill's tables are small: spread them anyway, so every node has shards to lose
-    db = connect(address=args.address, data_dir=args.data_dir, initial_shard_bytes=0)
+    # the drill's tables are small: spread them anyway, so every node has shards to lose;
+    # its moves go back to back (migration_share 1.0): the churn is what it checks
+    db = connect(
+        address=args.address, data_dir=args.data_dir, initial_shard_bytes=0, migration_share=1.0
+    )
     assert isinstance(db, Database)  # a Ray address: never a remote service
     with db:
         report = run_drill(

@@ -279,7 +279,10 @@ class ChaosLink:
 
 def test_a_seeded_chaos_run_of_moves_loses_nothing(tmp_path: Path) -> None:
     rng = random.Random(SEED)
-    cluster = LocalCluster(tmp_path / "data", nodes=4, wal_checkpoint_entries=16)
+    # moves back to back: the churn is what it checks (pacing: test_pacing.py)
+    cluster = LocalCluster(
+        tmp_path / "data", nodes=4, wal_checkpoint_entries=16, migration_share=1.0
+    )
     try:
         cluster.create_table("events", events(0, ROWS), "id")
         cluster.create_table("orders_e", orders(0, ROWS), "oid", colocate_with="events")

@@ -545,7 +545,7 @@ class NativeRows:
         alias = quote(change.alias)
         matched = f"({change.where})" if change.where else "true"
         found = self.engine.run(
-            f"SELECT count(*) AS n FROM ({rows_then}) AS {alias} WHERE {matched}", change.inputs
+            f"SELECT count(*) AS n FROM ({rows_then}) AS {alias} WHERE {matched}"
         )
         changed = int(found.column("n")[0].as_py())
         if not changed:
@@ -558,8 +558,7 @@ class NativeRows:
                 f"({expression}) AS {quote(name)}" for name, expression in change.sets
             )
             updated = self.engine.run(
-                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}",
-                change.inputs,
+                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}"
             )
             updated = (
                 updated.cast(self.schema) if not updated.schema.equals(self.schema) else updated
@@ -619,15 +618,13 @@ class NativeRows:
         # the shard's column types, whatever the expressions' are
         self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
         if change.delete:
-            self.engine.execute(
-                f"INSERT INTO {table} SELECT * FROM {source} WHERE {kept}", change.inputs
-            )
+            self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source} WHERE {kept}")
             return
         self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source}")
         sets = ", ".join(f"{quote(column)} = ({value})" for column, value in change.sets)
         matched = f"({change.where})" if change.where else "true"
         target = f"{table} AS {quote(change.alias)}"
-        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}", change.inputs)
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
 
     def _change_in_place(
         self, name: str, change: RowRewrite, changed: int, rows: int, digest: int
@@ -638,17 +635,16 @@ class NativeRows:
         table = f"{quote(name)}.main.{SHARD_TABLE}"
         target = f"{table} AS {quote(change.alias)}"
         matched = f"({change.where})" if change.where else "true"
-        _, old = self.engine.checksum(f"SELECT * FROM {target} WHERE {matched}", change.inputs)
+        _, old = self.engine.checksum(f"SELECT * FROM {target} WHERE {matched}")
         if change.delete:
-            self.engine.execute(f"DELETE FROM {target} WHERE {matched}", change.inputs)
+            self.engine.execute(f"DELETE FROM {target} WHERE {matched}")
             return rows - changed, digest - old
         ids = f"{quote(name)}.main.{CHANGED_ROWS}"
         self.engine.execute(
-            f"CREATE TABLE {ids} AS SELECT rowid AS r FROM {target} WHERE {matched}",
-            change.inputs,
+            f"CREATE TABLE {ids} AS SELECT rowid AS r FROM {target} WHERE {matched}"
         )
         sets = ", ".join(f"{quote(column)} = ({expression})" for column, expression in change.sets)
-        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}", change.inputs)
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
         count, new = self.engine.checksum(
             f"SELECT * FROM {table} WHERE rowid IN (SELECT r FROM {ids})"
         )

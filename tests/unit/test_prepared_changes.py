@@ -5,6 +5,8 @@ prepared change never reads or hides rows logged after its LSN. Real DuckDB, rea
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from shardflow.catalog import DataDir
 from shardflow.engine import DuckDBEngine
-from shardflow.errors import SchemaMismatchError
+from shardflow.errors import SchemaMismatchError, StorageError
 from shardflow.storage import RowRewrite, Shard, ShardStore
 
 SCHEMA = pa.schema(
@@ -201,3 +203,64 @@ def test_deleted_rows_slots_go_once_they_are_many(engine: DuckDBEngine, tmp_path
         deads.append(base.meta.dead)
     assert deads[:3] == [40, 80, 120]  # in place
     assert 0 in deads[3:]  # written whole once a quarter would be dead
+
+
+def test_a_listing_finds_a_file_renamed_while_it_is_listed(tmp_path: Path) -> None:
+    """A prepared change becomes a checkpoint by a rename, made on another node while this
+    one lists the folder to make its copy again: every listing names the file under one of
+    its names (the old one fails to open, and the reader lists again), never under none
+    (it then took the checkpoint before as the newest, and served the rows before the
+    change). ``SHARDFLOW_TEST_UNFENCED=listing`` lists as Arrow does, which looks at each
+    entry again after reading the folder: this test then fails."""
+    for name in ("ckpt-000000000003.duckdb", "ckpt-000000000003.json", "holder.json", "a"):
+        (tmp_path / name).touch()
+    data = DataDir.resolve(str(tmp_path))
+    stop = threading.Event()
+
+    def rename_back_and_forth() -> None:
+        old, new = tmp_path / "a", tmp_path / "b"
+        while not stop.is_set():
+            os.rename(old, new)
+            os.rename(new, old)
+
+    renamer = threading.Thread(target=rename_back_and_forth, daemon=True)
+    renamer.start()
+    try:
+        missed = sum(1 for _ in range(5_000) if not {"a", "b"} & set(data.list(str(tmp_path))))
+    finally:
+        stop.set()
+        renamer.join()
+    assert missed == 0
+
+
+def test_a_copy_behind_its_files_prepares_nothing(
+    engine: DuckDBEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writing copy of a replicated table was made again from a listing that missed
+    the change just committed (another node's copy had put it in effect meanwhile): it
+    holds the rows before it. The next statement's prepare there is refused, for its
+    change would be computed from those rows and, once committed, take the place of the
+    checkpoint that holds the first change (which would be lost). With the check off
+    (``SHARDFLOW_TEST_UNFENCED=behind``) it prepares, and this test fails."""
+    loaded(engine, tmp_path).prepare_change("first", RowRewrite("t", "id < 100", delete=True))
+    listed = DataDir.list
+
+    def missing_the_change(self: DataDir, path: str) -> list[str]:
+        return [name for name in listed(self, path) if not name.startswith("prep-")]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DataDir, "list", missing_the_change)
+        behind = shard_of(engine, tmp_path, frozenset({"first"}))
+    assert len(table(behind)) == 1030  # the rows before the first change
+    # another node's copy (one that writes nothing) puts the change in effect
+    store = ShardStore(DataDir.resolve(str(tmp_path)), "table-uid", "0")
+    reader = Shard(store, SCHEMA, rows=engine.native_rows(f"t_{next(_made)}", SCHEMA))
+    reader.committed = frozenset({"first"})
+    reader.recover()
+    assert len(table(reader)) == 930
+    checkpoints = [name for name in folder(tmp_path) if name.startswith("ckpt-")]
+    with pytest.raises(StorageError, match="behind its files"):
+        behind.prepare_change("second", RowRewrite("t", "id = 500", delete=True))
+    assert not any(name.startswith("prep-") for name in folder(tmp_path))
+    assert [name for name in folder(tmp_path) if name.startswith("ckpt-")] == checkpoints
+    assert len(table(shard_of(engine, tmp_path))) == 930

@@ -62,7 +62,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from shardflow.catalog.store import DataDir, fsync_dir
+from shardflow.catalog.store import UNFENCED_VARIABLE, DataDir, fsync_dir
 from shardflow.errors import Moved, StorageError
 from shardflow.storage.held import Held, merge_held
 
@@ -81,17 +81,17 @@ HOLDER_FILE = "holder.json"
 HOLDERS_KEPT = 16
 """Claims a shard's holder record keeps (older ones name no entry recovery can still see:
 a checkpoint since has covered them, or they are in every later holder's recovered part)."""
-UNFENCED_VARIABLE = "SHARDFLOW_TEST_UNFENCED"
-"""Tests only: a comma list of the per-shard fences switched off — ``writes`` (an insert is
-acknowledged without the check), ``reads``, ``checkpoints`` and ``recovery`` (an older
-holder's late entries are recovered), ``commits`` (a worker serves a fragment or insert
-routed at another commit of a table, ``TRUNCATE``), and ``atomic`` (the coordinator commits
-a change of rows some of whose parts failed to prepare: the parts prepared take effect) —
-whose tests must then fail."""
 
 
 def unfenced(what: str) -> bool:
-    """Whether the test-only hook switched the fence of ``what`` off."""
+    """Whether the test-only hook (``UNFENCED_VARIABLE``, a comma list) switched the fence
+    of ``what`` off: ``writes`` (an insert is acknowledged without the check), ``reads``,
+    ``checkpoints`` and ``recovery`` (an older holder's late entries are recovered),
+    ``commits`` (a worker serves a fragment or insert routed at another commit of a table,
+    ``TRUNCATE``), ``atomic`` (the coordinator commits a change of rows some of whose parts
+    failed to prepare: the parts prepared take effect), ``behind`` (a copy behind its
+    files prepares a change: see :meth:`ShardStore.new_prepared`) and ``listing`` (see
+    ``DataDir.list``). Their tests must then fail."""
     return what in os.environ.get(UNFENCED_VARIABLE, "").split(",")
 
 
@@ -382,6 +382,7 @@ class ShardStore:
     def new_prepared(self, lsn: int, statement: str, scratch: str) -> CheckpointFile:
         """A file of the shard's rows up to ``lsn`` as ``statement`` changes them, to write:
         durable at :meth:`CheckpointFile.finish`, in effect only at :meth:`commit_prepared`."""
+        self._refuse_behind(lsn, statement)
         return CheckpointFile(self, lsn, scratch, prepared=statement)
 
     def prepare_entry(self, table: pa.Table, lsn: int, statement: str, buckets: Held) -> None:
@@ -389,7 +390,30 @@ class ShardStore:
         another), written durably as a log entry not in effect (``prep-<lsn>-<statement>
         .arrow``): it becomes the log entry ``wal-<lsn>-<statement>`` at
         :meth:`commit_prepared`."""
+        self._refuse_behind(lsn, statement)
         self._write_entry(_prepared_name(lsn, statement, ENTRY), table, buckets, True)
+
+    def _refuse_behind(self, lsn: int, statement: str) -> None:
+        """Refuse to prepare at ``lsn`` where a checkpoint at or past it is in place: the
+        copy preparing was made from files older than these (its change would be computed
+        from rows before a committed one, and once committed, would take that checkpoint's
+        place). Raises ``StorageError``; nothing is written."""
+        newest = max(
+            (
+                found
+                for name in self._dir.list(self.folder)
+                if (_is_checkpoint(name) or _is_parquet_base(name))
+                and (found := _lsn_of(name)) is not None
+            ),
+            default=0,
+        )
+        if newest >= lsn and not unfenced("behind"):
+            raise StorageError(
+                f"{self.folder}: a checkpoint at LSN {newest} is in place, past the rows "
+                f"this copy holds (LSN {lsn - 1}): it is behind its files, and prepares "
+                f"nothing for {statement}; it is made again from them at the next catalog "
+                "change, and the statement can be tried again"
+            )
 
     def commit_prepared(self, statement: str) -> bool:
         """Put the change ``statement`` prepared in effect: its file becomes the shard's

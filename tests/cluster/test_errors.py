@@ -34,9 +34,19 @@ pytestmark = pytest.mark.cluster
         ),
         ("INSERT INTO orders VALUES (1)", shardflow.SchemaMismatchError, "missing column"),
         (
-            "DELETE FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_custkey = o_custkey)",
+            "DELETE FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_nope = o_custkey)",
+            shardflow.UnknownColumnError,
+            "c_nope",
+        ),
+        (
+            "DELETE FROM orders USING customer WHERE c_custkey = o_custkey RETURNING *",
             shardflow.UnsupportedError,
-            "correlated",
+            "RETURNING",
+        ),
+        (
+            "WITH v AS (SELECT 1 AS a) DELETE FROM orders USING v WHERE o_orderkey = a",
+            shardflow.UnsupportedError,
+            "WITH before DELETE",
         ),
         ("UPDATE orders SET o_orderkey = 'x'", shardflow.QueryError, r"(?i)conver|cast"),
         ("UPDATE orders SET o_comment = DEFAULT", shardflow.UnsupportedError, "no column defaults"),

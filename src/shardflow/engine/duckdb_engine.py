@@ -545,7 +545,7 @@ class NativeRows:
         alias = quote(change.alias)
         matched = f"({change.where})" if change.where else "true"
         found = self.engine.run(
-            f"SELECT count(*) AS n FROM ({rows_then}) AS {alias} WHERE {matched}"
+            f"SELECT count(*) AS n FROM ({rows_then}) AS {alias} WHERE {matched}", change.inputs
         )
         changed = int(found.column("n")[0].as_py())
         if not changed:
@@ -558,7 +558,8 @@ class NativeRows:
                 f"({expression}) AS {quote(name)}" for name, expression in change.sets
             )
             updated = self.engine.run(
-                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}"
+                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}",
+                change.inputs,
             )
             updated = (
                 updated.cast(self.schema) if not updated.schema.equals(self.schema) else updated
@@ -618,13 +619,15 @@ class NativeRows:
         # the shard's column types, whatever the expressions' are
         self.engine.execute(f"CREATE TABLE {table} AS SELECT * FROM {source} LIMIT 0")
         if change.delete:
-            self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source} WHERE {kept}")
+            self.engine.execute(
+                f"INSERT INTO {table} SELECT * FROM {source} WHERE {kept}", change.inputs
+            )
             return
         self.engine.execute(f"INSERT INTO {table} SELECT * FROM {source}")
         sets = ", ".join(f"{quote(column)} = ({value})" for column, value in change.sets)
         matched = f"({change.where})" if change.where else "true"
         target = f"{table} AS {quote(change.alias)}"
-        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}", change.inputs)
 
     def _change_in_place(
         self, name: str, change: RowRewrite, changed: int, rows: int, digest: int
@@ -635,16 +638,17 @@ class NativeRows:
         table = f"{quote(name)}.main.{SHARD_TABLE}"
         target = f"{table} AS {quote(change.alias)}"
         matched = f"({change.where})" if change.where else "true"
-        _, old = self.engine.checksum(f"SELECT * FROM {target} WHERE {matched}")
+        _, old = self.engine.checksum(f"SELECT * FROM {target} WHERE {matched}", change.inputs)
         if change.delete:
-            self.engine.execute(f"DELETE FROM {target} WHERE {matched}")
+            self.engine.execute(f"DELETE FROM {target} WHERE {matched}", change.inputs)
             return rows - changed, digest - old
         ids = f"{quote(name)}.main.{CHANGED_ROWS}"
         self.engine.execute(
-            f"CREATE TABLE {ids} AS SELECT rowid AS r FROM {target} WHERE {matched}"
+            f"CREATE TABLE {ids} AS SELECT rowid AS r FROM {target} WHERE {matched}",
+            change.inputs,
         )
         sets = ", ".join(f"{quote(column)} = ({expression})" for column, expression in change.sets)
-        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}")
+        self.engine.execute(f"UPDATE {target} SET {sets} WHERE {matched}", change.inputs)
         count, new = self.engine.checksum(
             f"SELECT * FROM {table} WHERE rowid IN (SELECT r FROM {ids})"
         )

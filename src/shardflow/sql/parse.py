@@ -119,6 +119,12 @@ def parse(sql: str) -> exp.Expr:
         raise NotDistributable(f"a {tree.key.upper()} query")
     if not isinstance(tree, QUERY_TYPES):
         kind = tree.key.upper()
+        if isinstance(tree, CHANGES) and (tree.args.get("with_") or tree.args.get("with")):
+            raise UnsupportedError(
+                f"a WITH before {kind} is not supported yet: write the common table "
+                f"expression where it is read ({kind} ... FROM (SELECT ...) AS name, or a "
+                "subquery)"
+            )
         hint = (
             "shardflow adds rows (INSERT INTO ... SELECT | VALUES, db.insert()), changes "
             "and deletes them (UPDATE, DELETE), empties tables (TRUNCATE t), makes tables "

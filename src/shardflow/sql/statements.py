@@ -22,7 +22,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from shardflow.errors import QueryError, UnknownColumnError, UnknownTableError, UnsupportedError
+from shardflow.errors import QueryError, UnknownColumnError, UnsupportedError
 from shardflow.sql.parse import sql_type, syntax_error
 
 logging.getLogger("sqlglot").addFilter(
@@ -140,34 +140,45 @@ def statement_of(sql: str) -> Change | None:
 
 
 def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
-    """A DELETE or UPDATE of one table's rows by its own values and the answers of
-    subqueries (the session runs those first, :func:`inline_subqueries`). What it would
-    join (``USING``, ``FROM``) or give back (``RETURNING``) is refused saying so."""
+    """A DELETE or UPDATE of one table's rows by its own values and subqueries (the
+    session runs the uncorrelated ones first, :func:`inline_subqueries`, and sends the
+    tables the others read to every shard, :func:`shipped_reads`). What it would give back
+    (``RETURNING``) is refused saying so.
+
+    Rows chosen by other tables become subqueries, as DuckDB's own statements read:
+    ``DELETE FROM t USING u WHERE c`` deletes the rows for which ``EXISTS (SELECT 1 FROM u
+    WHERE c)``; ``UPDATE t SET x = e FROM u WHERE c`` sets ``x`` to ``(SELECT e FROM u
+    WHERE c LIMIT 1)`` where ``EXISTS (SELECT 1 FROM u WHERE c)`` (a row that several rows
+    of ``u`` match takes one of them, as DuckDB's UPDATE ... FROM does)."""
     verb = "DELETE" if isinstance(statement, exp.Delete) else "UPDATE"
     target = statement.this
     if not isinstance(target, exp.Table) or not target.name:
         raise QueryError(f"{verb} names no table")
-    for part, what in (("using", "USING"), ("from_", "FROM"), ("from", "FROM")):
-        if statement.args.get(part):
-            raise UnsupportedError(
-                f"{verb} ... {what} (rows chosen by another table) is not supported yet: "
-                f"{verb} chooses rows by the table's own values"
-            )
     if statement.args.get("returning"):
         raise UnsupportedError(f"{verb} ... RETURNING is not supported yet; it answers the count")
     where = statement.args.get("where")
-    condition = where.this if isinstance(where, exp.Where) else None
+    condition = where.this.sql("duckdb") if isinstance(where, exp.Where) else None
     sets: list[tuple[str, str]] = []
     if isinstance(statement, exp.Update):
         for assignment in statement.expressions:
             sets.extend(_assignments(assignment))
+    joined = _joined(statement)
+    if joined is not None:
+        filtered = f" WHERE {condition}" if condition else ""
+        sets = [(c, f"(SELECT {v} FROM {joined}{filtered} LIMIT 1)") for c, v in sets]
+        condition = f"EXISTS (SELECT 1 FROM {joined}{filtered})"
     alias = target.alias or target.name
-    return ChangeRows(
-        target.name,
-        alias,
-        condition.sql("duckdb") if condition is not None else None,
-        tuple(sets),
-    )
+    return ChangeRows(target.name, alias, condition, tuple(sets))
+
+
+def _joined(statement: exp.Delete | exp.Update) -> str | None:
+    """The tables ``USING`` (a DELETE's) or ``FROM`` (an UPDATE's) names, as SQL of a
+    FROM clause; None where there is none."""
+    using = statement.args.get("using")
+    if using:
+        return ", ".join(item.sql("duckdb") for item in using)
+    found = statement.args.get("from_") or statement.args.get("from")
+    return found.this.sql("duckdb") if isinstance(found, exp.From) else None
 
 
 def _assignments(assignment: exp.Expr) -> list[tuple[str, str]]:
@@ -213,8 +224,8 @@ def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
     by its answer, which ``run`` gives (a query over the cluster): ``x IN (SELECT ...)`` by
     the list of values, ``EXISTS (SELECT ...)`` by TRUE or FALSE, a scalar ``(SELECT ...)``
     by its value (NULL where it has no row; more than one is an error, as DuckDB says). A
-    subquery that reads the changed table's row (correlated) is refused: each shard
-    evaluates the statement over its own rows alone."""
+    subquery that reads the changed table's row (correlated: it does not run alone) stays,
+    for every shard to evaluate per row (:func:`shipped_reads`)."""
     tree = exp.Paren(this=sqlglot.parse_one(sql, read="duckdb"))  # a root to replace under
     if tree.find(exp.Query) is None:
         return sql
@@ -223,6 +234,8 @@ def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
             continue  # inside a subquery (or one replaced already): runs with it
         if isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Expr):
             answer = _answer(node.args["query"], run, MAX_INLINED_VALUES + 1)
+            if answer is None:
+                continue
             values = answer.column(0)
             if len(values) > MAX_INLINED_VALUES:
                 raise UnsupportedError(
@@ -237,32 +250,66 @@ def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
             node.set("expressions", literals)
         elif isinstance(node, exp.Exists):
             found = _answer(node.this, run, 1)
-            node.replace(exp.true() if found.num_rows else exp.false())
+            if found is not None:
+                node.replace(exp.true() if found.num_rows else exp.false())
         elif isinstance(node, exp.Subquery) and not isinstance(node.parent, exp.In):
             if isinstance(node.parent, exp.Any | exp.All):
                 raise UnsupportedError("ANY and ALL over a subquery in a DELETE or UPDATE")
             found = _answer(node, run, 2)
+            if found is None:
+                continue
             if found.num_rows > 1:
                 raise QueryError("More than one row returned by a subquery used as an expression")
             column = found.column(0)
             value = column[0].as_py() if found.num_rows else None
             node.replace(_literal(value, column.type))
-    if tree.find(exp.Query) is not None:
-        raise UnsupportedError("this subquery of a DELETE or UPDATE is not supported yet")
     return str(tree.this.sql("duckdb"))
 
 
-def _answer(query: exp.Expr, run: Callable[[str], pa.Table], rows: int) -> pa.Table:
+def _answer(query: exp.Expr, run: Callable[[str], pa.Table], rows: int) -> pa.Table | None:
+    """The first ``rows`` rows of a subquery run alone; None where it reads a column of
+    the changed row (correlated: SQL binds a name to the innermost table that has it, so
+    one that runs alone reads none)."""
     inner = query.this if isinstance(query, exp.Subquery) else query
     try:
         return run(f"SELECT * FROM ({inner.sql('duckdb')}) AS sub LIMIT {rows}")
-    except (UnknownColumnError, UnknownTableError) as error:
-        if isinstance(error, UnknownTableError):
-            raise
-        raise UnsupportedError(
-            "a subquery of a DELETE or UPDATE that reads the changed row (correlated) is "
-            f"not supported yet: each shard evaluates the statement over its own rows ({error})"
-        ) from None
+    except UnknownColumnError:
+        return None
+
+
+SHIPPED_PREFIX = "__sf_in_"
+"""What a table a correlated subquery reads is named as on the shards (its copy)."""
+
+
+def shipped_reads(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` (a WHERE or SET value whose subqueries left are correlated) with each table
+    they read named as the copy the session sends to every shard (``SHIPPED_PREFIX`` and
+    its name, under the name or alias it had), and the names of those tables. Each shard
+    then evaluates the subqueries per row as DuckDB does, over the whole tables."""
+    tree = exp.Paren(this=sqlglot.parse_one(sql, read="duckdb"))
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    names: set[str] = set()
+    for table in list(tree.find_all(exp.Table)):
+        if not table.name or not isinstance(table.this, exp.Identifier):
+            raise UnsupportedError(
+                "a subquery of a DELETE or UPDATE reads tables of the cluster only, not "
+                f"{table.sql('duckdb')}"
+            )
+        if table.name.lower() in ctes and not table.db:
+            continue
+        if table.db or table.catalog:
+            raise UnsupportedError(
+                f"a subquery of a DELETE or UPDATE reads tables by their names alone, not "
+                f"{table.sql('duckdb')}"
+            )
+        names.add(table.name)
+        copy = exp.Table(
+            this=exp.to_identifier(SHIPPED_PREFIX + table.name.lower(), quoted=True),
+            alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)),
+            joins=table.args.get("joins"),
+        )
+        table.replace(copy)
+    return str(tree.this.sql("duckdb")), tuple(sorted(names, key=str.lower))
 
 
 def _literal(value: object, arrow_type: pa.DataType) -> exp.Expr:

@@ -15,8 +15,8 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -140,6 +140,9 @@ class RowRewrite:
     key: str | None = None
     """The table's distribution key, where ``sets`` sets it: a row whose new key belongs
     to another shard leaves this one (the statement inserts it there)."""
+    inputs: Mapping[str, pa.Table] = field(default_factory=dict)
+    """Tables ``where`` and ``sets`` read by these names (whole copies of the cluster's
+    tables a correlated subquery reads, ``sql/statements.shipped_reads``)."""
 
 
 @runtime_checkable

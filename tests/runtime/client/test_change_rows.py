@@ -18,6 +18,7 @@ import pytest
 
 from shardflow.control import balancer
 from shardflow.errors import QueryError, UnsupportedError
+from shardflow.runtime.client import session as session_module
 from shardflow.sql.statements import ChangeRows, statement_of
 from shardflow.storage import RowRewrite
 from tests.support.local_cluster import LocalCluster
@@ -154,11 +155,16 @@ def test_inserts_racing_a_delete_are_kept_and_a_query_sees_it_whole_or_not(
     assert cluster.sql("SELECT count(*) AS n FROM t").column(0)[0].as_py() == expected
 
 
-def test_what_is_not_built_yet_is_refused_saying_so(cluster: LocalCluster) -> None:
-    with pytest.raises(UnsupportedError, match="correlated"):
+def test_what_is_not_built_yet_is_refused_saying_so(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(UnsupportedError, match="RETURNING"):
+        change(cluster, "DELETE FROM t WHERE id = 1 RETURNING *")
+    monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
+    with pytest.raises(UnsupportedError, match="too big to send"):
         change(cluster, "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.n = t.id)")
-    with pytest.raises(UnsupportedError, match="USING"):
-        change(cluster, "DELETE FROM t USING t AS u WHERE u.n = t.id")
+    with pytest.raises(QueryError):  # a mistake in a correlated subquery: before any shard
+        change(cluster, "DELETE FROM t USING t AS u WHERE u.nope = t.id")
     with pytest.raises(QueryError, match="no column"):
         change(cluster, "UPDATE t SET nope = 1")
     with pytest.raises(QueryError):
@@ -246,6 +252,43 @@ def test_subqueries_are_answered_first_and_their_values_used(cluster: LocalClust
         assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
     with pytest.raises(QueryError, match="More than one row"):
         change(cluster, "UPDATE t SET n = (SELECT k FROM picks) WHERE id = 1")
+
+
+def test_rows_chosen_by_other_tables_and_correlated_subqueries_as_duckdb_does(
+    cluster: LocalCluster,
+) -> None:
+    """``DELETE ... USING``, ``UPDATE ... FROM`` and subqueries that read the changed row:
+    every shard evaluates them per row over whole copies of the tables they read, which
+    the session sends along; answers and rows as DuckDB's."""
+    prices = pa.table(
+        {
+            "k": pa.array([3, 5, 8, 97, 2999, 40, 41], pa.int64()),
+            "price": pa.array([1.5, 2.5, None, 4.0, 5.0, 6.0, 7.0]),
+            "tag": pa.array(["a", "b", "c", "d", "e", "f", "g"]),
+        }
+    )
+    cluster.create_table("prices", prices, "k")
+    con = oracle()
+    con.register("prices_rows", prices)
+    con.execute("CREATE TABLE prices AS SELECT * FROM prices_rows")
+    counts: list[int] = []
+    for sql in (
+        "UPDATE t SET name = p.tag, n = t.n + 1000 FROM prices AS p WHERE p.k = t.id",
+        "DELETE FROM t USING prices WHERE t.id = prices.k AND prices.price > 2",
+        "DELETE FROM t AS x USING prices AS p WHERE x.n = p.k",
+        "UPDATE t SET n = (SELECT count(*) FROM prices WHERE prices.k < t.id) WHERE id < 60",
+        "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.id = t.id + 1 AND u.n = 0)",
+        "DELETE FROM t WHERE n > (SELECT avg(u.n) FROM t AS u WHERE u.id % 10 = t.id % 10) + 40",
+        "UPDATE t SET id = id + 5000 FROM prices WHERE prices.k = t.id - 1",  # moves rows
+    ):
+        counts.append(con.execute(sql).fetchall()[0][0])
+        assert change(cluster, sql) == counts[-1], sql
+        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+    assert all(counts), counts  # every statement changed rows
+    for key in (5004, 5006, 5042, 5098):  # moved by the last: each found where its key routes
+        assert cluster.sql(f"SELECT count(*) AS n FROM t WHERE id = {key}").to_pylist() == (
+            con.sql(f"SELECT count(*) AS n FROM t WHERE id = {key}").to_arrow_table().to_pylist()
+        )
 
 
 def test_an_update_of_the_key_moves_rows_to_their_new_shards(cluster: LocalCluster) -> None:

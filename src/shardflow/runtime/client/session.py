@@ -39,6 +39,7 @@ from shardflow.errors import (
     UnknownColumnError,
     UnknownShardError,
     UnknownTableError,
+    UnsupportedError,
 )
 from shardflow.runtime.client.loads import Loader, Progress
 from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
@@ -64,13 +65,23 @@ from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
 from shardflow.sql.parse import named_tables, parse, sql_type
 from shardflow.sql.pruning import buckets_of, key_terms
-from shardflow.sql.statements import ChangeRows, inline_subqueries
+from shardflow.sql.statements import (
+    SHIPPED_PREFIX,
+    ChangeRows,
+    inline_subqueries,
+    shipped_reads,
+)
 from shardflow.storage import RowRewrite
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route
 
 log = logging.getLogger(__name__)
 _STATEMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+MAX_SHIPPED_ROWS = 1_000_000
+"""The most rows of a table a correlated subquery of a DELETE or UPDATE may read (the
+table goes to every shard the statement changes)."""
+MAX_SHIPPED_BYTES = 256 << 20
+"""And the most bytes."""
 T = TypeVar("T")
 QUERY_ATTEMPTS = 3
 """Times a query runs again when its intermediate results were lost, or when it is planned
@@ -111,7 +122,8 @@ class Session:
         directory)."""
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
-        self._plans = PlanCache(Binder(self.engine), self.settings.plan_cache_size)
+        self._binder = Binder(self.engine)
+        self._plans = PlanCache(self._binder, self.settings.plan_cache_size)
         self._tally = Tally(self.coordinator.record_outcomes)
         self.closed = threading.Event()
         """Set by :meth:`close`: retries stop, and calls in flight end."""
@@ -485,10 +497,17 @@ class Session:
         def answer(query: str) -> pa.Table:
             return self.query(query)[0]
 
-        where = inline_subqueries(change.where, answer) if change.where else None
+        reads: set[str] = set()
+
+        def inlined(sql: str) -> str:
+            sql, read = shipped_reads(inline_subqueries(sql, answer))
+            reads.update(read)
+            return sql
+
+        where = inlined(change.where) if change.where else None
         sets = []
         for column, expression in change.sets:
-            expression = inline_subqueries(expression, answer)
+            expression = inlined(expression)
             field = spec.find_column(column)
             if field is None:
                 raise UnknownColumnError(
@@ -502,15 +521,21 @@ class Session:
         # refused): a mistake is said before any shard prepares anything; and where its
         # WHERE fixes the key, only the shards of those buckets are asked
         values = ", ".join(
-            f"CAST(({expression}) AS {sql_type(spec.schema.field(column).type)})"
-            for column, expression in sets
+            _cast(expression, spec.schema.field(column).type) for column, expression in sets
         )
         probe = f'SELECT {values or "count(*)"} FROM "{spec.name}" AS "{change.alias}"'
         probe += f" WHERE {where}" if where else ""
-        self.plan(probe)
-        buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
+        inputs = {SHIPPED_PREFIX + name.lower(): self._shipped(name) for name in sorted(reads)}
+        if inputs:  # correlated subqueries: every shard reads the tables they read whole
+            self._check_locally(probe, spec, inputs)
+            buckets = None
+        else:
+            self.plan(probe)
+            buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
         rekey = spec.key if any(column == spec.key for column, _ in sets) else None
-        rewrite = RowRewrite(change.alias, where, tuple(sets), delete=change.delete, key=rekey)
+        rewrite = RowRewrite(
+            change.alias, where, tuple(sets), delete=change.delete, key=rekey, inputs=inputs
+        )
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
             raise QueryError("a statement id is 1 to 64 letters, digits, '_' or '-'")
@@ -520,6 +545,30 @@ class Session:
         )
         self.refresh([spec.name])
         return int(done["rows"])
+
+    def _shipped(self, name: str) -> pa.Table:
+        """The whole of table ``name``, which a correlated subquery of a DELETE or UPDATE
+        reads: it goes to every shard the statement changes (at most
+        :data:`MAX_SHIPPED_ROWS` rows and :data:`MAX_SHIPPED_BYTES`)."""
+        spec = self.table_spec(name)
+        rows = self.query(f'SELECT * FROM "{spec.name}" LIMIT {MAX_SHIPPED_ROWS + 1}')[0]
+        if rows.num_rows > MAX_SHIPPED_ROWS or rows.nbytes > MAX_SHIPPED_BYTES:
+            raise UnsupportedError(
+                f"a correlated subquery of a DELETE or UPDATE reads {spec.name}, which is "
+                f"too big to send to every shard (at most {MAX_SHIPPED_ROWS:,} rows and "
+                f"{MAX_SHIPPED_BYTES >> 20} MB): write the subquery so that it runs alone "
+                "(x IN (SELECT ...)), or change the rows in parts"
+            )
+        return rows
+
+    def _check_locally(self, probe: str, spec: TableSpec, inputs: dict[str, pa.Table]) -> None:
+        """Bind a statement whose subqueries read the changed row over no rows here, with
+        the tables they read: a mistake (a column, a type, a function) is said before any
+        shard prepares anything."""
+        empty = "__sf_changed"
+        tables = {**inputs, empty: spec.schema.empty_table()}
+        local = probe.replace(f'FROM "{spec.name}" AS', f"FROM {empty} AS", 1)
+        self._binder.schema_over(f"SELECT * FROM ({local}) AS probe LIMIT 0", tables)
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:
@@ -628,6 +677,13 @@ class Session:
         self._tally.close()
         self.lanes.close()
         self.engine.close()
+
+
+def _cast(expression: str, arrow_type: pa.DataType) -> str:
+    """``expression`` cast to the SQL type of a column of ``arrow_type``; as it is where
+    that type has no plain SQL name (a list, a struct: DuckDB casts it as it stores it)."""
+    name = sql_type(arrow_type)
+    return f"({expression})" if name == "UNKNOWN" else f"CAST(({expression}) AS {name})"
 
 
 def _hex_id(text: str) -> str:

@@ -69,8 +69,13 @@ class Binder:
         if empties is None or empties[0] is not catalog.tables:
             tables = {n: s.schema.empty_table() for n, s in catalog.tables.items()}
             empties = self._empties = (catalog.tables, tables)
+        return self.schema_over(sql, empties[1])
+
+    def schema_over(self, sql: str, tables: Mapping[str, pa.Table]) -> pa.Schema:
+        """``sql`` bound (and run) over ``tables``: its answer's schema, DuckDB's errors as
+        shardflow's."""
         try:
-            return self.engine.run(sql, empties[1]).schema
+            return self.engine.run(sql, tables).schema
         except duckdb.ParserException as error:
             raise SqlSyntaxError(str(error).strip()) from None
         except duckdb.BinderException as error:

@@ -66,6 +66,17 @@ def test_happy_path_visits_every_phase_in_order() -> None:
     }
 
 
+def test_the_fence_pause_is_the_sources_hold_where_they_said_it() -> None:
+    """The sources measure how long they held writers (their fence to their retirement);
+    the coordinator's own span is longer by a call and an answer, and stands in only where
+    no source said (a switch finished after a coordinator restart)."""
+    steps: list[m.Event] = [m.PrecheckDone(True), m.Copied(100, 1000), m.CaughtUp(5), fenced(1)]
+    said, _ = drive([*steps, m.Verified(True), m.Switched(0.012), m.CleanedUp()])
+    assert said.fence_seconds == pytest.approx(0.012)
+    unsaid, _ = drive([*steps, m.Verified(True), m.Switched(None), m.CleanedUp()])
+    assert unsaid.fence_seconds == pytest.approx(3.0)
+
+
 def test_catch_up_repeats_until_the_delta_is_small() -> None:
     policy = m.MigrationPolicy(small_delta_rows=10, max_catch_up_rounds=5)
     state, actions = drive(

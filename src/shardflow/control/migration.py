@@ -154,7 +154,10 @@ class Verified:
 
 @dataclass(frozen=True)
 class Switched:
-    pass
+    held_s: float | None = None
+    """How long the sources held writers, the longest of them, as each measured it (from
+    its fence to its retirement, after the switch); None where no source said (a switch
+    finished after a coordinator restart): the pause is then counted from FENCE on."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,9 @@ class MigrationState:
     delta_rows: int = 0
     fenced_at: float | None = None
     fence_seconds: float = 0.0
+    """How long writers to the moving units were held: as the sources measured it, from
+    their fence to their retirement after the switch (the coordinator's own span, from
+    FENCE to CLEANUP, is one call to a source and one answer longer: ``phase_seconds``)."""
     finished_at: float | None = None
     outcome: str = ""
     handed_out: tuple[SourceChecksums, ...] = ()
@@ -394,6 +400,8 @@ def _transition_switch_cleanup(
     state: MigrationState, event: Switched, now: float, policy: MigrationPolicy
 ) -> tuple[MigrationState, list[Action]]:
     fence = now - state.fenced_at if state.fenced_at is not None else 0.0
+    if event.held_s is not None:
+        fence = event.held_s
     return state._enter(Phase.CLEANUP, now, fence_seconds=fence), [CleanUpSource()]
 
 

@@ -179,7 +179,7 @@ class LocalWorker:
     def fence(self, move_id: str) -> Reply[FenceResult]:
         return self._call(lambda: self.node.source.fence(move_id))
 
-    def retire(self, move_id: str) -> Reply[None]:
+    def retire(self, move_id: str) -> Reply[float | None]:
         return self._call(lambda: self.node.source.retire(move_id))
 
     def drop_retired(self, move_id: str) -> Reply[bool]:

@@ -64,6 +64,10 @@ def test_a_move_compares_what_was_handed_out_with_what_is_stored(cluster: LocalC
         assert state.stored[table] == source.handed_out[table]
         assert state.stored[table].rows == source.held[table] > 0
     assert set(record["phase_seconds"]) >= {"fence", "verify", "switch"}
+    # the pause is the source's hold (its fence to its retirement), within the coordinator's
+    # span of the same steps, which is a call to the source and an answer longer
+    span = sum(record["phase_seconds"][p] for p in ("fence", "verify", "switch"))
+    assert 0 < record["fence_seconds"] < span
     assert_serves(cluster, pa.concat_tables([events(0, ROWS), events(ROWS, 500)]))
     assert cluster.moves_counted("move", "done") == 1
 

@@ -304,13 +304,14 @@ class Migrator:
             self._target(plan).promote(plan.move_id).get()
         self._promoted.discard(plan.move_id)
         self.state.apply_switch(plan)
-        self._retire_sources(plan)  # writers held by the fence are told Moved from here
-        return Switched()
+        # writers held by the fence are told Moved from here
+        return Switched(self._retire_sources(plan))
 
-    def _retire_sources(self, plan: MovePlan) -> None:
-        """The sources stop serving what moved (idempotent)."""
-        for reply in [w.retire(plan.move_id) for w in self._sources(plan)]:
-            reply.get()
+    def _retire_sources(self, plan: MovePlan) -> float | None:
+        """The sources stop serving what moved (idempotent); the longest any held writers
+        (None where none said: retired already)."""
+        held = [reply.get() for reply in [w.retire(plan.move_id) for w in self._sources(plan)]]
+        return max((s for s in held if s is not None), default=None)
 
     def _roll_back(self, plan: MovePlan) -> None:
         """The target drops its copy, then the sources serve writes again (at once, all of

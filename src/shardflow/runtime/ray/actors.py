@@ -436,8 +436,8 @@ class WorkerService:
         return self.node.source.fence(move_id)
 
     @ray.method
-    def retire(self, move_id: str) -> None:
-        self.node.source.retire(move_id)
+    def retire(self, move_id: str) -> float | None:
+        return self.node.source.retire(move_id)
 
     @ray.method
     def drop_retired(self, move_id: str) -> bool:

@@ -182,7 +182,7 @@ class RayWorker:
     def fence(self, move_id: str) -> Reply[FenceResult]:
         return self._reply(self.handle.fence.remote(move_id))
 
-    def retire(self, move_id: str) -> Reply[None]:
+    def retire(self, move_id: str) -> Reply[float | None]:
         return self._reply(self.handle.retire.remote(move_id))
 
     def drop_retired(self, move_id: str) -> Reply[bool]:

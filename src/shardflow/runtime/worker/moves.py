@@ -149,6 +149,8 @@ class Export:
     prehashed: set[ShardKey] = field(default_factory=set)
     """Shards whose whole snapshot was hashed where stored when pinned: their chunks leave
     without being hashed again."""
+    fenced_at: float | None = None
+    """When the fence began to hold writers here (``time.monotonic``)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,8 @@ class SourceSide:
         the rows the shards hold under the fence. One call, so that writers wait as briefly
         as possible."""
         export = self.exports[move_id]
+        if export.fenced_at is None:  # a fence asked again holds on from the first
+            export.fenced_at = time.monotonic()
         for shard in export.shards.values():
             shard.fence()
         last = self.changes(move_id, dict(export.counted))
@@ -241,12 +245,14 @@ class SourceSide:
             shard.claim_again(self.node.node_id)  # its target may have claimed it already
             shard.unfence()
 
-    def retire(self, move_id: str) -> None:
+    def retire(self, move_id: str) -> float | None:
         """The switch happened: stop serving the moved shards (fragments and inserts for
-        them are told ``Moved``), keep them until the readers still on them finish."""
+        them are told ``Moved``), keep them until the readers still on them finish.
+        Answers how long the fence held writers here (seconds; None where this node
+        holds no such export: retired already, or a roll-back came first)."""
         export = self.exports.pop(move_id, None)
         if export is None:
-            return
+            return None
         for stream in export.streams.values():  # a plain move's is never read: its pinned
             stream.close()  # transaction ends here, not whenever the stream is collected
         node = self.node
@@ -256,6 +262,7 @@ class SourceSide:
                 if node.shards.get(key) is shard:
                     del node.shards[key]
             self.retired[move_id] = Retired(export.plan.kind, dict(export.shards))
+        return None if export.fenced_at is None else time.monotonic() - export.fenced_at
 
     def drop_retired(self, move_id: str, timeout_s: float = RETIRED_READERS_WAIT_S) -> bool:
         """Drop the retired shards and their files once no fragment reads them."""

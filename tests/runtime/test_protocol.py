@@ -55,7 +55,7 @@ def test_every_actor_method_the_protocol_uses_is_a_typed_ray_method() -> None:
     export_*); each is declared with @ray.method, so mypy checks every call's arguments
     and answer against the actor's own signature."""
     for actor, handles, some in (
-        (WorkerService, (RayWorker, RaySourceLink), {"fence", "apply_final", "export_changes"}),
+        (WorkerService, (RayWorker, RaySourceLink), {"fence", "finish_import", "export_changes"}),
         (CoordinatorService, (RayCoordinator,), {"catalog", "begin_create", "drain_host"}),
     ):
         source = "".join(inspect.getsource(handle) for handle in handles)

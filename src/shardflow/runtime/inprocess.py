@@ -176,9 +176,6 @@ class LocalWorker:
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]:
         return self._call(lambda: self.node.unit_bytes(units))
 
-    def fence(self, move_id: str) -> Reply[FenceResult]:
-        return self._call(lambda: self.node.source.fence(move_id))
-
     def retire(self, move_id: str) -> Reply[float | None]:
         return self._call(lambda: self.node.source.retire(move_id))
 
@@ -222,8 +219,8 @@ class LocalWorker:
     def catch_up(self, move_id: str) -> Reply[int]:
         return self._call(lambda: self.node.target.catch_up(move_id, self._workers.link))
 
-    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
-        return self._call(lambda: self.node.target.apply_final(move_id, fenced))
+    def finish_import(self, move_id: str) -> Reply[FinalApplied]:
+        return self._call(lambda: self.node.target.finish_import(move_id, self._workers.link))
 
     def promote(self, move_id: str) -> Reply[None]:
         return self._call(lambda: self.node.target.promote(move_id))
@@ -253,6 +250,9 @@ class LocalSourceLink:
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
         return self.source._call(lambda: self.source.node.source.changes(move_id, since))
+
+    def fence(self, move_id: str) -> Reply[FenceResult]:
+        return self.source._call(lambda: self.source.node.source.fence(move_id))
 
 
 class LocalWorkers:

@@ -235,6 +235,8 @@ class FinalApplied:
     promoted: bool = False
     """Whether the target found ``stored`` equal to what the sources handed out and serves
     the new shards already (saving the switch a round trip while writers wait)."""
+    handed_out: tuple[SourceChecksums, ...] = ()
+    """What each fenced source said it handed out (VERIFY compares it with ``stored``)."""
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -355,11 +357,6 @@ class Worker(Protocol):
 
     # a move, as its source
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]: ...
-    def fence(self, move_id: str) -> Reply[FenceResult]:
-        """Hold new writes to the move's shards; hand out the last changes and the final
-        checksums in one answer."""
-        ...
-
     def retire(self, move_id: str) -> Reply[float | None]:
         """Stop serving what moved (the switch happened); how long writers were held here
         (None: nothing to retire)."""
@@ -405,9 +402,10 @@ class Worker(Protocol):
         """Apply what the sources took in since the last pull; answers those rows."""
         ...
 
-    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
-        """Apply the fenced sources' last changes; where the copy then holds what they
-        handed out, serve the new shards (promote) in the same call."""
+    def finish_import(self, move_id: str) -> Reply[FinalApplied]:
+        """Fence the move's sources (worker to worker: each holds writes and hands out its
+        last changes and final checksums), apply those changes, and where the copy then
+        holds what they handed out, serve the new shards (promote), all in one call."""
         ...
 
     def promote(self, move_id: str) -> Reply[None]: ...
@@ -476,6 +474,11 @@ class SourceLink(Protocol):
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
         """The inserts each shard took in after LSN ``since[shard]``."""
+        ...
+
+    def fence(self, move_id: str) -> Reply[FenceResult]:
+        """Hold new writes to the move's shards; hand out the last changes and the final
+        checksums in one answer."""
         ...
 
 

@@ -55,12 +55,13 @@ a short run meets each of them, and a coordinator restart before each step in tu
 CRASH_AT = (
     "before copy_snapshot",
     "before catch_up",
-    "before fence",
-    "before apply_final",
-    "after apply_final",  # the target serves the copy already; the switch has not come
+    "before finish_import",
+    "before fence",  # the target asked the source (worker to worker): the restart comes then
+    "after finish_import",  # the target serves the copy already; the switch has not come
     "before retire",  # after the switch
 )
-"""Where a coordinator restart may come: just before, or just after, a call to a worker."""
+"""Where a coordinator restart may come: just before, or just after, a call to a worker
+(the fence: as the move's target calls its source)."""
 
 
 class CoordinatorCrash(BaseException):
@@ -159,13 +160,17 @@ class Chaos:
             if fault is not None and fault.kind == "slow_node" and node == fault.node:
                 time.sleep(0.01)
             return
-        source, target = self.plan_nodes
+        source, _ = self.plan_nodes
         if fault.kind == "source_killed_at_fence" and call == "fence":
             self.kill(source)
-        elif fault.kind == "target_killed_at_fence" and call == "apply_final":
-            self.kill(target)
         else:
             self.crash_at(f"before {call}")
+
+    def fenced(self) -> None:
+        """A source answered the target's fence: it holds writes now."""
+        fault = self.fault
+        if fault is not None and not fault.fired and fault.kind == "target_killed_at_fence":
+            self.kill(self.plan_nodes[1])  # the sources are fenced; the target dies
 
     def crash_at(self, point: str) -> None:
         fault = self.fault
@@ -272,6 +277,12 @@ class ChaosLink:
         for chunk in self._inner.chunks(move_id, key):
             yield chunk
             self._chaos.mid_copy()
+
+    def fence(self, move_id: str) -> Any:
+        self._chaos.before(self._inner.source.node_id, "fence")
+        answer = self._inner.fence(move_id)
+        self._chaos.fenced()
+        return answer
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         return getattr(self._inner, name)  # type: ignore[no-any-return]

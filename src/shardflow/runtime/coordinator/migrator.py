@@ -284,14 +284,14 @@ class Migrator:
         return PrecheckDone(True)
 
     def _fence(self, plan: MovePlan) -> Event:
-        """Every source holds writes and hands out its last changes with its final
-        checksums, in one answer; the target applies those changes and answers with the
-        checksums of what it stores. ``Fenced`` carries both sides to VERIFY."""
-        fenced = [reply.get() for reply in [w.fence(plan.move_id) for w in self._sources(plan)]]
-        final = self._target(plan).apply_final(plan.move_id, fenced).get()
+        """The target fences every source (each holds writes and hands out its last
+        changes with its final checksums, in one answer), applies those changes and
+        answers with what the sources said and the checksums of what it stores.
+        ``Fenced`` carries both sides to VERIFY."""
+        final = self._target(plan).finish_import(plan.move_id).get()
         if final.promoted:
             self._promoted.add(plan.move_id)
-        return Fenced(final.rows, tuple(f.sums for f in fenced), final.stored)
+        return Fenced(final.rows, final.handed_out, final.stored)
 
     def _verify(self, action: VerifyCopy) -> Event:
         """Rows and checksums the fenced sources handed out (snapshot and every change

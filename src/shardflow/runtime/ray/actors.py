@@ -481,8 +481,8 @@ class WorkerService:
         return self.node.target.catch_up(move_id, self.workers.link)
 
     @ray.method
-    def apply_final(self, move_id: str, fenced: list[FenceResult]) -> FinalApplied:
-        return self.node.target.apply_final(move_id, fenced)
+    def finish_import(self, move_id: str) -> FinalApplied:
+        return self.node.target.finish_import(move_id, self.workers.link)
 
     @ray.method
     def promote(self, move_id: str) -> None:

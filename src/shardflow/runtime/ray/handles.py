@@ -179,9 +179,6 @@ class RayWorker:
     def unit_bytes(self, units: Sequence[int]) -> Reply[int]:
         return self._reply(self.handle.unit_bytes.remote(list(units)))
 
-    def fence(self, move_id: str) -> Reply[FenceResult]:
-        return self._reply(self.handle.fence.remote(move_id))
-
     def retire(self, move_id: str) -> Reply[float | None]:
         return self._reply(self.handle.retire.remote(move_id))
 
@@ -226,8 +223,8 @@ class RayWorker:
     def catch_up(self, move_id: str) -> Reply[int]:
         return self._reply(self.handle.catch_up.remote(move_id))
 
-    def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> Reply[FinalApplied]:
-        return self._reply(self.handle.apply_final.remote(move_id, list(fenced)))
+    def finish_import(self, move_id: str) -> Reply[FinalApplied]:
+        return self._reply(self.handle.finish_import.remote(move_id))
 
     def promote(self, move_id: str) -> Reply[None]:
         return self._reply(self.handle.promote.remote(move_id))
@@ -371,6 +368,9 @@ class RaySourceLink:
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
         return self._reply(self.handle.export_changes.remote(move_id, dict(since)))
+
+    def fence(self, move_id: str) -> Reply[FenceResult]:
+        return self._reply(self.handle.fence.remote(move_id))
 
 
 class RayCoordinator:

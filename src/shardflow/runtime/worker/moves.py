@@ -16,7 +16,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -454,6 +454,17 @@ class TargetSide:
             self.node.prewarm(move.shards.values())
         except Exception as error:
             log.warning("move %s: frames not built ahead: %s", move.plan.move_id, error)
+
+    def finish_import(self, move_id: str, link: Callable[[str], SourceLink]) -> FinalApplied:
+        """Fence every source (all at once, worker to worker: the coordinator is not
+        between a source's fence and this node's apply, a round trip less while writers
+        wait), then :meth:`apply_final` what they handed out; the answer carries what each
+        said it handed out, for the coordinator's VERIFY."""
+        move = self.imports[move_id]
+        replies = [link(node).fence(move_id) for node in _source_nodes(move.plan)]
+        fenced = [reply.get() for reply in replies]
+        final = self.apply_final(move_id, fenced)
+        return replace(final, handed_out=tuple(f.sums for f in fenced))
 
     def apply_final(self, move_id: str, fenced: Sequence[FenceResult]) -> FinalApplied:
         """Apply the last changes the fenced sources handed out; answer the rows applied and

@@ -402,8 +402,9 @@ def main() -> None:
     )
     spans = [sum(m.phase_seconds.get(p, 0.0) for p in ("fence", "verify", "switch")) for m in moves]
     print(
-        f"  the coordinator's span of it (FENCE to CLEANUP, one call to a source and one "
-        f"answer longer than the sources' hold): p50 {percentile(spans, 50) * 1000:.0f} ms, "
+        f"  the coordinator's span of it (FENCE to CLEANUP: its call to the target and the "
+        f"target's to the source come before any writer waits): p50 "
+        f"{percentile(spans, 50) * 1000:.0f} ms, "
         f"p99 {percentile(spans, 99) * 1000:.0f} ms"
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -89,6 +89,8 @@ class ShardInfo:
     lsn: int
     indexed: bool = False
     """Whether the shard's rows keep an index on the table's key (``key_index``)."""
+    prepared: tuple[str, ...] = ()
+    """Changes of rows (their statements) prepared in the shard and not decided yet."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class ReplicaInfo:
     rows: int
     bytes: int
     lsn: int
+    prepared: tuple[str, ...] = ()
+    """Changes of rows (their statements) prepared in the copy and not decided yet."""
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,56 @@ def test_a_query_half_way_through_a_change_sees_it_on_every_shard_or_on_none(
         cluster.state.end_change("t")
 
 
+def prepared_anywhere(cluster: LocalCluster) -> set[str]:
+    """The statements prepared in any node's shards and not decided."""
+    found: set[str] = set()
+    for node in cluster.catalog.nodes:
+        worker = cluster.workers.get(node).node
+        for shard in [*worker.shards.values(), *worker.replicas.values()]:
+            found.update(shard.prepared)
+    return found
+
+
+def test_a_change_prepared_and_never_decided_is_dropped_by_the_coordinator(
+    cluster: LocalCluster,
+) -> None:
+    """A coordinator died between prepare and decision and no session tried again: the
+    prepared files would hold their shards' checkpoints back until the table's next
+    change. The coordinator's sweep drops them; it leaves alone a change committed and not
+    yet told to the nodes (they put it in effect when told), and one whose group is being
+    changed. Broken on purpose (a committed change dropped too), the table keeps the rows
+    the committed DELETE took."""
+    node = cluster.backend.node
+    orphan, decided = "orphan", "decided-not-told"
+    node._prepare(
+        cluster.state.catalog.table("t"), orphan, RowRewrite("t", "id < 10", delete=True), None
+    )
+    assert prepared_anywhere(cluster) == {orphan}
+    spec = cluster.state.begin_change("t", "changed")
+    try:
+        assert node.drop_undecided() == []  # its group is being changed: that change decides
+        node._prepare(spec, decided, RowRewrite("t", "id >= 2000", delete=True), None)
+        cluster.state.commit_change("t", decided, ROWS - 2000, ROWS - 2000)
+    finally:
+        cluster.state.end_change("t")
+    assert prepared_anywhere(cluster) == {decided}  # the second prepare dropped the first
+    assert node.drop_undecided() == []  # committed: left for the nodes to put in effect
+    node.announce(cluster.catalog.nodes)
+    assert summary(cluster)[0]["n"] == 2000
+    assert prepared_anywhere(cluster) == set()
+    # an undecided change, left on every node's shards
+    node._prepare(
+        cluster.state.catalog.table("t"), orphan, RowRewrite("t", "id < 10", delete=True), None
+    )
+    owners = {u.node for u in cluster.units("t")}
+    dropped = node.drop_undecided()
+    assert sorted(dropped) == [(n, "t", orphan) for n in sorted(owners)]
+    assert prepared_anywhere(cluster) == set()
+    for shard in cluster.workers.get(sorted(owners)[0]).node.shards.values():
+        assert not any(n.startswith("prep-") for n in shard.store._dir.list(shard.store.folder))
+    assert summary(cluster)[0]["n"] == 2000  # nothing of it took effect
+
+
 def test_a_replicated_table_changes_on_every_node_at_once(cluster: LocalCluster) -> None:
     """A replicated table's copy that writes its log prepares the change; every node's
     copy is made again from the files once it is committed: each node answers the same."""

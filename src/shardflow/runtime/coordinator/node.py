@@ -30,6 +30,10 @@ from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
 
 log = logging.getLogger(__name__)
+UNDECIDED_SWEEP_S = 30.0
+"""How often the coordinator looks for changes of rows prepared on a node and never
+decided (:meth:`CoordinatorNode.drop_undecided`); the first look comes one health interval
+after it starts."""
 
 
 class CoordinatorNode:
@@ -49,6 +53,7 @@ class CoordinatorNode:
         self._hosts: dict[str, str] = {}
         """The Ray node of every worker seen (a node's worker never moves)."""
         self._hosts_lock = threading.Lock()
+        self._stopped = threading.Event()
 
     @classmethod
     def open(
@@ -68,12 +73,63 @@ class CoordinatorNode:
         self.controller.start()
         if restarted:
             self.controller.adopt()
+        threading.Thread(target=self._sweep, name="undecided", daemon=True).start()
 
     def close(self) -> None:
         """Stop the loops and the console (an in-process coordinator; an actor's process
         ends with it)."""
+        self._stopped.set()
         self.controller.stop()
         self.console.close()
+
+    def _sweep(self) -> None:
+        wait = self.settings.health_interval_s
+        while not self._stopped.wait(wait):
+            wait = UNDECIDED_SWEEP_S
+            try:
+                self.drop_undecided()
+            except Exception:  # a sweep must never take the coordinator down
+                log.exception("looking for undecided changes of rows failed")
+
+    def drop_undecided(self) -> list[tuple[str, str, str]]:
+        """Discard the changes of rows prepared on a node whose statement is neither
+        committed nor running: the coordinator that ran it died before deciding (and no
+        session tried it again), or a node missed the abort and its shards moved. Such a
+        file holds its shard's checkpoints back (the log grows) until the table's next
+        change. A statement running holds its group's change lock; one committed is put in
+        effect by its node when told. Answers (node, table, statement) discarded."""
+        found: set[tuple[str, str, str]] = set()
+        for node in list(self.state.catalog.nodes):
+            try:
+                info = self.workers.get(node).info().get(self.settings.retry_deadline_s)
+            except Error as error:
+                log.info("%s not asked for undecided changes: %s", node, error)
+                continue
+            for shard in info.shards:
+                found.update((node, shard.table, statement) for statement in shard.prepared)
+            for replica in info.replicas:
+                found.update((node, replica.table, statement) for statement in replica.prepared)
+        dropped = []
+        for node, table, statement in sorted(found):
+            lock = self._changes_lock(table)
+            if not lock.acquire(blocking=False):
+                continue  # a change of the group runs: it decides its own parts
+            try:
+                spec = self.state.catalog.find_table(table)
+                if spec is not None and spec.group in self.state.changing:
+                    continue  # being changed (or truncated): that change decides
+                if spec is not None and spec.change(statement) is not None:
+                    continue  # committed: the node puts it in effect when told
+                self.workers.get(node).abort_change(table, statement).get(
+                    self.settings.retry_deadline_s
+                )
+                dropped.append((node, table, statement))
+                log.warning("dropped %s's undecided change %s of %s", node, statement, table)
+            except Error as error:
+                log.info("undecided change %s on %s not dropped: %s", statement, node, error)
+            finally:
+                lock.release()
+        return dropped
 
     # -- the catalog and its owner --------------------------------------------------------
     def catalog(self, tables: list[str] | None = None) -> dict[str, Any]:

@@ -631,11 +631,15 @@ class WorkerNode(CatalogServing, RowChanges):
         )
         with self.lock:
             held = [
-                (ShardInfo(t, u, s.rows, s.nbytes, s.lsn), _index_database(s))
+                (
+                    ShardInfo(t, u, s.rows, s.nbytes, s.lsn, prepared=tuple(sorted(s.prepared))),
+                    _index_database(s),
+                )
                 for (t, u), s in sorted(self.shards.items())
             ]
             replicas = tuple(
-                ReplicaInfo(t, s.rows, s.nbytes, s.lsn) for t, s in sorted(self.replicas.items())
+                ReplicaInfo(t, s.rows, s.nbytes, s.lsn, tuple(sorted(s.prepared)))
+                for t, s in sorted(self.replicas.items())
             )
             info = WorkerInfo(
                 profile=self.profile,

@@ -117,9 +117,11 @@ class TableSpec:
     grants: tuple[Grant, ...] = SHARED
     """Who else may do what with it (:mod:`shardflow.catalog.grants`)."""
     commit: int = 0
-    """The table's commit number: how many times its rows were changed otherwise than by
-    adding to them (``TRUNCATE`` gives it new, empty files). A query reads every table at
-    the commit its routing had, on every worker, or is run again (``Changed``)."""
+    """The table's commit number, one up each time its rows are changed otherwise than by
+    adding to them (``TRUNCATE`` gives it new, empty files). A table starts at the catalog
+    version it was made at, past every commit number a table of its name had before. A
+    query reads every table at the commit its routing had, on every worker, or is run
+    again (``Changed``)."""
     changes: tuple[RowChange, ...] = ()
     """The latest statements that changed its rows (``DELETE``, ``UPDATE``), newest last
     (at most :data:`CHANGES_KEPT`): a shard holding a prepared change applies it once its

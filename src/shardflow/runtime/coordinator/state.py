@@ -426,6 +426,10 @@ class CoordinatorState:
                 group,
                 key_index=key_index,
                 grants=SHARED if table.grants is None else tuple(sorted(table.grants)),
+                # past every commit a table of this name had before (each of them was a
+                # catalog version): a node not yet told the table was made again says so
+                # (Moved) rather than serve the one before at a commit number they share
+                commit=catalog.version + 1,
             )
             catalog = catalog.with_table(spec)
             self.pending[name_key(name)] = PendingTable(spec, catalog)

@@ -52,6 +52,13 @@ class Announcer:
             if version > self._known.get(node, -1):
                 self._known[node] = version
 
+    def unknown(self, nodes: Iterable[str]) -> list[str]:
+        """Those of ``nodes`` whose catalog version is not known here: one that did not
+        take a change (it is sent the catalog whole next), or not yet told anything since
+        this coordinator started."""
+        with self._lock:
+            return [node for node in nodes if node not in self._known]
+
     def forget(self, node: str) -> None:
         """``node`` is gone, or did not answer: it is sent the catalog whole next time."""
         with self._lock:

@@ -90,6 +90,8 @@ class Controller:
         """Each shard's execution seconds per second over the last observed window."""
         self.recorder: Recorder | None = None
         self._adopting = False
+        self._catching_up: threading.Thread | None = None
+        """Telling nodes whose catalog version is not known the catalog (``_watch``)."""
         self.health = HealthTracker(
             HealthSettings(
                 threshold=settings.node_failure_rate,
@@ -205,6 +207,21 @@ class Controller:
                 if misses[node] >= self.settings.health_misses:
                     misses.pop(node)
                     self.fail_node(node)
+            self._catch_up([n for n in watched if misses[n] == 0])
+
+    def _catch_up(self, nodes: list[str]) -> None:
+        """Send the catalog whole to those of ``nodes`` (answering pings) whose version is
+        not known: a node that did not take a change (its answer lost, an error) would
+        otherwise stay behind until the next change that concerns it, saying ``Moved`` to
+        every query of what changed meanwhile. On a thread of its own, one at a time (a
+        node slow to take it holds up no ping)."""
+        unknown = self.announcer.unknown(nodes)
+        if not unknown or (self._catching_up is not None and self._catching_up.is_alive()):
+            return
+        self._catching_up = threading.Thread(
+            target=self.announcer.announce, args=(unknown,), name="catch-up", daemon=True
+        )
+        self._catching_up.start()
 
     def fail_node(self, node: str) -> Failover | None:
         """A worker is gone: its units go to healthy nodes, which rebuild them from storage."""

@@ -116,6 +116,37 @@ def test_a_failed_over_worker_is_seen_gone_and_its_shards_served_elsewhere(
     assert gone not in cluster.session.catalog.nodes
 
 
+@pytest.mark.parametrize("replicated", [False, True])
+def test_a_catalog_told_before_a_load_is_finished_serves_the_loads_own_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replicated: bool
+) -> None:
+    """A node is sent the catalog with a new table (another change's announce, or the
+    coordinator catching it up) after its part of the load was committed and before the
+    session's ``finish_load``: it serves the load's own shards then. Were it to take them
+    from storage again, their claim would fence the load's copies that ``finish_load``
+    serves next, and every insert would be told ``Moved`` until the deadline."""
+    local = LocalCluster(tmp_path / "data", retry_deadline_s=5)
+    try:
+        node = local.catalog.nodes[0]
+        worker = local.workers.get(node)
+        finish = worker.finish_load
+
+        def told_first(table: str) -> Any:
+            worker.sync(local.state.catalog_json()).get()  # the catalog, then the session's
+            return finish(table)
+
+        monkeypatch.setattr(worker, "finish_load", told_first)
+        if replicated:
+            local.session.create_table("events", events(0, ROWS), None, True, None)
+        else:
+            local.session.create_table("events", events(0, ROWS), "id", False, None)
+        local.insert("events", events(ROWS, 100))
+        answer = local.sql("SELECT count(*) AS n FROM events").to_pylist()
+        assert answer == [{"n": ROWS + 100}]
+    finally:
+        local.close()
+
+
 def test_nodes_join_and_leave_through_the_session(cluster: LocalCluster) -> None:
     session = cluster.session
     node = session.add_node()  # started, admitted (calibrated), joined

@@ -42,6 +42,8 @@ class Announcer:
         self.measure = measure
         self._known: dict[str, int] = {}
         """The catalog version each node answered it serves, as told by us."""
+        self._forgotten: set[str] = set()
+        """Nodes that did not take a change (see :meth:`forgotten`)."""
         self._lock = threading.Lock()
         self.bytes_sent = 0
         """What was sent (JSON bytes), when ``measure``."""
@@ -51,18 +53,19 @@ class Announcer:
         with self._lock:
             if version > self._known.get(node, -1):
                 self._known[node] = version
+            self._forgotten.discard(node)
 
-    def unknown(self, nodes: Iterable[str]) -> list[str]:
-        """Those of ``nodes`` whose catalog version is not known here: one that did not
-        take a change (it is sent the catalog whole next), or not yet told anything since
-        this coordinator started."""
+    def forgotten(self, nodes: Iterable[str]) -> list[str]:
+        """Those of ``nodes`` that did not take a change told to them (an error, no answer
+        in time) and have taken none since: each is sent the catalog whole next."""
         with self._lock:
-            return [node for node in nodes if node not in self._known]
+            return [node for node in nodes if node in self._forgotten]
 
     def forget(self, node: str) -> None:
         """``node`` is gone, or did not answer: it is sent the catalog whole next time."""
         with self._lock:
             self._known.pop(node, None)
+            self._forgotten.add(node)
 
     def announce(self, nodes: Iterable[str]) -> None:
         """Tell ``nodes`` (those a move touched; every node, for a change that concerns

@@ -210,12 +210,12 @@ class Controller:
             self._catch_up([n for n in watched if misses[n] == 0])
 
     def _catch_up(self, nodes: list[str]) -> None:
-        """Send the catalog whole to those of ``nodes`` (answering pings) whose version is
-        not known: a node that did not take a change (its answer lost, an error) would
-        otherwise stay behind until the next change that concerns it, saying ``Moved`` to
-        every query of what changed meanwhile. On a thread of its own, one at a time (a
-        node slow to take it holds up no ping)."""
-        unknown = self.announcer.unknown(nodes)
+        """Send the catalog whole to those of ``nodes`` (answering pings) that did not take
+        a change (its answer lost, an error): such a node would otherwise stay behind until
+        the next change that concerns it, saying ``Moved`` to every query of what changed
+        meanwhile. On a thread of its own, one at a time (a node slow to take it holds up
+        no ping)."""
+        unknown = self.announcer.forgotten(nodes)
         if not unknown or (self._catching_up is not None and self._catching_up.is_alive()):
             return
         self._catching_up = threading.Thread(

@@ -29,6 +29,7 @@ class CatalogServing:
     lock: threading.RLock
     shards: dict[ShardKey, Shard]
     replicas: dict[str, Shard]
+    loading: dict[str, dict[int | str, Shard]]
     target: TargetSide
 
     # the node's own (``WorkerNode``)
@@ -45,6 +46,9 @@ class CatalogServing:
         raise NotImplementedError
 
     def refresh_view(self, table: str) -> None:
+        raise NotImplementedError
+
+    def finish_load(self, table: str) -> None:
         raise NotImplementedError
 
     def sync(self, catalog_json: Mapping[str, Any]) -> int:
@@ -79,6 +83,7 @@ class CatalogServing:
         with self.lock:
             if catalog.version < self.catalog.version:
                 return self.catalog.version
+            self._finish_committed_loads(catalog)
             changed: set[str] = set()
             if only is None:
                 wanted = {(r.table, r.unit_id) for r in catalog.shards_on(self.node_id)}
@@ -107,6 +112,18 @@ class CatalogServing:
                 self.refresh_view(table)
             self.catalog = catalog
             return catalog.version
+
+    def _finish_committed_loads(self, catalog: Catalog) -> None:
+        """Serve the shards a load staged here whose table ``catalog`` holds (every node
+        committed its part before the coordinator did; the session's ``finish_load``
+        follows, or never comes if it died). Taking them from storage instead would make
+        other copies of the same shards: their claim would fence the load's own copies,
+        which the session's ``finish_load`` then serves, and every insert into them would
+        be told ``Moved``."""
+        for table, shards in list(self.loading.items()):
+            spec = catalog.tables.get(table)
+            if spec is not None and all(s.store.table_uid == spec.uid for s in shards.values()):
+                self.finish_load(table)
 
     @staticmethod
     def _committed_here(catalog: Catalog, table: str, shard: Shard) -> bool:

@@ -432,7 +432,9 @@ class Database:
             count = self._session_or_raise().truncate_table(change.name)
             return pa.table({"count": pa.array([count], pa.int64())})
         if isinstance(change, ChangeRows):
-            count = self._session_or_raise().change_rows(change)
+            count, returned = self._session_or_raise().change_rows(change)
+            if returned is not None:
+                return returned
             return pa.table({"count": pa.array([count], pa.int64())})
         rows = self.sql(change.query)
         if isinstance(change, CreateTableAs):

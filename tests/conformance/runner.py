@@ -90,7 +90,8 @@ RULES: dict[str, str] = {
     "halt": "after `halt`",
     "skipif/onlyif": "`skipif duckdb` or `onlyif <other engine>`",
     "not a SELECT": "a `query` record that is not a query (DESCRIBE, EXPLAIN, SUMMARIZE, "
-    "PRAGMA, SHOW, CALL, DML with RETURNING, ...)",
+    "PRAGMA, SHOW, CALL, INSERT ... RETURNING, ...; a DELETE or UPDATE ... RETURNING is "
+    "compared where the row changes are)",
     "duckdb error": "DuckDB itself does not answer the query",
     "external data file": "reads files (read_csv/read_parquet/..., data/ paths, COPY output)",
     "duckdb timeout": "DuckDB did not answer within ORACLE_TIMEOUT_S (60 s)",
@@ -356,6 +357,14 @@ def _updates_from(sql: str) -> bool:
 def _first_lines(text: str, n: int = 3) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[:n])
+
+
+def _same_distinct(actual: pa.Table, expected: pa.Table) -> bool:
+    """Whether two answers hold the same distinct rows (``RETURNING`` of an UPDATE ...
+    FROM: DuckDB gives a row per match, shardflow per row changed)."""
+    return {tuple(r.values()) for r in actual.to_pylist()} == {
+        tuple(r.values()) for r in expected.to_pylist()
+    }
 
 
 def compare(
@@ -719,10 +728,19 @@ class _PassState:
             return None
         return tree.this.name.lower()
 
-    def _change(self, index: int, record: Statement, sql: str, key: str, counted: Any) -> None:
+    def _change(
+        self,
+        index: int,
+        record: Statement | Query,
+        sql: str,
+        key: str,
+        counted: Any,
+        returned: pa.Table | None = None,
+    ) -> None:
         """Run a DELETE or UPDATE DuckDB ran in shardflow too: the rows changed must be as
-        many, and the table's content (compared by the queries that follow, with no load
-        in between) the same."""
+        many (a ``query`` record's ``RETURNING``: the rows DuckDB ``returned``, compared as
+        a query's answer is), and the table's content (compared by the queries that
+        follow, with no load in between) the same."""
         layout = self.plan.name
 
         def case(status: str, rule: str | None = None, detail: str = "") -> None:
@@ -730,7 +748,8 @@ class _PassState:
             self.run_.report.cases.append(found)
 
         loaded = self.loaded.get(key)
-        if record.expect != "ok" or not isinstance(counted, int):
+        refused = isinstance(record, Statement) and record.expect != "ok"
+        if refused or not isinstance(counted, int):
             case(SKIPPED, "statement DuckDB refuses")
             return
         if loaded is None or loaded.refused is not None or key not in self.current:
@@ -744,13 +763,25 @@ class _PassState:
         from shardflow.errors import UnsupportedError
 
         try:
-            got = self.run_.backend.sql(sql).column("count")[0].as_py()
+            answer = self.run_.backend.sql(sql)
         except UnsupportedError as error:
             case(UNSUPPORTED, detail=_first_lines(str(error), 1))
             return  # the next query's load brings shardflow's copy to DuckDB's
         except Exception as error:
             case(WRONG, detail=f"{type(error).__name__}: {_first_lines(str(error), 1)}")
             return
+        if returned is not None and isinstance(record, Query):
+            problem = compare(answer, returned, analyze(sql), record.sort)
+            if problem is not None and _updates_from(sql) and _same_distinct(answer, returned):
+                case(SKIPPED, "UPDATE ... FROM counts matches", problem)
+            elif problem is not None:
+                case(WRONG, detail=problem)
+                return
+            else:
+                case(EQUAL)
+            loaded.fingerprint = self._fingerprint(self.current[key][0])
+            return
+        got = answer.column("count")[0].as_py()
         if got != counted and not (_updates_from(sql) and 0 < got < counted):
             case(WRONG, detail=f"shardflow changed {got} rows, DuckDB {counted}")
             return
@@ -768,6 +799,23 @@ class _PassState:
     def _query(self, index: int, record: Query) -> None:
         sql = self._subst(record.sql)
         keyword = first_keyword(sql)
+        target = self._changed_table(sql) if self.run_.changes and not self.in_transaction else None
+        if target is not None:  # DELETE or UPDATE ... RETURNING: DuckDB's rows the oracle
+            self._sync()
+            self.generation += 1
+            try:
+                returned: pa.Table | None = self._oracle(sql)
+            except (duckdb.Error, pa.ArrowException):
+                returned = None
+            if self.first:
+                self.run_.join_sql.append(sql)
+            counted: Any = None
+            if returned is not None and returned.column_names == ["Count"]:
+                counted, returned = returned.column(0)[0].as_py(), None  # no RETURNING
+            elif returned is not None:
+                counted = returned.num_rows
+            self._change(index, record, sql, target, counted, returned)
+            return
         if keyword not in QUERY_KEYWORDS:
             self.generation += 1
             try:

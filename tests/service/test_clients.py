@@ -90,6 +90,31 @@ def test_adbc_ingest_create_append_and_exactly_once(served: Served) -> None:
         db.drop_table("ingested")
 
 
+def test_adbc_changes_rows_and_reads_what_returning_gives(served: Served) -> None:
+    """DELETE and UPDATE through ADBC: a query answers the count, or with ``RETURNING``
+    the rows as DuckDB's own statement gives them; an update (Flight SQL's
+    ExecuteUpdate) answers the rows changed either way."""
+    rows = pa.table({"k": pa.array(range(1, 7), pa.int64()), "v": list("abcdef")})
+    with adbc(served, "bob") as conn, conn.cursor() as cur:
+        cur.adbc_ingest("changing", rows, mode="create")
+        expected = duckdb.connect()
+        expected.register("source", rows)
+        expected.execute("CREATE TABLE changing AS SELECT * FROM source")
+        for sql in (
+            "UPDATE changing SET v = v || '!' WHERE k <= 2 RETURNING k, v",
+            "DELETE FROM changing WHERE k = 3",
+            "DELETE FROM changing WHERE k > 4 RETURNING *",
+        ):
+            cur.execute(sql)
+            assert sorted(cur.fetchall()) == sorted(expected.execute(sql).fetchall()), sql
+        with conn.cursor() as fresh:
+            fresh.adbc_statement.set_sql_query("UPDATE changing SET k = k * 10 RETURNING k")
+            assert fresh.adbc_statement.execute_update() == 3
+        cur.execute("SELECT k, v FROM changing ORDER BY k")
+        assert cur.fetchall() == [(10, "a!"), (20, "b!"), (40, "d")]
+        cur.execute("DROP TABLE changing")
+
+
 def test_adbc_get_objects_and_table_schema(reader: flight_sql.Connection) -> None:
     objects = reader.adbc_get_objects().read_all().to_pylist()
     catalogs = {c["catalog_name"]: c for c in objects}

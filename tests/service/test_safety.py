@@ -348,6 +348,8 @@ def test_a_reader_cannot_write_through_adbc_statements(served: Served) -> None:
             ("DROP TABLE t", None),
             ("TRUNCATE t", None),
             ("CREATE TABLE copy_of_t AS SELECT * FROM t", None),
+            ("WITH x AS (SELECT 1 AS id) DELETE FROM t WHERE id IN (SELECT id FROM x)", None),
+            ("UPDATE t SET g = 0 WHERE id = 1 RETURNING *", None),
         ):
             with pytest.raises(adbc_driver_manager.Error, match="needs role writer"):
                 cur.execute(statement, parameters=parameters)
@@ -577,6 +579,16 @@ def test_only_a_tables_owner_drops_or_replaces_it(served: Served) -> None:
         bob.revoke("bobs", "INSERT", "walt")
         with as_user(served, "walt") as walt, pytest.raises(PermissionDeniedError):
             walt.sql("INSERT INTO bobs VALUES (78)")
+        bob.sql("CREATE TABLE bobs_secret AS SELECT id FROM t WHERE id < 5")  # walt: no grant
+        with as_user(served, "walt") as walt:  # reading it to choose rows is reading it
+            for sneaky in (
+                "WITH c AS (SELECT id FROM bobs_secret) DELETE FROM bobs WHERE id IN "
+                "(SELECT id FROM c)",
+                "DELETE FROM bobs WHERE id = 0 RETURNING (SELECT max(id) FROM bobs_secret)",
+            ):
+                with pytest.raises(PermissionDeniedError, match="may not SELECT table bobs_secr"):
+                    walt.sql(sneaky)
+        bob.drop_table("bobs_secret")
         with as_user(served, "walt") as walt:  # granted UPDATE and DELETE: changes rows
             assert walt.sql("UPDATE bobs SET id = id + 100 WHERE id < 3").to_pylist() == [
                 {"count": 3}

@@ -29,7 +29,7 @@ from shardflow.errors import (
     StorageError,
     UnsupportedError,
 )
-from shardflow.storage.shard import RowRewrite
+from shardflow.storage.shard import RowRewrite, returning_query
 from shardflow.storage.shard_store import CheckpointMeta
 
 log = logging.getLogger(__name__)
@@ -319,6 +319,8 @@ class Written:
     """Rows an UPDATE of the key gave a key of another shard (new values)."""
     dead: int = 0
     """Rows deleted in place whose slots the file still holds."""
+    returned: pa.Table | None = None
+    """What the changed rows give back (``RowRewrite.returning``), or None."""
 
 
 @dataclass(frozen=True)
@@ -550,15 +552,20 @@ class NativeRows:
         changed = int(found.column("n")[0].as_py())
         if not changed:
             return Written(0, 0, 0, changed)
+        returned: pa.Table | None = None
         staying: pa.Table | None = None
         leaving: pa.Table | None = None
-        if change.key is not None:  # rows may leave: deleted here, inserted where they belong
-            assert keeps is not None, "an UPDATE of the key needs to know what stays"
-            replaced = ", ".join(
-                f"({expression}) AS {quote(name)}" for name, expression in change.sets
+        if change.delete and change.returning is not None:
+            returned = self.engine.run(
+                returning_query(f"({rows_then})", change.alias, change.where, (), change.returning),
+                change.inputs,
             )
+        elif change.key is not None or change.returning is not None:
+            # new values first: rows may leave (deleted here, inserted where they belong),
+            # or what is returned must be what is stored (a volatile SET evaluated once)
+            sets = change.typed_sets or change.sets  # typed by the session
             updated = self.engine.run(
-                f"SELECT * REPLACE ({replaced}) FROM ({rows_then}) AS {alias} WHERE {matched}",
+                returning_query(f"({rows_then})", change.alias, change.where, sets, "*"),
                 change.inputs,
             )
             updated = (
@@ -570,9 +577,18 @@ class NativeRows:
                         f"column {column!r} takes no NULL: the UPDATE would set it in "
                         f"{updated.column(column).null_count} row(s); nothing was changed"
                     )
-            kept = keeps(updated)
-            staying = updated.filter(pa.array(kept))
-            leaving = updated.filter(pa.array(~kept))
+            if change.returning is not None:
+                returned = self.engine.run(
+                    returning_query("__sf_rows", change.alias, None, (), change.returning),
+                    {**change.inputs, "__sf_rows": updated},
+                )
+            if change.key is not None:
+                assert keeps is not None, "an UPDATE of the key needs to know what stays"
+                kept = np.asarray(keeps(updated))
+                staying = updated.filter(pa.array(kept))
+                leaving = updated.filter(pa.array(~kept))
+            else:
+                staying = updated
             change = dataclasses.replace(change, sets=(), delete=True, key=None)
         before = tail_rows + (base.meta.rows if base is not None else 0)
         weight = tail_bytes + (base.meta.nbytes if base is not None else 0)
@@ -608,7 +624,7 @@ class NativeRows:
         if copied and change.delete:
             dead += changed  # their slots stay in the copy until it is written whole
         nbytes = weight * rows // before if before else 0
-        return Written(rows, digest, nbytes, changed, leaving, dead if copied else 0)
+        return Written(rows, digest, nbytes, changed, leaving, dead if copied else 0, returned)
 
     def _write_changed(self, table: str, rows_then: str, change: RowRewrite) -> None:
         """Write ``rows_then`` as ``change`` leaves them, whole, as ``table``: the rows kept

@@ -254,6 +254,8 @@ class PreparedChange:
     """Rows an UPDATE of the key gave a key another shard owns (new values), and below
     their buckets: the statement inserts them there (``Worker.prepare_rows``)."""
     buckets: np.ndarray | None = None
+    returned: tuple[pa.Table, ...] = ()
+    """What the changed rows give back (a statement's ``RETURNING``), per shard."""
 
 
 @dataclass(frozen=True)

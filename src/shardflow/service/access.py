@@ -225,7 +225,7 @@ def needs_of(tree: exp.Expr) -> Needs:
         verb = "DELETE" if isinstance(tree, exp.Delete) else "UPDATE"
         reads = [
             name
-            for part in ("where", "using", "from_", "expressions")
+            for part in ("with_", "where", "using", "from_", "expressions", "returning")
             for value in _as_list(tree.args.get(part))
             for name in _table_names(value, ctes)
         ]

@@ -56,7 +56,13 @@ from shardflow.service import access as grants
 from shardflow.service.access import Access, Needs
 from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
-from shardflow.sql.statements import CreateTableAs, DropTable, changes_tables, statement_of
+from shardflow.sql.statements import (
+    ChangeRows,
+    CreateTableAs,
+    DropTable,
+    changes_tables,
+    statement_of,
+)
 
 if TYPE_CHECKING:
     from shardflow.api import Database
@@ -222,10 +228,13 @@ _HIDDEN: dict[str, str] = {}
 """The server's own folders and what an error says in their place."""
 
 
-def _rows_changed(answer: pa.Table) -> int:
-    """The rows a statement added, changed or emptied (its ``count``: INSERT, UPDATE,
-    DELETE, TRUNCATE), as a Flight
-    SQL update answers them; -1 (unknown) for the others."""
+def _rows_changed(answer: pa.Table, query: str) -> int:
+    """The rows statement ``query`` added, changed or emptied (its ``count``: INSERT,
+    UPDATE, DELETE, TRUNCATE; the rows a DELETE or UPDATE ... RETURNING gave back), as a
+    Flight SQL update answers them; -1 (unknown) for the others."""
+    change = statement_of(query)
+    if isinstance(change, ChangeRows) and change.returning is not None:
+        return int(answer.num_rows)
     if answer.column_names != ["count"]:
         return -1
     return int(sum(value or 0 for value in answer.column("count").to_pylist()))
@@ -497,14 +506,15 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             elif name == "CommandStatementUpdate":
                 principal = self._require(context, "update", "reader")
                 answer = self._statement(context, principal, command.query)
-                writer.write(pa.py_buffer(_update_result(_rows_changed(answer))))
+                writer.write(pa.py_buffer(_update_result(_rows_changed(answer, command.query))))
             elif name == "CommandPreparedStatementUpdate":
                 principal = self._require(context, "update", "reader")
                 prepared = self._prepared_of(principal, command.prepared_statement_handle)
                 if prepared.parameters is None:
                     prepared.parameters = reader.read_all()
                 answer = self._run_prepared(context, principal, command.prepared_statement_handle)
-                writer.write(pa.py_buffer(_update_result(_rows_changed(answer))))
+                changed = _rows_changed(answer, prepared.query)
+                writer.write(pa.py_buffer(_update_result(changed)))
             else:
                 raise pa.ArrowInvalid(f"DoPut does not take {name}")
         except Exception as error:

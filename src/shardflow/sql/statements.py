@@ -30,6 +30,7 @@ logging.getLogger("sqlglot").addFilter(
 )  # a statement SQLGlot reads only as text is refused here, saying so: no warning besides
 
 _CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate|delete|update)\b", re.IGNORECASE)
+_WITH = re.compile(r"^\s*with\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class ChangeRows:
     where: str | None
     sets: tuple[tuple[str, str], ...] = ()
     """Per column set, its new value (an expression over the row's old values)."""
+    returning: tuple[str, ...] | None = None
+    """What each changed row gives back (``RETURNING``: the SQL of each item of its select
+    list, over the row as the statement leaves it); None: the statement answers the count."""
 
     @property
     def delete(self) -> bool:
@@ -79,9 +83,20 @@ Change = DropTable | CreateTableAs | InsertInto | Truncate | ChangeRows
 
 
 def changes_tables(sql: str) -> bool:
-    """Whether ``sql`` begins with a verb of a statement that changes tables (one that
-    needs the writer role through the service), whether shardflow runs it or not."""
-    return isinstance(sql, str) and _CHANGE_VERB.match(sql) is not None
+    """Whether ``sql`` is a statement that changes tables (one that needs the writer role
+    through the service), whether shardflow runs it or not: it begins with such a verb,
+    or with common table expressions before one (``WITH x AS (...) DELETE ...``)."""
+    if not isinstance(sql, str):
+        return False
+    if _CHANGE_VERB.match(sql) is not None:
+        return True
+    if _WITH.match(sql) is None:
+        return False
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
+        return False  # not run either: the planner says what is wrong with it
+    return not isinstance(tree, exp.Query)
 
 
 def statement_of(sql: str) -> Change | None:
@@ -117,6 +132,7 @@ def statement_of(sql: str) -> Change | None:
         if statement.args.get("is_database"):
             raise QueryError("TRUNCATE empties a table, not a database: TRUNCATE [TABLE] t")
         return Truncate(tables[0].name)
+    ctes = statement.args.get("with_")
     if isinstance(statement, exp.Insert):
         target = statement.this
         source = statement.expression
@@ -125,12 +141,19 @@ def statement_of(sql: str) -> Change | None:
             source = exp.select("*").from_(exp.Subquery(this=source, alias=alias))
         if not isinstance(source, exp.Query):
             raise QueryError("INSERT takes its rows from a query or VALUES")
+        if isinstance(ctes, exp.With):  # WITH x AS (...) INSERT ...: the query's own
+            if source.args.get("with_"):
+                raise UnsupportedError("a WITH before INSERT and another in its query")
+            source = source.copy()
+            source.set("with_", ctes.copy())
         if isinstance(target, exp.Schema):
             columns = tuple(c.name for c in target.expressions)
             return InsertInto(target.this.name, columns, source.sql("duckdb"))
         return InsertInto(target.name, None, source.sql("duckdb"))
     if isinstance(statement, exp.Delete | exp.Update):
-        return _change_rows(statement)
+        return _change_rows(_without_ctes(statement))
+    if isinstance(ctes, exp.With):
+        raise UnsupportedError(f"a WITH before {statement.key.upper()} is not supported")
     what = sql.split(None, 1)[0].upper() if isinstance(statement, exp.Command) else None
     raise QueryError(
         "shardflow runs SELECT, DROP TABLE, CREATE TABLE ... AS SELECT, INSERT INTO ... "
@@ -154,8 +177,14 @@ def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
     target = statement.this
     if not isinstance(target, exp.Table) or not target.name:
         raise QueryError(f"{verb} names no table")
-    if statement.args.get("returning"):
-        raise UnsupportedError(f"{verb} ... RETURNING is not supported yet; it answers the count")
+    returned = statement.args.get("returning")
+    if isinstance(returned, exp.Returning) and returned.args.get("into"):
+        raise UnsupportedError(f"{verb} ... RETURNING ... INTO: shardflow answers the rows")
+    returning = (
+        tuple(e.sql("duckdb") for e in returned.expressions)
+        if isinstance(returned, exp.Returning)
+        else None
+    )
     where = statement.args.get("where")
     condition = where.this.sql("duckdb") if isinstance(where, exp.Where) else None
     sets: list[tuple[str, str]] = []
@@ -168,7 +197,52 @@ def _change_rows(statement: exp.Delete | exp.Update) -> ChangeRows:
         sets = [(c, f"(SELECT {v} FROM {joined}{filtered} LIMIT 1)") for c, v in sets]
         condition = f"EXISTS (SELECT 1 FROM {joined}{filtered})"
     alias = target.alias or target.name
-    return ChangeRows(target.name, alias, condition, tuple(sets))
+    return ChangeRows(target.name, alias, condition, tuple(sets), returning)
+
+
+def typed(expression: str, arrow_type: pa.DataType) -> str:
+    """``expression`` cast to the SQL type of a column of ``arrow_type``; as it is where
+    that type has no plain SQL name (a list, a struct: DuckDB casts it as it stores it)."""
+    name = sql_type(arrow_type)
+    return f"({expression})" if name == "UNKNOWN" else f"CAST(({expression}) AS {name})"
+
+
+def _without_ctes(statement: exp.Delete | exp.Update) -> exp.Delete | exp.Update:
+    """``statement`` with its common table expressions (``WITH x AS (...) DELETE ...``)
+    written where they are read, each as a subquery under its name: the statement reads
+    them as queries, as it reads any subquery."""
+    ctes = statement.args.get("with_")
+    if not isinstance(ctes, exp.With):
+        return statement
+    if ctes.args.get("recursive"):
+        raise UnsupportedError(
+            f"WITH RECURSIVE before {statement.key.upper()}: run the recursive query first "
+            "and change the rows by its answer"
+        )
+    statement = statement.copy()
+    statement.set("with_", None)
+    bodies: dict[str, exp.Expr] = {}
+    for cte in ctes.expressions:
+        body = cte.this.copy()
+        _read_as_subqueries(body, bodies)
+        bodies[cte.alias_or_name.lower()] = body
+    _read_as_subqueries(statement, bodies, changed=statement.this)
+    return statement
+
+
+def _read_as_subqueries(
+    tree: exp.Expr, bodies: dict[str, exp.Expr], changed: exp.Expr | None = None
+) -> None:
+    """Each table of ``tree`` that names one of ``bodies`` (besides ``changed``, the table a
+    statement changes) replaced by that query, under the name it was read as."""
+    for table in list(tree.find_all(exp.Table)):
+        if table is changed or table.args.get("db") or table.args.get("catalog"):
+            continue
+        body = bodies.get(table.name.lower())
+        if body is None or not isinstance(table.this, exp.Identifier):
+            continue
+        alias = exp.TableAlias(this=exp.to_identifier(table.alias_or_name))
+        table.replace(exp.Subquery(this=body.copy(), alias=alias))
 
 
 def _joined(statement: exp.Delete | exp.Update) -> str | None:

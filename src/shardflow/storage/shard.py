@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -143,6 +143,38 @@ class RowRewrite:
     inputs: Mapping[str, pa.Table] = field(default_factory=dict)
     """Tables ``where`` and ``sets`` read by these names (whole copies of the cluster's
     tables a correlated subquery reads, ``sql/statements.shipped_reads``)."""
+    returning: str | None = None
+    """What each changed row gives back (``RETURNING``'s select list), or None."""
+    typed_sets: tuple[tuple[str, str], ...] = ()
+    """``sets`` with each value cast to its column's type, as the UPDATE stores it."""
+
+
+def returning_query(
+    rows: str,
+    alias: str,
+    where: str | None,
+    sets: Sequence[tuple[str, str]],
+    returning: str,
+) -> str:
+    """What a DELETE or UPDATE gives back (``RETURNING``) as a query over ``rows`` (SQL of a
+    FROM item: the rows before the statement, named ``alias`` as it names them): the
+    returned values of each row ``where`` holds for, as the statement leaves it: a deleted
+    row as it was, an updated one with its new values (``sets``, each value cast to its
+    column, ``RowRewrite.typed_sets``), as DuckDB's own RETURNING answers.
+
+    >>> print(returning_query("t", "x", None, [("v", "CAST((v + 1) AS BIGINT)")], "v AS w"))
+    SELECT v AS w FROM (SELECT * REPLACE (CAST((v + 1) AS BIGINT) AS "v") FROM t AS "x") AS "x"
+    """
+    named = _quoted(alias)
+    source = f"{rows} AS {named}" + (f" WHERE {where}" if where else "")
+    if sets:
+        replaced = ", ".join(f"{value} AS {_quoted(column)}" for column, value in sets)
+        source = f"(SELECT * REPLACE ({replaced}) FROM {source}) AS {named}"
+    return f"SELECT {returning} FROM {source}"
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 @runtime_checkable
@@ -720,13 +752,14 @@ class Shard:
         statement: str,
         change: RowRewrite,
         keeps: Callable[[pa.Table], np.ndarray] | None = None,
-    ) -> tuple[int, pa.Table | None]:
+    ) -> tuple[int, pa.Table | None, pa.Table | None]:
         """Prepare ``statement``'s change of this shard's rows: the rows logged up to now
         as it leaves them, written durably as a file beside the checkpoints that is not in
         effect (``prep-<lsn>-<statement>``), at an LSN of its own; appends go on after it.
-        Answers the rows it changes (0: nothing is prepared), and for an UPDATE of the key
+        Answers the rows it changes (0: nothing is prepared), for an UPDATE of the key
         the rows whose new key ``keeps`` does not keep here (new values: the statement
-        inserts them where they belong, :meth:`prepare_entry`). It takes effect when the
+        inserts them where they belong, :meth:`prepare_entry`), and what the changed rows
+        give back (``change.returning``; else None). It takes effect when the
         catalog holds the statement as committed: the shard made again from storage then
         starts from it (:meth:`ShardStore.recover`); until then no checkpoint is written."""
         if not isinstance(self.data, CheckpointRows) or not self.writer:
@@ -754,8 +787,8 @@ class Shard:
             raise
         if not changed:
             self._forget_prepared(statement)
-            return 0, None
-        return changed, done.leaving
+            return 0, None, None
+        return changed, done.leaving, done.returned
 
     def prepare_entry(self, statement: str, table: pa.Table, buckets: np.ndarray) -> None:
         """Prepare rows ``statement`` adds to this shard (an UPDATE of the key brings them

@@ -61,7 +61,7 @@ def oracle() -> duckdb.DuckDBPyConnection:
 def change(cluster: LocalCluster, sql: str, statement: str | None = None) -> int:
     parsed = statement_of(sql)
     assert isinstance(parsed, ChangeRows)
-    return cluster.session.change_rows(parsed, statement)
+    return cluster.session.change_rows(parsed, statement)[0]
 
 
 def summary(cluster: LocalCluster) -> list[dict[str, object]]:
@@ -106,6 +106,71 @@ def test_a_change_is_kept_across_restarts_and_checkpoints(cluster: LocalCluster)
 def test_a_statement_tried_again_with_its_id_is_applied_once(cluster: LocalCluster) -> None:
     assert change(cluster, "UPDATE t SET n = n + 1 WHERE id < 10", "s-1") == 10
     assert change(cluster, "UPDATE t SET n = n + 1 WHERE id < 10", "s-1") == 10
+    assert cluster.sql("SELECT sum(n) AS s FROM t WHERE id < 10").to_pylist() == [
+        {"s": sum(i % 97 + 1 for i in range(10))}
+    ]
+
+
+def returning(
+    cluster: LocalCluster, sql: str, statement: str | None = None
+) -> tuple[int, pa.Table]:
+    parsed = statement_of(sql)
+    assert isinstance(parsed, ChangeRows) and parsed.returning is not None
+    count, returned = cluster.session.change_rows(parsed, statement)
+    assert returned is not None
+    return count, returned
+
+
+def test_returning_gives_back_the_changed_rows_as_duckdb_does(cluster: LocalCluster) -> None:
+    """``RETURNING``: a deleted row as it was, an updated one as it is left (an UPDATE of
+    the key among them), from every shard the statement changed, values and types as
+    DuckDB's own RETURNING gives them (the names of unnamed expressions aside: DuckDB
+    spells the casts it adds)."""
+    con = oracle()
+    for sql in (
+        "DELETE FROM t WHERE id % 7 = 3 RETURNING *",
+        "UPDATE t AS x SET n = n * 10 + 1, name = upper(name) WHERE id BETWEEN 100 AND 1200 "
+        "RETURNING id, x.n AS w, name || '!' AS loud",
+        "UPDATE t SET id = id + 100000 WHERE id < 40 RETURNING id, n",  # rows move shards
+        "UPDATE t SET n = (SELECT count(*) FROM t AS u WHERE u.n = t.n) WHERE id < 90 "
+        "RETURNING id, n",  # correlated: every shard reads a copy of t
+        "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE n = 5) RETURNING n * 2 AS twice",
+        "DELETE FROM t WHERE id < 0 RETURNING *",  # nothing: no rows, the columns
+    ):
+        theirs = con.execute(sql)
+        names = [d[0] for d in theirs.description]
+        expected = theirs.fetchall()
+        count, got = returning(cluster, sql)
+        assert count == len(expected) == got.num_rows, sql
+        assert got.num_columns == len(names), sql
+        assert [n for n in got.column_names if not n.startswith("(")] == [
+            n for n in names if not n.startswith("(")
+        ], sql
+        ours = [tuple(row.values()) for row in got.to_pylist()]
+        assert sorted(ours, key=repr) == sorted(expected, key=repr), sql
+        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+    _, none = returning(cluster, "DELETE FROM t WHERE id < 0 RETURNING *")
+    assert none.num_rows == 0 and none.schema.types == rows(0, 1).schema.types
+    # a volatile value: what is returned is what is stored (evaluated once)
+    _, tokens = returning(cluster, "UPDATE t SET name = uuid()::VARCHAR WHERE id < 60 RETURNING *")
+    assert tokens.num_rows > 10
+    stored = cluster.sql("SELECT id, name FROM t WHERE id < 60").to_pylist()
+    assert sorted(stored, key=repr) == sorted(tokens.select(["id", "name"]).to_pylist(), key=repr)
+
+
+def test_a_statement_with_returning_tried_again_gives_back_the_same_rows(
+    cluster: LocalCluster,
+) -> None:
+    """Tried again with its id, a statement with ``RETURNING`` is applied once and gives
+    back what it gave the first time; where the coordinator no longer holds that (a new
+    coordinator), it says so, and still applies nothing again."""
+    sql = "UPDATE t SET n = n + 1 WHERE id < 10 RETURNING id, n"
+    first = returning(cluster, sql, "r-1")
+    assert first[0] == 10
+    assert returning(cluster, sql, "r-1") == first
+    cluster.backend.node._returned.clear()  # as a coordinator started since holds it
+    with pytest.raises(ClusterError, match="no longer kept"):
+        returning(cluster, sql, "r-1")
     assert cluster.sql("SELECT sum(n) AS s FROM t WHERE id < 10").to_pylist() == [
         {"s": sum(i % 97 + 1 for i in range(10))}
     ]
@@ -162,8 +227,6 @@ def test_what_is_not_built_yet_is_refused_saying_so(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commit = cluster.catalog.table("t").commit
-    with pytest.raises(UnsupportedError, match="RETURNING"):
-        change(cluster, "DELETE FROM t WHERE id = 1 RETURNING *")
     monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
     with pytest.raises(UnsupportedError, match="too big to send"):
         change(cluster, "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.n = t.id)")
@@ -190,7 +253,7 @@ def test_a_query_half_way_through_a_change_sees_it_on_every_shard_or_on_none(
     spec = cluster.state.begin_change("t", "changed")
     try:
         rewrite = RowRewrite("t", None, delete=True)
-        assert node._prepare(spec, statement, rewrite, None) == ROWS
+        assert node._prepare(spec, statement, rewrite, None)[0] == ROWS
         cluster.state.commit_change("t", statement, ROWS, ROWS)
         told, *behind = sorted({u.node for u in cluster.units("t")})
         cluster.workers.get(told).sync(cluster.state.catalog_json()).get()
@@ -376,6 +439,8 @@ def test_rows_chosen_by_other_tables_and_correlated_subqueries_as_duckdb_does(
     con.execute("CREATE TABLE prices AS SELECT * FROM prices_rows")
     counts: list[int] = []
     for sql in (
+        "WITH cheap AS (SELECT k FROM prices WHERE price < 3), few AS (SELECT k FROM cheap) "
+        "DELETE FROM t WHERE id IN (SELECT k FROM few)",  # the names read as subqueries
         "UPDATE t SET name = p.tag, n = t.n + 1000 FROM prices AS p WHERE p.k = t.id",
         "DELETE FROM t USING prices WHERE t.id = prices.k AND prices.price > 2",
         "DELETE FROM t AS x USING prices AS p WHERE x.n = p.k",

@@ -54,7 +54,7 @@ class ChangesAgainstDuckDB(RuleBasedStateMachine):
         """Run a DELETE or UPDATE on both; the counts of changed rows must match."""
         change = statement_of(sql)
         assert isinstance(change, ChangeRows)
-        changed = self.cluster.session.change_rows(change)
+        changed = self.cluster.session.change_rows(change)[0]
         expected = self.oracle.execute(sql).fetchall()[0][0]
         assert changed == expected, sql
 

@@ -70,10 +70,12 @@ from shardflow.sql.statements import (
     ChangeRows,
     inline_subqueries,
     shipped_reads,
+    typed,
 )
 from shardflow.storage import RowRewrite
 from shardflow.storage.conform import conform
 from shardflow.storage.partition import buckets_for, route
+from shardflow.storage.shard import returning_query
 
 log = logging.getLogger(__name__)
 _STATEMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
@@ -487,11 +489,14 @@ class Session:
         self._change(f"truncate {spec.name}", lambda c: c.truncate_table(spec.name))
         return int(counted.column(0)[0].as_py())
 
-    def change_rows(self, change: ChangeRows, statement: str | None = None) -> int:
+    def change_rows(
+        self, change: ChangeRows, statement: str | None = None
+    ) -> tuple[int, pa.Table | None]:
         """Delete or update rows of a table (``DELETE``, ``UPDATE``) all or nothing across
-        its shards; answers the rows changed. ``statement``: the statement's id (a new one
-        if None); tried again with the same id, it is applied once. A query sees it on
-        every shard or on none (it is the table's next commit)."""
+        its shards; answers the rows changed, and what the statement gives back where it
+        says ``RETURNING`` (else None). ``statement``: the statement's id (a new one if
+        None); tried again with the same id, it is applied once. A query sees it on every
+        shard or on none (it is the table's next commit)."""
         spec = self.table_spec(change.name)
 
         def answer(query: str) -> pa.Table:
@@ -517,24 +522,42 @@ class Session:
             if field.name == spec.key:  # rows may move: each value typed as the column
                 expression = f"CAST(({expression}) AS {sql_type(field.type)})"
             sets.append((field.name, expression))
+        returning = (
+            ", ".join(inlined(item) for item in change.returning) if change.returning else None
+        )
         # the statement's SQL is planned as a query's is first (columns, types, functions
         # refused): a mistake is said before any shard prepares anything; and where its
         # WHERE fixes the key, only the shards of those buckets are asked
-        values = ", ".join(
-            _cast(expression, spec.schema.field(column).type) for column, expression in sets
+        typed_sets = tuple(
+            (column, typed(expression, spec.schema.field(column).type))
+            for column, expression in sets
         )
-        probe = f'SELECT {values or "count(*)"} FROM "{spec.name}" AS "{change.alias}"'
+        values = ", ".join(expression for _, expression in typed_sets)
+        table = f'"{spec.name}"'
+        probe = f'SELECT {values or "count(*)"} FROM {table} AS "{change.alias}"'
         probe += f" WHERE {where}" if where else ""
+        probes = [probe]
+        if returning is not None:
+            probes.append(
+                returning_query(table, change.alias, where, typed_sets, returning) + " LIMIT 0"
+            )
         inputs = {SHIPPED_PREFIX + name.lower(): self._shipped(name) for name in sorted(reads)}
         if inputs:  # correlated subqueries: every shard reads the tables they read whole
-            self._check_locally(probe, spec, inputs)
+            schemas = [self._check_locally(p, spec, inputs) for p in probes]
             buckets = None
         else:
-            self.plan(probe)
+            schemas = [self.plan(p).schema for p in probes]
             buckets = buckets_of(key_terms(parse(probe), self.catalog), self.catalog)
         rekey = spec.key if any(column == spec.key for column, _ in sets) else None
         rewrite = RowRewrite(
-            change.alias, where, tuple(sets), delete=change.delete, key=rekey, inputs=inputs
+            change.alias,
+            where,
+            tuple(sets),
+            delete=change.delete,
+            key=rekey,
+            inputs=inputs,
+            returning=returning,
+            typed_sets=typed_sets,
         )
         statement = statement or uuid.uuid4().hex
         if not _STATEMENT_ID.fullmatch(statement):
@@ -544,7 +567,12 @@ class Session:
             lambda: self.coordinator.change_rows(spec.name, statement, rewrite, buckets).get(),
         )
         self.refresh([spec.name])
-        return int(done["rows"])
+        if returning is None:
+            return int(done["rows"]), None
+        returned: list[pa.Table] = done.get("returned") or []
+        schema = schemas[-1]
+        parts = [part.rename_columns(schema.names).cast(schema) for part in returned]
+        return int(done["rows"]), pa.concat_tables([schema.empty_table(), *parts])
 
     def _shipped(self, name: str) -> pa.Table:
         """The whole of table ``name``, which a correlated subquery of a DELETE or UPDATE
@@ -561,14 +589,14 @@ class Session:
             )
         return rows
 
-    def _check_locally(self, probe: str, spec: TableSpec, inputs: dict[str, pa.Table]) -> None:
+    def _check_locally(self, probe: str, spec: TableSpec, inputs: dict[str, pa.Table]) -> pa.Schema:
         """Bind a statement whose subqueries read the changed row over no rows here, with
         the tables they read: a mistake (a column, a type, a function) is said before any
-        shard prepares anything."""
+        shard prepares anything. Answers its schema."""
         empty = "__sf_changed"
         tables = {**inputs, empty: spec.schema.empty_table()}
         local = probe.replace(f'FROM "{spec.name}" AS', f"FROM {empty} AS", 1)
-        self._binder.schema_over(f"SELECT * FROM ({local}) AS probe LIMIT 0", tables)
+        return self._binder.schema_over(f"SELECT * FROM ({local}) AS probe LIMIT 0", tables)
 
     # -- cluster operations -------------------------------------------------------------
     def unit_of(self, shard: str | int) -> int:
@@ -677,13 +705,6 @@ class Session:
         self._tally.close()
         self.lanes.close()
         self.engine.close()
-
-
-def _cast(expression: str, arrow_type: pa.DataType) -> str:
-    """``expression`` cast to the SQL type of a column of ``arrow_type``; as it is where
-    that type has no plain SQL name (a list, a struct: DuckDB casts it as it stores it)."""
-    name = sql_type(arrow_type)
-    return f"({expression})" if name == "UNKNOWN" else f"CAST(({expression}) AS {name})"
 
 
 def _hex_id(text: str) -> str:

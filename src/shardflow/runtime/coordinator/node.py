@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -30,6 +31,8 @@ from shardflow.telemetry.devices import NodeProfile
 from shardflow.telemetry.metrics import registry_for
 
 log = logging.getLogger(__name__)
+RETURNED_KEPT = 16
+"""How many statements' ``RETURNING`` rows a coordinator keeps for retries."""
 UNDECIDED_SWEEP_S = 30.0
 """How often the coordinator looks for changes of rows prepared on a node and never
 decided (:meth:`CoordinatorNode.drop_undecided`); the first look comes one health interval
@@ -44,6 +47,9 @@ class CoordinatorNode:
         self.workers = workers
         self._change_locks: dict[str, threading.Lock] = {}
         self._change_locks_lock = threading.Lock()
+        self._returned: OrderedDict[str, list[pa.Table]] = OrderedDict()
+        """What the latest statements with ``RETURNING`` gave back, for one tried again
+        after its answer was lost (:data:`RETURNED_KEPT` of them, in memory)."""
         self.settings = settings
         self.controller = Controller(state, workers, settings)
         self.registry, self.controller.recorder = registry_for(partial(gauges, self.controller))
@@ -194,32 +200,48 @@ class CoordinatorNode:
         decision is logged in the catalog (the commit point: the next commit number, the
         statement kept with it) and every node is told, each putting its parts in effect
         before it answers. One change of a group's rows at a time; moves of the group wait.
-        A statement already committed is answered as it was (applied once)."""
+        A statement already committed is answered as it was (applied once); what one with
+        ``RETURNING`` gave back is kept for the latest :data:`RETURNED_KEPT` such statements
+        (in this coordinator's memory: tried again after a new coordinator took over, it
+        says the rows it returned are lost; the change stays applied once)."""
         with self._changes_lock(name):
             spec = self.state.catalog.find_table(name)
             if spec is None:
                 raise UnknownTableError(f"unknown table {name!r}")
             done = spec.change(statement)
             if done is not None:
-                return {"rows": done.rows, "routing": self.state.catalog_json([spec.name])}
+                answer = {"rows": done.rows, "routing": self.state.catalog_json([spec.name])}
+                if change.returning is None:
+                    return answer
+                if statement not in self._returned:
+                    raise ClusterError(
+                        f"statement {statement} was applied ({done.rows} rows) before, and "
+                        "what its RETURNING gave is no longer kept: query the table for them"
+                    )
+                return {**answer, "returned": self._returned[statement]}
             spec = self.state.begin_change(spec.name, "changed")
             try:
-                rows = self._prepare(spec, statement, change, buckets)
+                rows, returned = self._prepare(spec, statement, change, buckets)
                 if not rows:
                     return {"rows": 0, "routing": self.state.catalog_json([spec.name])}
                 deleted = rows if change.delete else 0
+                if change.returning is not None:
+                    self._returned[statement] = returned
+                    while len(self._returned) > RETURNED_KEPT:
+                        self._returned.popitem(last=False)
                 routing = self.state.commit_change(spec.name, statement, rows, deleted)
                 self.controller.announcer.announce(self.state.catalog.nodes)
             finally:
                 self.state.end_change(spec.name)
-            return {"rows": rows, "routing": routing}
+            return {"rows": rows, "routing": routing, "returned": returned}
 
     def _prepare(
         self, spec: TableSpec, statement: str, change: RowRewrite, buckets: Sequence[int] | None
-    ) -> int:
+    ) -> tuple[int, list[pa.Table]]:
         """Every owner of ``spec``'s shards prepares its part (all at once); the rows
-        changed. On any failure every part is discarded (on the nodes that answer) and
-        the failure raised: nothing of the statement takes effect."""
+        changed, and what they give back (``RETURNING``). On any failure every part is
+        discarded (on the nodes that answer) and the failure raised: nothing of the
+        statement takes effect."""
         owned: dict[str, list[int] | None] = {}
         if spec.group is None:  # replicated: the copy that writes its log prepares
             primary = self.state.catalog.primary
@@ -245,6 +267,7 @@ class CoordinatorNode:
             for node, ids in sorted(owned.items())
         ]
         rows = 0
+        returned: list[pa.Table] = []
         failure: BaseException | None = None
         moving: list[tuple[pa.Table, np.ndarray]] = []
         for _, reply in replies:
@@ -254,6 +277,7 @@ class CoordinatorNode:
                 failure = failure or error
                 continue
             rows += sum(prepared.rows.values())
+            returned.extend(prepared.returned)
             if prepared.moving is not None and prepared.buckets is not None:
                 moving.append((prepared.moving, prepared.buckets))
         touched = set(owned)
@@ -264,7 +288,7 @@ class CoordinatorNode:
                 failure = error
                 touched = set(self.state.catalog.nodes)
         if failure is None or unfenced("atomic"):  # the test hook: commit what was prepared
-            return rows
+            return rows, returned
         for node in sorted(touched):
             try:
                 self.workers.get(node).abort_change(spec.name, statement).get()

@@ -103,12 +103,15 @@ class RowChanges:
             raise Moved(f"{table}#{min(missing)}", epoch)
         counts: dict[int | str, int] = {}
         moving: list[pa.Table] = []
+        returned: list[pa.Table] = []
         try:
             for unit, shard in sorted(shards.items(), key=lambda item: str(item[0])):
                 keeps = self._keeps(table, unit) if change.key is not None else None
-                counts[unit], leaving = shard.prepare_change(statement, change, keeps)
+                counts[unit], leaving, gives = shard.prepare_change(statement, change, keeps)
                 if leaving is not None and leaving.num_rows:
                     moving.append(leaving)
+                if gives is not None:
+                    returned.append(gives)
         except BaseException as error:
             for shard in shards.values():
                 shard.discard_prepared(statement)
@@ -116,10 +119,11 @@ class RowChanges:
                 raise query_error(error) from None
             raise
         if not moving:
-            return PreparedChange(counts)
+            return PreparedChange(counts, returned=tuple(returned))
         moved = pa.concat_tables(moving)
         spec = self.catalog.table(table)
-        return PreparedChange(counts, moved, buckets_for(moved, spec, self.catalog.n_buckets))
+        buckets = buckets_for(moved, spec, self.catalog.n_buckets)
+        return PreparedChange(counts, moved, buckets, tuple(returned))
 
     def _keeps(self, table: str, unit: int | str) -> Callable[[pa.Table], np.ndarray]:
         """Which rows (new values of an UPDATE of the key) the unit ``unit`` of ``table``

@@ -441,6 +441,9 @@ def test_rows_chosen_by_other_tables_and_correlated_subqueries_as_duckdb_does(
     for sql in (
         "WITH cheap AS (SELECT k FROM prices WHERE price < 3), few AS (SELECT k FROM cheap) "
         "DELETE FROM t WHERE id IN (SELECT k FROM few)",  # the names read as subqueries
+        "WITH v(k2, tag2) AS (SELECT k, tag FROM prices) UPDATE t SET name = tag2 FROM v "
+        "WHERE k2 = t.id",  # its columns named by the WITH
+        "DELETE FROM t AS x USING (VALUES (7), (8)) AS v(i) WHERE x.id = v.i",
         "UPDATE t SET name = p.tag, n = t.n + 1000 FROM prices AS p WHERE p.k = t.id",
         "DELETE FROM t USING prices WHERE t.id = prices.k AND prices.price > 2",
         "DELETE FROM t AS x USING prices AS p WHERE x.n = p.k",

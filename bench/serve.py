@@ -7,7 +7,11 @@ against a plain ``pyarrow.flight`` DoGet of the same Arrow table from a trivial 
 holds it in memory. QPS: short queries through Flight SQL (ADBC, one connection per client
 thread) against the same queries through the in-process API, 4 client threads each.
 
-The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y`` (shardflow / baseline).
+Time to first batch: ``SELECT * FROM lineitem`` through ``pyarrow.flight`` (GetFlightInfo,
+then DoGet until its first record batch arrives), the best of ``--repeat``.
+
+The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y ttfb_ms=T`` (the ratios:
+shardflow / baseline).
 
     python bench/serve.py --sf 1
 """
@@ -155,6 +159,22 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
     def through_plain_flight() -> int:
         return int(plain.do_get(flight.Ticket(b"lineitem")).read_all().nbytes)
 
+    def first_batch() -> int:
+        client = flight.FlightClient(uri)
+        options = flight.FlightCallOptions(
+            headers=[client.authenticate_basic_token(USER, PASSWORD)]
+        )
+        started = time.perf_counter()
+        command = fsql.pack(fsql.new("CommandStatementQuery", query="SELECT * FROM lineitem"))
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+        reader = client.do_get(info.endpoints[0].ticket, options)
+        reader.read_chunk()
+        took = time.perf_counter() - started
+        reader.cancel()
+        client.close()
+        return int(took * 1e6)
+
+    ttfb_ms = min(first_batch() for _ in range(args.repeat)) / 1e3
     served_s, size = best_of(args.repeat, through_flight_sql)
     plain_s, plain_size = best_of(args.repeat, through_plain_flight)
     assert size == plain_size, (size, plain_size)
@@ -165,6 +185,7 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
     print(f"SELECT * FROM lineitem ({lineitem.num_rows} rows, {mb:.0f} MB):")
     print(f"  Flight SQL (ADBC): {served_s:.2f}s = {mb / served_s:.0f} MB/s")
     print(f"  plain DoGet of the table: {plain_s:.2f}s = {mb / plain_s:.0f} MB/s")
+    print(f"  first batch through pyarrow.flight after {ttfb_ms:.0f} ms")
 
     def flight_client() -> Callable[[int], object]:
         connection = flight_sql.connect(uri, db_kwargs=credentials, autocommit=True)
@@ -196,7 +217,10 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
     print(f"  Flight SQL (pyarrow.flight client): {pyarrow_qps:.0f} queries/s")
     print(f"  in-process API: {local_qps:.0f} queries/s")
     fetch_ratio = (mb / served_s) / (mb / plain_s)
-    print(f"flight_fetch_ratio={fetch_ratio:.2f} flight_qps_ratio={served_qps / local_qps:.2f}")
+    print(
+        f"flight_fetch_ratio={fetch_ratio:.2f} flight_qps_ratio={served_qps / local_qps:.2f} "
+        f"ttfb_ms={ttfb_ms:.0f}"
+    )
 
 
 if __name__ == "__main__":

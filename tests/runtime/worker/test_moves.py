@@ -7,6 +7,7 @@ VERIFY, the source keeps serving every row, and a retry without the fault succee
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -388,3 +389,33 @@ def test_a_shard_the_catalog_takes_away_refuses_appends_and_outlives_its_readers
     node._release_unread()
     with pytest.raises(duckdb.CatalogException):
         shard.data.read()  # released once the reader finished
+
+
+def test_a_unit_moved_back_while_its_old_copy_is_read_keeps_a_database_of_its_own(
+    cluster: LocalCluster,
+) -> None:
+    """A unit moves away from a node while a fragment there still reads it, then moves
+    back: the node holds two copies of the same unit at the same commit. The move's
+    cleanup does not wait for the reader (the old copy is released when it finishes), and
+    releasing the old copy leaves the new one's rows: each copy has an in-memory database
+    of its own (sharing one by name, the release dropped the served copy's rows)."""
+    unit = cluster.units("events")[0]
+    home = unit.node
+    node = cluster.workers.get(home).node
+    key = ("events", unit.unit_id)
+    with node.lock:
+        node.readers[key] += 1  # a fragment bound to the unit before the move, still reading
+    started = time.monotonic()
+    assert cluster.migrate(unit.unit_id, other_node(cluster, home))["phase"] == "done"
+    assert cluster.migrate(unit.unit_id, home)["phase"] == "done"
+    assert time.monotonic() - started < 30  # the cleanups did not wait for the reader
+    assert [shard for k, shard, _ in node._releasing if k == key]  # kept while read
+    cluster.insert("events", events(ROWS, 300))
+    with node.lock:
+        node.readers[key] -= 1  # the reader finishes: the old copy is released
+        node._release_unread()
+    assert not node._releasing
+    assert cluster.catalog.group_of("events").unit(unit.unit_id).node == home
+    assert_serves(cluster, events(0, ROWS + 300))
+    cluster.insert("events", events(ROWS + 300, 200))
+    assert_serves(cluster, events(0, ROWS + 500))

@@ -59,9 +59,6 @@ HASH_STEP_ROWS = 1 << 20
 at a time for VERIFY (~50 ms of one lineitem unit's hashing here), paced between steps;
 smaller steps cost more per row."""
 
-RETIRED_READERS_WAIT_S = 60.0
-"""How long retired shards wait for the fragments still reading them before they are kept
-for a later cleanup instead."""
 
 PROMOTED_KEPT = 8
 """Promoted moves a target keeps to take back: more than the moves in flight at once."""
@@ -106,6 +103,11 @@ class ShardHost(Protocol):
 
     def release(self, shard: Shard) -> None:
         """Stop serving ``shard`` and free its rows."""
+        ...
+
+    def release_when_read(self, key: ShardKey, shard: Shard, *, files: bool = False) -> None:
+        """Release ``shard`` now, or once the fragments reading it finish; with ``files``,
+        its files go too. Holds ``lock``."""
         ...
 
     def foreground_slowdown(self) -> float:
@@ -264,21 +266,17 @@ class SourceSide:
             self.retired[move_id] = Retired(export.plan.kind, dict(export.shards))
         return None if export.fenced_at is None else time.monotonic() - export.fenced_at
 
-    def drop_retired(self, move_id: str, timeout_s: float = RETIRED_READERS_WAIT_S) -> bool:
-        """Drop the retired shards and their files once no fragment reads them."""
-        retired = self.retired.get(move_id)
+    def drop_retired(self, move_id: str) -> bool:
+        """Drop the retired shards (and their files, unless a move's: the new owner writes
+        them) now, or once the fragments still reading them finish: the move's cleanup
+        never waits for a long query (it waited up to a minute, and then kept the shards
+        for good)."""
+        retired = self.retired.pop(move_id, None)
         if retired is None:
             return True
-        deadline = time.monotonic() + timeout_s
-        while any(self.node.readers[key] > 0 for key in retired.shards):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        del self.retired[move_id]
-        for shard in retired.shards.values():
-            self.node.release(shard)
-            if retired.kind != "move":  # a moved unit keeps its files: the new owner writes them
-                shard.store.destroy()
+        with self.node.lock:
+            for key, shard in retired.shards.items():
+                self.node.release_when_read(key, shard, files=retired.kind != "move")
         return True
 
     def _hand_out(self, export: Export, table: str, rows: pa.Table) -> None:

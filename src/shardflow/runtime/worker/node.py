@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import itertools
 import logging
 import os
 import re
@@ -67,6 +68,8 @@ from shardflow.telemetry.devices import NodeProfile, device_state, discover, mem
 
 log = logging.getLogger(__name__)
 
+_SHARD_DATABASES = itertools.count(1)
+"""Numbers the in-memory databases of the shards this process holds (one each)."""
 NODE_ERRORS = (duckdb.IOException, duckdb.InternalException, OSError)
 """Errors of the node rather than of the query (a failing disk, an engine fault): the
 fragment is tried again, and the node's failure rate counts them. Running out of memory is
@@ -158,7 +161,8 @@ class WorkerNode(CatalogServing, RowChanges):
         self.loading: dict[str, dict[int | str, Shard]] = {}
         self.readers: Counter[ShardKey] = Counter()
         """Fragments reading each shard now (retired shards wait for them)."""
-        self._releasing: list[tuple[ShardKey, Shard]] = []
+        self._releasing: list[tuple[ShardKey, Shard, bool]] = []
+        """Shards released once no fragment reads them, and whether their files go too."""
         self._releasing_replicas: list[Shard] = []
         """Replicated tables' copies made again, kept until no fragment runs here."""
         """Shards no longer served, kept until the fragments reading them finish."""
@@ -257,27 +261,33 @@ class WorkerNode(CatalogServing, RowChanges):
         assert isinstance(shard.data, NativeRows)
         return shard.data.ref
 
-    def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
+    def release_when_read(self, key: ShardKey, shard: Shard, *, files: bool = False) -> None:
         """Release a shard no longer served here: now, or when the fragments still reading
-        it finish (they were bound to it before the catalog changed). Holds ``lock``."""
+        it finish (they were bound to it before the catalog changed or a move retired it);
+        with ``files``, its files go too (a unit split or merged away). Holds ``lock``."""
         if self.readers[key] > 0:
             shard.retire()
-            self._releasing.append((key, shard))
+            self._releasing.append((key, shard, files))
         else:
-            self.release(shard)
+            self._release_with(shard, files)
+
+    def _release_with(self, shard: Shard, files: bool) -> None:
+        self.release(shard)
+        if files:
+            shard.store.destroy()
 
     def _release_unread(self) -> None:
-        """Release the shards :meth:`_release_when_read` kept for readers now gone."""
+        """Release the shards :meth:`release_when_read` kept for readers now gone."""
         if self._releasing_replicas and not self._running:
             for replica in self._releasing_replicas:
                 self.release(replica)
             self._releasing_replicas = []
         waiting = []
-        for key, shard in self._releasing:
+        for key, shard, files in self._releasing:
             if self.readers[key] > 0:
-                waiting.append((key, shard))
+                waiting.append((key, shard, files))
             else:
-                self.release(shard)
+                self._release_with(shard, files)
         self._releasing = waiting
 
     def _release_replica_when_idle(self, shard: Shard) -> None:
@@ -309,9 +319,10 @@ class WorkerNode(CatalogServing, RowChanges):
 
     def new_shard(self, spec: TableSpec, name: str, *, writer: bool) -> Shard:
         store = ShardStore(self.data_dir, spec.uid, name)
-        # a shard made again after a change of its rows is served beside the one before
-        # (kept for the fragments reading it): a database of its own
-        physical = f"t_{spec.uid[:12]}_{name}" + (f"_c{spec.commit}" if spec.commit else "")
+        # every shard has a database of its own: one made again after a change of its rows
+        # is served beside the one before (kept for the fragments reading it), and a unit
+        # that moved away and back is served beside its old copy, still read meanwhile
+        physical = f"t_{spec.uid[:12]}_{name}_{next(_SHARD_DATABASES)}"
         index = spec.key if spec.key_index and spec.key else None
         rows = self.engine.native_rows(physical, spec.schema, index)
         shard = Shard(store, spec.schema, rows=rows, writer=writer, policy=self.policy)

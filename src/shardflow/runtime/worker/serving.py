@@ -39,7 +39,7 @@ class CatalogServing:
     def release(self, shard: Shard) -> None:
         raise NotImplementedError
 
-    def _release_when_read(self, key: ShardKey, shard: Shard) -> None:
+    def release_when_read(self, key: ShardKey, shard: Shard, *, files: bool = False) -> None:
         raise NotImplementedError
 
     def _release_replica_when_idle(self, shard: Shard) -> None:
@@ -94,7 +94,7 @@ class CatalogServing:
             for key in held:
                 uid = self._uid(catalog, key[0])
                 if key not in wanted or uid != self.shards[key].store.table_uid:
-                    self._release_when_read(key, self.shards.pop(key))
+                    self.release_when_read(key, self.shards.pop(key))
                     changed.add(key[0])
                 elif self._committed_here(catalog, key[0], self.shards[key]):
                     self._apply_changes(catalog, key)
@@ -161,10 +161,10 @@ class CatalogServing:
         before = self.shards[key]
         shard = self._made_again(catalog, key[0], str(key[1]), before)
         if shard is None:  # a copy given it at a later epoch holds it
-            self._release_when_read(key, self.shards.pop(key))
+            self.release_when_read(key, self.shards.pop(key))
             return
         self.shards[key] = shard
-        self._release_when_read(key, before)
+        self.release_when_read(key, before)
 
     def _made_again(self, catalog: Catalog, table: str, name: str, before: Shard) -> Shard | None:
         """The shard ``before`` made again from storage as ``catalog`` has it (None where

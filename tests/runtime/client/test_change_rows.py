@@ -19,6 +19,7 @@ import pytest
 from shardflow.control import balancer
 from shardflow.errors import ClusterError, QueryError, UnsupportedError
 from shardflow.runtime.client import session as session_module
+from shardflow.runtime.coordinator import node as node_module
 from shardflow.runtime.inprocess import Answered
 from shardflow.sql.statements import ChangeRows, statement_of
 from shardflow.storage import RowRewrite
@@ -159,7 +160,7 @@ def test_returning_gives_back_the_changed_rows_as_duckdb_does(cluster: LocalClus
 
 
 def test_a_statement_with_returning_tried_again_gives_back_the_same_rows(
-    cluster: LocalCluster,
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tried again with its id, a statement with ``RETURNING`` is applied once and gives
     back what it gave the first time; where the coordinator no longer holds that (a new
@@ -174,6 +175,10 @@ def test_a_statement_with_returning_tried_again_gives_back_the_same_rows(
     assert cluster.sql("SELECT sum(n) AS s FROM t WHERE id < 10").to_pylist() == [
         {"s": sum(i % 97 + 1 for i in range(10))}
     ]
+    monkeypatch.setattr(node_module, "RETURNED_KEPT_BYTES", 100)  # a big answer: not kept
+    assert returning(cluster, "DELETE FROM t WHERE id < 10 RETURNING *", "r-2")[0] == 10
+    with pytest.raises(ClusterError, match="no longer kept"):
+        returning(cluster, "DELETE FROM t WHERE id < 10 RETURNING *", "r-2")
 
 
 def test_a_statement_that_fails_on_one_shard_changes_no_shard(cluster: LocalCluster) -> None:

@@ -32,7 +32,9 @@ from shardflow.telemetry.metrics import registry_for
 
 log = logging.getLogger(__name__)
 RETURNED_KEPT = 16
-"""How many statements' ``RETURNING`` rows a coordinator keeps for retries."""
+"""How many statements' ``RETURNING`` rows a coordinator keeps for retries, of at most
+:data:`RETURNED_KEPT_BYTES` in all (a bigger answer is not kept)."""
+RETURNED_KEPT_BYTES = 64 << 20
 UNDECIDED_SWEEP_S = 30.0
 """How often the coordinator looks for changes of rows prepared on a node and never
 decided (:meth:`CoordinatorNode.drop_undecided`); the first look comes one health interval
@@ -226,14 +228,22 @@ class CoordinatorNode:
                     return {"rows": 0, "routing": self.state.catalog_json([spec.name])}
                 deleted = rows if change.delete else 0
                 if change.returning is not None:
-                    self._returned[statement] = returned
-                    while len(self._returned) > RETURNED_KEPT:
-                        self._returned.popitem(last=False)
+                    self._keep_returned(statement, returned)
                 routing = self.state.commit_change(spec.name, statement, rows, deleted)
                 self.controller.announcer.announce(self.state.catalog.nodes)
             finally:
                 self.state.end_change(spec.name)
             return {"rows": rows, "routing": routing, "returned": returned}
+
+    def _keep_returned(self, statement: str, returned: list[pa.Table]) -> None:
+        """Keep what ``statement`` gave back, dropping the oldest kept beyond
+        :data:`RETURNED_KEPT` statements or :data:`RETURNED_KEPT_BYTES`."""
+        self._returned[statement] = returned
+        while self._returned and (
+            len(self._returned) > RETURNED_KEPT
+            or sum(t.nbytes for kept in self._returned.values() for t in kept) > RETURNED_KEPT_BYTES
+        ):
+            self._returned.popitem(last=False)
 
     def _prepare(
         self, spec: TableSpec, statement: str, change: RowRewrite, buckets: Sequence[int] | None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -304,16 +304,27 @@ MAX_INLINED_VALUES = 100_000
 """The most values a subquery of a DELETE or UPDATE may answer (they become a list)."""
 
 
-def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
+def inline_subqueries(sql: str, run: Callable[[str], pa.Table], outer: Collection[str] = ()) -> str:
     """``sql`` (a statement's WHERE or SET value) with each uncorrelated subquery replaced
     by its answer, which ``run`` gives (a query over the cluster): ``x IN (SELECT ...)`` by
     the list of values, ``EXISTS (SELECT ...)`` by TRUE or FALSE, a scalar ``(SELECT ...)``
     by its value (NULL where it has no row; more than one is an error, as DuckDB says). A
     subquery that reads the changed table's row (correlated: it does not run alone) stays,
-    for every shard to evaluate per row (:func:`shipped_reads`)."""
+    for every shard to evaluate per row (:func:`shipped_reads`).
+
+    ``outer``: the names the changed table goes by, where ``sql`` is the WHERE. An
+    ``EXISTS`` among its conditions that ties one column of the changed row to the rows it
+    reads by ``=`` (``DELETE FROM t USING u WHERE t.k = u.k AND u.x > 0``) is read as ``t.k
+    IN (SELECT u.k FROM u WHERE u.x > 0)`` where that subquery runs alone and answers at
+    most :data:`MAX_INLINED_VALUES` values: the statement then carries those values (and
+    is routed by them where the column is the key) rather than the table, to every shard."""
     tree = exp.Paren(this=sqlglot.parse_one(sql, read="duckdb"))  # a root to replace under
     if tree.find(exp.Query) is None:
         return sql
+    names = {name.lower() for name in outer}
+    for condition in _conjuncts(tree.this) if names else []:
+        if isinstance(condition, exp.Exists):
+            _exists_as_in(condition, names, run)
     for node in list(tree.find_all(exp.In, exp.Exists, exp.Subquery)):
         if node.parent is None or node.find_ancestor(exp.Query) is not None:
             continue  # inside a subquery (or one replaced already): runs with it
@@ -327,12 +338,7 @@ def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
                     f"a subquery of a DELETE or UPDATE answers more than {MAX_INLINED_VALUES:,} "
                     "values; change the rows in parts"
                 )
-            if not len(values):
-                node.replace(exp.false())
-                continue
-            literals = [_literal(v, values.type) for v in values.to_pylist()]
-            node.set("query", None)
-            node.set("expressions", literals)
+            node.replace(_in_values(node.this, values))
         elif isinstance(node, exp.Exists):
             found = _answer(node.this, run, 1)
             if found is not None:
@@ -349,6 +355,69 @@ def inline_subqueries(sql: str, run: Callable[[str], pa.Table]) -> str:
             value = column[0].as_py() if found.num_rows else None
             node.replace(_literal(value, column.type))
     return str(tree.this.sql("duckdb"))
+
+
+def _in_values(tested: exp.Expr, values: pa.ChunkedArray) -> exp.Expr:
+    """``tested IN (values...)``; FALSE where there are none."""
+    if not len(values):
+        return exp.false()
+    literals = [_literal(v, values.type) for v in values.to_pylist()]
+    return exp.In(this=tested.copy(), expressions=literals)
+
+
+def _conjuncts(condition: exp.Expr) -> list[exp.Expr]:
+    """The conditions ``condition`` ANDs together (brackets looked through)."""
+    if isinstance(condition, exp.Paren):
+        return _conjuncts(condition.this)
+    if isinstance(condition, exp.And):
+        return _conjuncts(condition.this) + _conjuncts(condition.expression)
+    return [condition]
+
+
+def _exists_as_in(exists: exp.Exists, outer: set[str], run: Callable[[str], pa.Table]) -> None:
+    """Replace ``exists`` (a condition of a DELETE's or UPDATE's WHERE, ANDed with the
+    others) by ``o IN (values)`` where its subquery ties the changed row to its rows by
+    one ``o = i`` alone (``o`` a column of the changed table, by one of the ``outer``
+    names) and ``SELECT i FROM ... WHERE <the rest>`` runs alone with at most
+    :data:`MAX_INLINED_VALUES` values. (Both keep a row where some row of the subquery has
+    ``i = o``; a NULL on either side keeps none.) Left as it is otherwise."""
+    select = exists.this
+    if not isinstance(select, exp.Select) or any(
+        select.args.get(part) for part in ("group", "having", "limit", "offset", "qualify", "with_")
+    ):
+        return
+    where = select.args.get("where")
+    if not isinstance(where, exp.Where):
+        return
+    conditions = _conjuncts(where.this)
+
+    def reads_outer(node: exp.Expr) -> bool:
+        return any(c.table.lower() in outer for c in node.find_all(exp.Column) if c.table)
+
+    ties = [
+        (c.this, c.expression) if reads_outer(c.this) else (c.expression, c.this)
+        for c in conditions
+        if isinstance(c, exp.EQ) and reads_outer(c.this) != reads_outer(c.expression)
+    ]
+    if len(ties) != 1:
+        return
+    tested, inner = ties[0]
+    rest = [c for c in conditions if not (isinstance(c, exp.EQ) and c.this in (tested, inner))]
+    if not isinstance(tested, exp.Column) or any(reads_outer(c) for c in rest):
+        return
+    if inner.find(exp.Query) is not None or reads_outer(inner):
+        return
+    query = select.copy()
+    query.set("expressions", [inner.copy()])
+    query.set("distinct", exp.Distinct())
+    query.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
+    try:
+        answer = _answer(query, run, MAX_INLINED_VALUES + 1)
+    except QueryError:
+        return  # it does not run alone as written: the subquery stays as it is
+    if answer is None or answer.num_rows > MAX_INLINED_VALUES:
+        return
+    exists.replace(_in_values(tested, answer.column(0)))
 
 
 def _answer(query: exp.Expr, run: Callable[[str], pa.Table], rows: int) -> pa.Table | None:

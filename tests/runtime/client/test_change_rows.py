@@ -234,7 +234,10 @@ def test_what_is_not_built_yet_is_refused_saying_so(
     commit = cluster.catalog.table("t").commit
     monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
     with pytest.raises(UnsupportedError, match="too big to send"):
-        change(cluster, "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.n = t.id)")
+        change(
+            cluster,
+            "DELETE FROM t WHERE EXISTS (SELECT 1 FROM t AS u WHERE u.n = t.id AND u.id > t.n)",
+        )
     with pytest.raises(QueryError):  # a mistake in a correlated subquery: before any shard
         change(cluster, "DELETE FROM t USING t AS u WHERE u.nope = t.id")
     with pytest.raises(QueryError, match="no column"):
@@ -465,6 +468,44 @@ def test_rows_chosen_by_other_tables_and_correlated_subqueries_as_duckdb_does(
         assert cluster.sql(f"SELECT count(*) AS n FROM t WHERE id = {key}").to_pylist() == (
             con.sql(f"SELECT count(*) AS n FROM t WHERE id = {key}").to_arrow_table().to_pylist()
         )
+
+
+def test_rows_chosen_by_a_table_too_big_to_send_by_one_column_go_as_its_values(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DELETE ... USING u WHERE t.k = u.x AND <u's own conditions>`` (or the EXISTS it
+    reads as) needs of ``u`` only the values of ``u.x``: they go with the statement (as
+    ``t.k IN (...)``, routed by them where ``k`` is the key), not the whole table, which
+    may then be bigger than a table a correlated subquery can send to every shard. Rows
+    and counts as DuckDB's; a condition that reads the changed row twice still sends."""
+    monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
+    gone = pa.table(
+        {"k": pa.array(range(0, 3000, 3), pa.int64()), "flag": [i % 2 for i in range(1000)]}
+    )
+    cluster.create_table("gone", gone, "k")
+    con = oracle()
+    con.register("gone_rows", gone)
+    con.execute("CREATE TABLE gone AS SELECT * FROM gone_rows")
+    asked: list[object] = []
+    prepare = cluster.backend.node._prepare
+
+    def recorded(spec: object, statement: str, change: object, buckets: object) -> object:
+        asked.append(buckets)
+        return prepare(spec, statement, change, buckets)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster.backend.node, "_prepare", recorded)
+    for sql in (
+        "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = 1 AND gone.k < 90",
+        "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = 1",
+        "UPDATE t SET name = 'x' WHERE EXISTS (SELECT 1 FROM gone AS g WHERE g.k + 1 = t.id)",
+        "DELETE FROM t AS x WHERE x.id < 40 AND EXISTS (SELECT 1 FROM gone WHERE gone.k = x.n)",
+    ):
+        expected = con.execute(sql).fetchall()[0][0]
+        assert change(cluster, sql) == expected, sql
+        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+    assert asked[0] is not None  # t.id IN (...): routed to the shards of those keys
+    with pytest.raises(UnsupportedError, match="too big to send"):
+        change(cluster, "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = t.n")
 
 
 def test_an_update_of_the_key_moves_rows_to_their_new_shards(cluster: LocalCluster) -> None:

@@ -504,12 +504,12 @@ class Session:
 
         reads: set[str] = set()
 
-        def inlined(sql: str) -> str:
-            sql, read = shipped_reads(inline_subqueries(sql, answer))
+        def inlined(sql: str, outer: tuple[str, ...] = ()) -> str:
+            sql, read = shipped_reads(inline_subqueries(sql, answer, outer))
             reads.update(read)
             return sql
 
-        where = inlined(change.where) if change.where else None
+        where = inlined(change.where, (change.alias, spec.name)) if change.where else None
         sets = []
         for column, expression in change.sets:
             expression = inlined(expression)

@@ -395,14 +395,17 @@ def _exists_as_in(exists: exp.Exists, outer: set[str], run: Callable[[str], pa.T
         return any(c.table.lower() in outer for c in node.find_all(exp.Column) if c.table)
 
     ties = [
-        (c.this, c.expression) if reads_outer(c.this) else (c.expression, c.this)
+        c
         for c in conditions
         if isinstance(c, exp.EQ) and reads_outer(c.this) != reads_outer(c.expression)
     ]
     if len(ties) != 1:
         return
-    tested, inner = ties[0]
-    rest = [c for c in conditions if not (isinstance(c, exp.EQ) and c.this in (tested, inner))]
+    [tie] = ties
+    tested, inner = (
+        (tie.this, tie.expression) if reads_outer(tie.this) else (tie.expression, tie.this)
+    )
+    rest = [c for c in conditions if c is not tie]
     if not isinstance(tested, exp.Column) or any(reads_outer(c) for c in rest):
         return
     if inner.find(exp.Query) is not None or reads_outer(inner):

@@ -496,6 +496,7 @@ def test_rows_chosen_by_a_table_too_big_to_send_by_one_column_go_as_its_values(
     monkeypatch.setattr(cluster.backend.node, "_prepare", recorded)
     for sql in (
         "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = 1 AND gone.k < 90",
+        "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.k = 300",  # the rest kept
         "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = 1",
         "UPDATE t SET name = 'x' WHERE EXISTS (SELECT 1 FROM gone AS g WHERE g.k + 1 = t.id)",
         "DELETE FROM t AS x WHERE x.id < 40 AND EXISTS (SELECT 1 FROM gone WHERE gone.k = x.n)",

@@ -386,6 +386,8 @@ def _exists_as_in(exists: exp.Exists, outer: set[str], run: Callable[[str], pa.T
         select.args.get(part) for part in ("group", "having", "limit", "offset", "qualify", "with_")
     ):
         return
+    if any(e.find(exp.AggFunc, exp.Window) for e in select.expressions):
+        return  # an aggregate answers a row whatever matches: EXISTS holds for every row
     where = select.args.get("where")
     if not isinstance(where, exp.Where):
         return

@@ -69,6 +69,14 @@ def summary(cluster: LocalCluster) -> list[dict[str, object]]:
     return cluster.sql(SUMMARY).to_pylist()
 
 
+def changes_as_duckdb(cluster: LocalCluster, con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """Run ``sql`` on both sides: as many rows changed, and the table the same after."""
+    expected = int(con.execute(sql).fetchall()[0][0])
+    assert change(cluster, sql) == expected, sql
+    assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+    return expected
+
+
 def test_deletes_and_updates_answer_as_duckdb_does(cluster: LocalCluster) -> None:
     con = oracle()
     first = cluster.catalog.table("t").commit
@@ -82,9 +90,7 @@ def test_deletes_and_updates_answer_as_duckdb_does(cluster: LocalCluster) -> Non
         "DELETE FROM t WHERE id < 0",
     ]
     for sql in statements:
-        expected = con.execute(sql).fetchall()[0][0]
-        assert change(cluster, sql) == expected, sql
-        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+        changes_as_duckdb(cluster, con, sql)
     assert cluster.catalog.table("t").commit == first + len(statements) - 1  # a change of no row
     # is no commit
 
@@ -421,9 +427,7 @@ def test_subqueries_are_answered_first_and_their_values_used(cluster: LocalClust
         "DELETE FROM t WHERE EXISTS (SELECT 1 FROM picks WHERE k = 8) AND id BETWEEN 40 AND 49",
         "DELETE FROM t WHERE id > (SELECT avg(id) FROM t) + 1000",
     ):
-        expected = con.execute(sql).fetchall()[0][0]
-        assert change(cluster, sql) == expected, sql
-        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+        changes_as_duckdb(cluster, con, sql)
     with pytest.raises(QueryError, match="More than one row"):
         change(cluster, "UPDATE t SET n = (SELECT k FROM picks) WHERE id = 1")
 
@@ -460,9 +464,7 @@ def test_rows_chosen_by_other_tables_and_correlated_subqueries_as_duckdb_does(
         "DELETE FROM t WHERE n > (SELECT avg(u.n) FROM t AS u WHERE u.id % 10 = t.id % 10) + 40",
         "UPDATE t SET id = id + 5000 FROM prices WHERE prices.k = t.id - 1",  # moves rows
     ):
-        counts.append(con.execute(sql).fetchall()[0][0])
-        assert change(cluster, sql) == counts[-1], sql
-        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+        counts.append(changes_as_duckdb(cluster, con, sql))
     assert all(counts), counts  # every statement changed rows
     for key in (5004, 5006, 5042, 5098):  # moved by the last: each found where its key routes
         assert cluster.sql(f"SELECT count(*) AS n FROM t WHERE id = {key}").to_pylist() == (
@@ -501,9 +503,7 @@ def test_rows_chosen_by_a_table_too_big_to_send_by_one_column_go_as_its_values(
         "UPDATE t SET name = 'x' WHERE EXISTS (SELECT 1 FROM gone AS g WHERE g.k + 1 = t.id)",
         "DELETE FROM t AS x WHERE x.id < 40 AND EXISTS (SELECT 1 FROM gone WHERE gone.k = x.n)",
     ):
-        expected = con.execute(sql).fetchall()[0][0]
-        assert change(cluster, sql) == expected, sql
-        assert summary(cluster) == con.sql(SUMMARY).to_arrow_table().to_pylist(), sql
+        changes_as_duckdb(cluster, con, sql)
     assert asked[0] is not None  # t.id IN (...): routed to the shards of those keys
     for sent in (
         "DELETE FROM t USING gone WHERE t.id = gone.k AND gone.flag = t.n",

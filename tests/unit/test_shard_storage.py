@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,7 +65,9 @@ def test_load_then_inserts_survive_a_crash(tmp_path: Path) -> None:
 
 def test_staged_rows_reach_the_row_store_a_row_group_at_a_time(tmp_path: Path) -> None:
     """A split stages the halves of each chunk; DuckDB copies an INSERT of less than a row
-    group once more at its commit, so small parts are handed over together."""
+    group once more at its commit, so small parts are handed over together, in whole row
+    groups (a part-full row group in the middle of the file is merged, rewritten whole, at
+    the first checkpoint after rows are deleted from it); the rest at the commit."""
     engine = DuckDBEngine(threads=1, file_folders=[str(tmp_path)])
     try:
         native = engine.native_rows("staged", SCHEMA)
@@ -76,13 +79,22 @@ def test_staged_rows_reach_the_row_store_a_row_group_at_a_time(tmp_path: Path) -
         part = STAGE_ROWS // 3 + 1
         for start in range(0, 7 * part, part):
             shard.stage(rows(start, part))
-        assert handed == [3 * part, 3 * part]  # the seventh waits for more, or the commit
+        assert handed == [STAGE_ROWS, STAGE_ROWS]  # the rest waits for more, or the commit
         assert shard.commit_load() == 7 * part
-        assert handed == [3 * part, 3 * part, part]
+        assert handed == [STAGE_ROWS, STAGE_ROWS, 7 * part - 2 * STAGE_ROWS]
         assert ids(shard) == list(range(7 * part))
+        assert native._base is not None
+        with duckdb.connect() as con:  # the file's row groups: whole, but for the last
+            con.execute(f"ATTACH '{native._base.path}' AS f (READ_ONLY)")
+            groups = con.execute(
+                "SELECT row_group_id, sum(count) FROM pragma_storage_info('f.main.rows') "
+                "WHERE column_id = 0 AND segment_type <> 'VALIDITY' GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        assert [n for _, n in groups] == [STAGE_ROWS, STAGE_ROWS, 7 * part - 2 * STAGE_ROWS]
         shard.stage(rows(0, 10))
         shard.abandon_load()  # the rows still waiting go with the load
-        assert handed == [3 * part, 3 * part, part] and ids(shard) == list(range(7 * part))
+        assert handed == [STAGE_ROWS, STAGE_ROWS, 7 * part - 2 * STAGE_ROWS]
+        assert ids(shard) == list(range(7 * part))
     finally:
         engine.close()
 

@@ -46,9 +46,14 @@ RECENT_BYTES = 64 << 20
 """Rows of the latest appends a shard keeps for the copies of it kept current by appends
 (:meth:`Shard.rows_since`): beyond this, such a copy is built again from the shard."""
 STAGE_ROWS = 122_880
-"""Rows a load or a move's copy hands its row store at a time, at least: DuckDB's row group.
-An INSERT of fewer rows is copied once more at its commit (a unit of TPC-H lineitem staged
-in the halves of 128K-row chunks, as a split does: 0.63 s against 0.37 s in whole chunks)."""
+"""Rows a load or a move's copy hands its row store at a time, in whole multiples (the rest
+waits for more rows, or for the end): DuckDB's row group. An INSERT of fewer rows is copied
+once more at its commit (a unit of TPC-H lineitem staged in the halves of 128K-row chunks,
+as a split does: 0.63 s against 0.37 s in whole chunks); one of more rows that are no
+multiple leaves a row group part full in the middle of the file, and DuckDB's first
+checkpoint after rows are deleted from such a file merges them, rewriting and compressing
+the rows again (a DELETE of 10 % of a lineitem unit of 1.5 M rows: its checkpoint 0.6-1.0 s
+against 0.01-0.04 s with whole row groups)."""
 
 
 @dataclass(frozen=True)
@@ -461,15 +466,22 @@ class Shard:
                     self._base_writer = self.store.base_writer(self.lsn, self.schema)
             self._staging.append(table)
             if sum(t.num_rows for t in self._staging) >= STAGE_ROWS:
-                self._hand_staged()
+                self._hand_staged(whole_groups=True)
             if self._base_writer is not None:
                 self._base_writer.write(table)
             self._staged_rows += table.num_rows
 
-    def _hand_staged(self) -> None:
+    def _hand_staged(self, whole_groups: bool = False) -> None:
+        """Hand the staged rows to the row store: all of them, or with ``whole_groups`` a
+        whole number of :data:`STAGE_ROWS`, the rest kept staged."""
         if self._staging:
             staged = pa.concat_tables(self._staging)
             self._staging = []
+            if whole_groups:
+                cut = staged.num_rows // STAGE_ROWS * STAGE_ROWS
+                if cut < staged.num_rows:
+                    self._staging = [staged.slice(cut)]
+                    staged = staged.slice(0, cut)
             if isinstance(self.data, CheckpointRows):
                 self.data.stage(staged)
             else:

@@ -18,7 +18,7 @@ import pytest
 
 from shardflow.control import balancer
 from shardflow.errors import ClusterError, QueryError, UnsupportedError
-from shardflow.runtime.client import session as session_module
+from shardflow.runtime.client import changes as changes_module
 from shardflow.runtime.coordinator import node as node_module
 from shardflow.runtime.inprocess import Answered
 from shardflow.sql.statements import ChangeRows, statement_of
@@ -238,7 +238,7 @@ def test_what_is_not_built_yet_is_refused_saying_so(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commit = cluster.catalog.table("t").commit
-    monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
+    monkeypatch.setattr(changes_module, "MAX_SHIPPED_ROWS", 100)
     with pytest.raises(UnsupportedError, match="too big to send"):
         change(
             cluster,
@@ -480,7 +480,7 @@ def test_rows_chosen_by_a_table_too_big_to_send_by_one_column_go_as_its_values(
     ``t.k IN (...)``, routed by them where ``k`` is the key), not the whole table, which
     may then be bigger than a table a correlated subquery can send to every shard. Rows
     and counts as DuckDB's; a condition that reads the changed row twice still sends."""
-    monkeypatch.setattr(session_module, "MAX_SHIPPED_ROWS", 100)
+    monkeypatch.setattr(changes_module, "MAX_SHIPPED_ROWS", 100)
     gone = pa.table(
         {"k": pa.array(range(0, 3000, 3), pa.int64()), "flag": [i % 2 for i in range(1000)]}
     )

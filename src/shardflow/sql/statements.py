@@ -31,6 +31,8 @@ logging.getLogger("sqlglot").addFilter(
 
 _CHANGE_VERB = re.compile(r"^\s*(drop|create|insert|truncate|delete|update)\b", re.IGNORECASE)
 _WITH = re.compile(r"^\s*with\b", re.IGNORECASE)
+_CHANGE_WORD = re.compile(r"\b(insert|update|delete)\b", re.IGNORECASE)
+"""A WITH query without one of these words is a query: not parsed again to see."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def changes_tables(sql: str) -> bool:
         return False
     if _CHANGE_VERB.match(sql) is not None:
         return True
-    if _WITH.match(sql) is None:
+    if _WITH.match(sql) is None or _CHANGE_WORD.search(sql) is None:
         return False
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")

@@ -22,6 +22,7 @@ from shardflow.errors import (
     DrainTimeoutError,
     MigrationError,
     MoveCancelled,
+    QueryError,
 )
 from shardflow.flightsql.client import RemoteDatabase
 from shardflow.records import MigrationRecord, NodeInfo
@@ -422,6 +423,20 @@ class Database:
         result, report = self._session_or_raise().query(query)
         self.last_report = report
         return result
+
+    @_while_open
+    def stream(self, query: str, params: Sequence[Any] | None = None) -> pa.RecordBatchReader:
+        """Run a query and read its answer as it arrives: a ``RecordBatchReader`` whose
+        batches come as the workers have them, with at most ``stream_buffer_mb`` of them
+        waiting here at once whatever the answer's size (an answer finished in one place
+        first, by a merge, ORDER BY or LIMIT, is held whole). Close the reader to stop
+        early. Where the cluster changes under an answer read in part (a worker dies while
+        it sends, units are split), reading raises ``ClusterError``: run it again."""
+        if params is not None:
+            query = bind(query, params)
+        if statement_of(query) is not None:
+            raise QueryError("db.stream() reads queries; run statements with db.sql()")
+        return self._session_or_raise().stream(query).reader()
 
     def _change(self, change: Change) -> pa.Table:
         if isinstance(change, DropTable):

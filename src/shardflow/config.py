@@ -59,6 +59,10 @@ class Settings:
             session merges, a later stage reading a merged subquery) goes to each worker
             over a TCP connection the session keeps open to it, not through a Ray actor
             call; off: every part through Ray.
+        stream_buffer_mb: the most MiB of an answer read as it arrives (``db.stream``, the
+            Flight SQL service's answers) that wait in the session for the reader; the
+            parts still to read wait on the workers. An answer that must be finished in
+            one place first (a merge, ORDER BY, LIMIT) is held whole instead.
         object_store_memory: bytes for Ray's object store when ``connect`` starts Ray;
             0 lets Ray choose (30 % of memory).
         migration_bandwidth_mb_s: cap on the copy rate of one live move, in MB/s; 0 means
@@ -185,6 +189,7 @@ class Settings:
     wal_checkpoint_bytes: int = 64 << 20
     plan_cache_size: int = 256
     fast_lane: bool = True
+    stream_buffer_mb: int = 64
     object_store_memory: int = 0
     migration_bandwidth_mb_s: float = 0.0
     migration_share: float = 0.1
@@ -235,7 +240,8 @@ class Settings:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"setting {field.name} must be a number, not {value!r}")
         positive = (
-            "buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size", "forecast_slots"
+            "buckets", "shards_per_worker", "load_batch_rows", "plan_cache_size", "forecast_slots",
+        "stream_buffer_mb",
         )  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:

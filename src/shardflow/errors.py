@@ -107,6 +107,14 @@ class ClusterError(Error):
     """The cluster could not serve the request (workers unreachable past the retry deadline)."""
 
 
+class AnswerInterrupted(ClusterError):
+    """An answer read as it arrives (``db.stream``, the Flight SQL service's answers) cannot
+    be finished: rows were handed out already, and the cluster changed so that the rest
+    cannot be read at the routing they were read at (a worker died while it sent its part,
+    units were split or merged, a table truncated). Run the query again; the rows read are
+    never given twice or with some missing."""
+
+
 class StorageError(Error):
     """The data directory refused a write: its file system is full or read-only. Nothing of
     the operation was kept (an insert was not acknowledged); the same operation succeeds

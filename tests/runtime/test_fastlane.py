@@ -4,7 +4,9 @@ worker side that runs fragments with DuckDB, the session's client side."""
 from __future__ import annotations
 
 import gc
+import pickle
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -17,6 +19,7 @@ from shardflow.engine import DuckDBEngine
 from shardflow.errors import ClusterError, Moved, QueryError, TableError
 from shardflow.runtime.fastlane import (
     ARROW_FRAME_BYTES,
+    STREAM_FRAME_BYTES,
     LaneBroken,
     Lanes,
     LaneServer,
@@ -325,3 +328,63 @@ def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
         lanes.close()
         without.close()
         worker.engine.close()
+
+
+# -- a fragment's result read in parts as it arrives (``Lanes.stream``) --------------------
+def test_a_streamed_result_comes_in_parts_and_the_connection_serves_on(
+    lane: tuple[LaneServer, Worker, Lanes],
+) -> None:
+    server, worker, lanes = lane
+    parts = list(lanes.stream(server.address, "SELECT * FROM t, range(300)", {"t": [1]}, 5, {}))
+    assert len(parts) > 1 and all(p.nbytes <= STREAM_FRAME_BYTES for p in parts)
+    whole = pa.concat_tables(parts)
+    assert whole.num_rows == 300_000
+    assert whole.slice(0, 1000).column("k").to_pylist() == list(range(1000))
+    assert worker.calls[-1] == ("SELECT * FROM t, range(300)", {"t": [1]}, 5, False)
+    [empty] = lanes.stream(server.address, "SELECT k FROM t WHERE k < 0", {}, 5, {})
+    assert empty.num_rows == 0 and empty.schema.names == ["k"]  # the schema comes still
+    with pytest.raises(Moved):  # the worker's error, before any part
+        lanes.stream(server.address, "SELECT 1", {}, -1, {})
+    [kept] = lanes._idle[server.address]  # one connection, in step after all of that
+    again, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 1, False)
+    assert again.to_pylist() == [{"n": 1000}] and lanes._idle[server.address] == [kept]
+
+
+def test_a_streamed_result_left_early_hangs_up(lane: tuple[LaneServer, Worker, Lanes]) -> None:
+    """A reader that stops: the connection closes (it is out of step), the worker stops
+    sending and serves the next client."""
+    server, _, lanes = lane
+    parts = lanes.stream(server.address, "SELECT * FROM t, range(3000)", {}, 0, {})
+    first = next(parts)
+    assert first.num_rows > 0
+    parts.close()  # type: ignore[attr-defined]
+    assert lanes._idle.get(server.address, []) == []
+    result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+    assert result.to_pylist() == [{"n": 1000}]
+
+
+def test_a_stream_that_breaks_off_says_so() -> None:
+    """A worker that dies between parts: the reader gets ``LaneBroken`` after the parts
+    it read, not an answer that looks whole."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    token = "11" * 16
+
+    def dying_worker() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(1 << 16)  # the token and the request
+            frames = [b"\x00", pickle.dumps(FragmentStats(0.001, 2)), to_wire(ROWS.slice(0, 2))]
+            connection.sendall(b"".join(struct.pack("!Q", len(f)) + bytes(f) for f in frames))
+            connection.sendall(struct.pack("!Q", 1 << 20) + b"\x00" * 100)  # then gone
+
+    thread = threading.Thread(target=dying_worker)
+    thread.start()
+    lanes = Lanes()
+    address = LaneAddress("127.0.0.1", listener.getsockname()[1], token)
+    parts = lanes.stream(address, "SELECT * FROM t", {}, 0, {})
+    assert next(parts).num_rows == 2
+    with pytest.raises(LaneBroken, match="broke off"):
+        next(parts)
+    thread.join(10)
+    listener.close()
+    lanes.close()

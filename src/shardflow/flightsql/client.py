@@ -11,7 +11,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -234,9 +234,18 @@ class RemoteDatabase:
         descriptor = flight.FlightDescriptor.for_command(fsql.pack(command))
 
         def fetch(client: flight.FlightClient) -> pa.Table:
-            info = client.get_flight_info(descriptor, self._options)
-            parts = [client.do_get(e.ticket, self._options).read_all() for e in info.endpoints]
-            return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+            for attempt in range(2):  # an answer cut off as the cluster changed: once more
+                info = client.get_flight_info(descriptor, self._options)
+                try:
+                    parts = [
+                        client.do_get(e.ticket, self._options).read_all() for e in info.endpoints
+                    ]
+                except flight.FlightError as error:
+                    if attempt == 0 and isinstance(_error(error), errors.AnswerInterrupted):
+                        continue
+                    raise
+                return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+            raise AssertionError("unreachable")  # pragma: no cover
 
         return self._call(fetch)
 
@@ -262,6 +271,29 @@ class RemoteDatabase:
         if params is not None:
             query = bind(query, params)
         return self._fetch(fsql.new("CommandStatementQuery", query=query))
+
+    def stream(self, query: str, params: Sequence[Any] | None = None) -> pa.RecordBatchReader:
+        """Run a query on the server and read its answer as it arrives (as
+        :meth:`shardflow.Database.stream`; an answer cut off raises ``AnswerInterrupted``)."""
+        if params is not None:
+            query = bind(query, params)
+        command = fsql.pack(fsql.new("CommandStatementQuery", query=query))
+        descriptor = flight.FlightDescriptor.for_command(command)
+
+        def start(client: flight.FlightClient) -> tuple[flight.FlightClient, flight.FlightInfo]:
+            return client, client.get_flight_info(descriptor, self._options)
+
+        client, info = self._call(start)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for endpoint in info.endpoints:
+                    for chunk in client.do_get(endpoint.ticket, self._options):
+                        yield chunk.data
+            except (flight.FlightError, pa.ArrowException) as error:
+                raise _error(error) from None
+
+        return pa.RecordBatchReader.from_batches(info.schema, batches())
 
     def explain(self, query: str) -> str:
         text: str = self._action("explain", {"query": query})

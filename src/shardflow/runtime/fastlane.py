@@ -31,7 +31,7 @@ import secrets
 import socket
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -54,6 +54,9 @@ ARROW_FRAME_BYTES = 1 << 20
 MAX_PART_BYTES = 4 << 30
 """The largest part of a load a worker reads (one unit's rows of one load batch), or input
 of a fragment."""
+STREAM_FRAME_BYTES = 4 << 20
+"""The most bytes of one part of a streamed result (``Lanes.stream``): the size of the
+record batches a Flight client gets (ADBC refuses gRPC messages over 16 MiB)."""
 CONNECT_TIMEOUT_S = 2.0
 LANE_THREADS = 32
 """Calls a client makes over its lanes at once (the workers of a stage, a load's parts)."""
@@ -130,6 +133,8 @@ class LaneServer:
                     request = json.loads(_read_frame(connection, MAX_REQUEST_BYTES))
                     if request.get("op") == "stage":
                         _write_frames(connection, *self._staged(request, connection))
+                    elif request.get("op") == "stream":
+                        self._streamed(request, connection)
                     elif request.get("op") == "chunk":
                         _write_frames(connection, *self._chunk(request))
                     else:
@@ -144,10 +149,39 @@ class LaneServer:
         self, request: dict[str, Any], connection: socket.socket
     ) -> tuple[bytes | pa.Buffer, ...]:
         """Run a fragment; its inputs, if any, follow the request."""
-        inputs = {str(name): _read_rows(connection, MAX_PART_BYTES) for name in request["inputs"]}
+        done = self._fragment(request, connection)
+        if isinstance(done, bytes):
+            return _FAILED, done
+        result, stats = done
+        return _OK, pickle.dumps(stats), to_wire(result)
+
+    def _streamed(self, request: dict[str, Any], connection: socket.socket) -> None:
+        """Run a fragment and send its result in frames of at most
+        :data:`STREAM_FRAME_BYTES` (each its own Arrow IPC stream; the first holds the
+        schema at least), then an empty frame: the client reads the parts as they come,
+        holding one at a time. The fragment's slot is free before the first is sent, so a
+        slow reader holds no work of the worker's back."""
+        done = self._fragment(request, connection)
+        if isinstance(done, bytes):
+            _write_frames(connection, _FAILED, done)
+            return
+        result, stats = done
+        _write_frames(connection, _OK, pickle.dumps(stats))
+        for part in slices(result, STREAM_FRAME_BYTES):
+            _write_frames(connection, to_wire(part))
+        _write_frames(connection, b"")
+
+    def _fragment(
+        self, request: dict[str, Any], connection: socket.socket
+    ) -> tuple[pa.Table, FragmentStats] | bytes:
+        """Run the fragment of ``request`` (its inputs, if any, follow it): the result and
+        its measurements, or the error to send, pickled."""
+        inputs = {
+            str(name): _read_rows(connection, MAX_PART_BYTES) for name in request.get("inputs", ())
+        }
         try:
             with self._running:
-                result, stats = self._run(
+                return self._run(
                     str(request["sql"]),
                     {str(t): [int(u) for u in units] for t, units in request["bindings"].items()},
                     int(request["epoch"]),
@@ -155,12 +189,11 @@ class LaneServer:
                     inputs,
                     {str(t): int(c) for t, c in request.get("commits", {}).items()},
                 )
-            return _OK, pickle.dumps(stats), to_wire(result)
         except Error as error:
-            return _FAILED, pickle.dumps(error)
+            return pickle.dumps(error)
         except Exception as error:  # a fault of the worker's own: say what it was
             log.exception("%s: a fragment on the fast lane failed", self._name)
-            return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
+            return pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
     def _staged(self, request: dict[str, Any], connection: socket.socket) -> tuple[bytes, ...]:
         """Read a load's parts and stage them (they are let go when this returns: a part
@@ -247,6 +280,65 @@ class Lanes:
 
         frames = (request, *(to_wire(table) for table in inputs.values()))
         return self._call(address, frames, answer)
+
+    def stream(
+        self,
+        address: LaneAddress,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        commits: Mapping[str, int],
+    ) -> Iterator[pa.Table]:
+        """Run a fragment (no inputs) on the worker at ``address`` and read its result in
+        parts as they arrive (at most :data:`STREAM_FRAME_BYTES` each; one at least, which
+        holds the schema). The worker's error is raised here before any part,
+        :class:`LaneBroken` when the lane failed (before a part, or between parts: the
+        parts read so far are then not the whole result). Closing the iterator early hangs
+        up: the worker stops sending."""
+        request = json.dumps(
+            {
+                "op": "stream",
+                "sql": sql,
+                "bindings": dict(bindings),
+                "epoch": epoch,
+                "profile": False,
+                "commits": dict(commits),
+            }
+        ).encode()
+        connection = self._connection(address)
+        try:
+            _write_frames(connection, request)
+            status = _read_frame(connection)
+            answer = pickle.loads(_read_frame(connection))  # the measurements, or the error
+        except BaseException as failure:
+            connection.close()
+            if not isinstance(failure, Exception):
+                raise
+            raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
+        if status != _OK:
+            self._keep(address, connection)
+            raise answer
+        return self._parts(address, connection)
+
+    def _parts(self, address: LaneAddress, connection: socket.socket) -> Iterator[pa.Table]:
+        whole = False
+        try:
+            while True:
+                try:
+                    part = _read_rows_or_none(connection)
+                except Exception as failure:
+                    raise LaneBroken(
+                        f"the fast lane to {address.host}:{address.port} broke off: {failure}"
+                    ) from None
+                if part is None:
+                    whole = True
+                    return
+                yield part
+        finally:  # read to its end: kept for the next call; left early: hung up
+            if whole:
+                self._keep(address, connection)
+            else:
+                connection.close()
 
     def stage(
         self, address: LaneAddress, table: str, parts: Mapping[int | str, pa.Buffer | bytes]
@@ -381,6 +473,16 @@ def to_wire(table: pa.Table) -> pa.Buffer:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue()
+
+
+def slices(table: pa.Table, limit: int) -> Iterator[pa.Table]:
+    """``table`` in slices of about ``limit`` bytes at most (by the average row's size);
+    one, empty, for a table without rows."""
+    rows = max(1, limit * table.num_rows // max(1, table.nbytes))
+    if table.num_rows == 0:
+        yield table
+    for offset in range(0, table.num_rows, rows):
+        yield table.slice(offset, rows)
 
 
 def from_wire(value: pa.Table | pa.Buffer | bytes | bytearray) -> pa.Table:

@@ -14,6 +14,7 @@ one fetches expire.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import json
@@ -301,7 +302,8 @@ def _denied(what: str, role: str, needed: str) -> flight.FlightUnauthorizedError
 @dataclass
 class _Answer:
     owner: str
-    table: pa.Table
+    table: pa.Table | pa.RecordBatchReader
+    """The answer whole, or read as it arrives (a query's)."""
     expires: float
 
 
@@ -327,7 +329,9 @@ class _Expiring(OrderedDict[bytes, Any]):
             while self and (
                 len(self) >= self.limit or getattr(next(iter(self.values())), "expires", now) < now
             ):
-                self.popitem(last=False)
+                _, old = self.popitem(last=False)
+                if isinstance(old, _Answer):
+                    _close(old)
             self[key] = value
 
     def take(self, key: bytes, keep: bool = False) -> Any:
@@ -432,12 +436,13 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     ) -> flight.FlightInfo:
         name, command = _command(descriptor)
         try:
+            answer: pa.Table | pa.RecordBatchReader
             if name == "CommandStatementQuery":
                 principal = self._require(context, "query", "reader")
-                table = self._statement(context, principal, command.query)
+                answer = self._statement(context, principal, command.query, stream=True)
             elif name == "CommandPreparedStatementQuery":
                 principal = self._require(context, "query", "reader")
-                table = self._run_prepared(context, principal, command.prepared_statement_handle)
+                answer = self._run_prepared(context, principal, command.prepared_statement_handle)
             else:
                 principal = self._require(context, "metadata", "reader")
                 table = self._metadata(principal, name, command)
@@ -445,15 +450,20 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         except Exception as error:
             raise flight_error(error) from None
         handle = secrets.token_bytes(16)
-        self._answers.put(handle, _Answer(principal.name, table, time.monotonic() + RESULT_TTL_S))
+        self._answers.put(handle, _Answer(principal.name, answer, time.monotonic() + RESULT_TTL_S))
         ticket = fsql.pack(fsql.new("TicketStatementQuery", statement_handle=handle))
-        return _info(descriptor, table.schema, ticket, table)
+        return _info(descriptor, answer.schema, ticket, answer)
 
     @_plainly
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.SchemaResult:
         info = self.get_flight_info(context, descriptor)
+        for endpoint in info.endpoints:  # the answer is not fetched: its reading stops
+            with contextlib.suppress(fsql.MalformedCommand):
+                name, ticket = fsql.unpack(endpoint.ticket.ticket)
+                if name == "TicketStatementQuery":
+                    _close(self._answers.take(ticket.statement_handle))
         return flight.SchemaResult(info.schema)
 
     @_plainly
@@ -474,6 +484,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                     "unknown or expired ticket (not from this server, fetched already, or "
                     f"older than {RESULT_TTL_S:g}s); run the statement again"
                 )
+            if isinstance(answer.table, pa.RecordBatchReader):
+                return flight.GeneratorStream(answer.table.schema, _read(answer.table))
             return _stream(answer.table)
         principal = self._require(context, "metadata", "reader")
         try:
@@ -505,8 +517,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                 writer.write(pa.py_buffer(result.SerializeToString()))
             elif name == "CommandStatementUpdate":
                 principal = self._require(context, "update", "reader")
-                answer = self._statement(context, principal, command.query)
-                writer.write(pa.py_buffer(_update_result(_rows_changed(answer, command.query))))
+                changed = self._whole(context, principal, command.query)
+                writer.write(pa.py_buffer(_update_result(_rows_changed(changed, command.query))))
             elif name == "CommandPreparedStatementUpdate":
                 principal = self._require(context, "update", "reader")
                 prepared = self._prepared_of(principal, command.prepared_statement_handle)
@@ -572,11 +584,16 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
 
     # -- statements ---------------------------------------------------------------------
     def _statement(
-        self, context: flight.ServerCallContext, principal: Principal, query: str
-    ) -> pa.Table:
+        self,
+        context: flight.ServerCallContext,
+        principal: Principal,
+        query: str,
+        stream: bool = False,
+    ) -> pa.Table | pa.RecordBatchReader:
         """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
         SELECT, INSERT INTO ... SELECT/VALUES, TRUNCATE (writer). One that reads the server's own
-        state (its settings, files, databases, versions) needs an operator."""
+        state (its settings, files, databases, versions) needs an operator. With ``stream``
+        a query's answer is read as it arrives (``db.stream``): never held here whole."""
         tree, needs = self._needs_of(query)
         if tree is not None:
             shown = _server_state(tree, self._table_names)
@@ -597,12 +614,20 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return listing
         if not changes_tables(query):
             self._check(principal, needs)
-            return self.db.sql(query)
+            return self.db.stream(query) if stream else self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})
         with self._audited(principal.name, "write statement", {"statement": query[:1000]}):
             if not isinstance(tree, exp.Drop):  # a drop needs OWNER: checked as it runs
                 self._check(principal, needs)
             return self._write(principal, query)
+
+    def _whole(
+        self, context: flight.ServerCallContext, principal: Principal, query: str
+    ) -> pa.Table:
+        """Run one SQL statement (:meth:`_statement`), its answer whole."""
+        answer = self._statement(context, principal, query)
+        assert isinstance(answer, pa.Table)  # not streamed
+        return answer
 
     def _check(self, principal: Principal, needs: Needs) -> None:
         """Refuse a statement whose tables ``principal`` may not reach (audited)."""
@@ -706,14 +731,14 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         statement sent as text is (a write needs ``writer``)."""
         prepared = self._prepared_of(principal, handle)
         if not prepared.placeholders:
-            return self._statement(context, principal, prepared.query)
+            return self._whole(context, principal, prepared.query)
         if prepared.parameters is None or prepared.parameters.num_rows == 0:
             raise QueryError(
                 f"the statement has {len(prepared.placeholders)} parameter(s) and none are bound"
             )
         columns = [column.to_pylist() for column in prepared.parameters.columns]
         answers = [
-            self._statement(context, principal, _substitute(prepared, list(row)))
+            self._whole(context, principal, _substitute(prepared, list(row)))
             for row in zip(*columns, strict=True)
         ]
         return pa.concat_tables(answers, promote_options="permissive")
@@ -927,10 +952,32 @@ def _command(descriptor: flight.FlightDescriptor) -> tuple[str, Any]:
 
 
 def _info(
-    descriptor: flight.FlightDescriptor, schema: pa.Schema, ticket: bytes, table: pa.Table
+    descriptor: flight.FlightDescriptor,
+    schema: pa.Schema,
+    ticket: bytes,
+    answer: pa.Table | pa.RecordBatchReader,
 ) -> flight.FlightInfo:
     endpoint = flight.FlightEndpoint(ticket, [])
-    return flight.FlightInfo(schema, descriptor, [endpoint], table.num_rows, table.nbytes)
+    if isinstance(answer, pa.RecordBatchReader):  # read as it arrives: its size is unknown
+        return flight.FlightInfo(schema, descriptor, [endpoint], -1, -1)
+    return flight.FlightInfo(schema, descriptor, [endpoint], answer.num_rows, answer.nbytes)
+
+
+def _read(reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+    """An answer read as it arrives, closed however its sending ends (a client that hangs
+    up included): its parts stop being read."""
+    try:
+        yield from reader
+    except Exception as error:  # said as the Flight error it maps to, as any call's
+        raise flight_error(error) from None
+    finally:
+        reader.close()
+
+
+def _close(answer: _Answer | None) -> None:
+    """Stop reading an answer that is not fetched (expired, pushed out, never asked)."""
+    if answer is not None and isinstance(answer.table, pa.RecordBatchReader):
+        answer.table.close()
 
 
 def _stream(table: pa.Table) -> flight.RecordBatchStream:

@@ -41,6 +41,7 @@ from shardflow.runtime.client.changes import RowChanger
 from shardflow.runtime.client.loads import Loader, Progress
 from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
 from shardflow.runtime.client.runner import RoutedRunner
+from shardflow.runtime.client.streams import AnswerStream, open_stream
 from shardflow.runtime.client.tally import Tally
 from shardflow.runtime.fastlane import LaneBook
 from shardflow.runtime.protocol import (
@@ -239,6 +240,17 @@ class Session:
             raise
         self._tally.query(time.perf_counter() - started, True)
         return answer
+
+    def stream(self, sql: str) -> AnswerStream:
+        """``sql``'s answer as it arrives (``runtime/client/streams.py``)."""
+        return open_stream(self, sql)
+
+    def fragment_calls(self) -> FragmentCalls:
+        return self.backend.fragment_calls()
+
+    def tally_query(self, seconds: float, ok: bool) -> None:
+        """Count a query's outcome in the coordinator's metrics."""
+        self._tally.query(seconds, ok)
 
     def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
         planning_started = time.perf_counter()

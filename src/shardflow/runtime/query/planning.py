@@ -271,7 +271,7 @@ def answer(
             result, report = execute(planned.plan, runner, engine)
         except StageRefused as refused:
             raise QueryError(str(refused)) from None
-    return _as_schema(result, planned.schema), report, planned
+    return as_schema(result, planned.schema), report, planned
 
 
 def _gathers_whole(plan: DistributedPlan) -> bool:
@@ -279,7 +279,7 @@ def _gathers_whole(plan: DistributedPlan) -> bool:
     return plan.result.sql == plan.sql and plan.result.placement == "client"
 
 
-def _as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
+def as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
     """The answer with DuckDB's column names, and its types where they convert safely."""
     if result.num_columns != len(schema):
         raise AssertionError(f"plan produced {result.num_columns} columns, query has {len(schema)}")

@@ -4,12 +4,11 @@ worker side that runs fragments with DuckDB, the session's client side."""
 from __future__ import annotations
 
 import gc
-import pickle
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -46,6 +45,7 @@ class Worker:
         profile: bool,
         inputs: Mapping[str, pa.Table],
         commits: Mapping[str, int],
+        emit: Callable[[pa.Table], None] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         self.calls.append((sql, bindings, epoch, profile))
         self.commits.append(commits)
@@ -53,7 +53,13 @@ class Worker:
             raise Moved("t#1", 3)
         if sql == "crash":
             raise RuntimeError("a bug of the worker's own")
+        if sql == "late" and emit is not None:  # a part, then the query's own error
+            emit(ROWS.slice(0, 10))
+            raise QueryError("a value that does not convert, late in the result")
         try:
+            if emit is not None:  # in parts as DuckDB makes them, as a worker's node does
+                schema = self.engine.run_in_parts(sql, emit, {"t": ROWS, **inputs})
+                return schema.empty_table(), FragmentStats(0.001, 0, engine="duckdb")
             result = self.engine.run(sql, {"t": ROWS, **inputs})
         except duckdb.Error as error:
             raise QueryError(str(error)) from None
@@ -182,6 +188,7 @@ def test_closing_the_client_closes_connections_still_in_use() -> None:
         profile: bool,
         inputs: Mapping[str, pa.Table],
         commits: Mapping[str, int],
+        emit: Callable[[pa.Table], None] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         release.wait(10)
         return worker.run(sql, bindings, epoch, profile, inputs, commits)
@@ -345,6 +352,10 @@ def test_a_streamed_result_comes_in_parts_and_the_connection_serves_on(
     assert empty.num_rows == 0 and empty.schema.names == ["k"]  # the schema comes still
     with pytest.raises(Moved):  # the worker's error, before any part
         lanes.stream(server.address, "SELECT 1", {}, -1, {})
+    late = lanes.stream(server.address, "late", {}, 0, {})
+    assert next(late).num_rows == 10
+    with pytest.raises(QueryError, match="late in the result"):  # after a part
+        next(late)
     [kept] = lanes._idle[server.address]  # one connection, in step after all of that
     again, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 1, False)
     assert again.to_pylist() == [{"n": 1000}] and lanes._idle[server.address] == [kept]
@@ -373,7 +384,7 @@ def test_a_stream_that_breaks_off_says_so() -> None:
         connection, _ = listener.accept()
         with connection:
             connection.recv(1 << 16)  # the token and the request
-            frames = [b"\x00", pickle.dumps(FragmentStats(0.001, 2)), to_wire(ROWS.slice(0, 2))]
+            frames = [b"\x00", to_wire(ROWS.slice(0, 2))]  # a part
             connection.sendall(b"".join(struct.pack("!Q", len(f)) + bytes(f) for f in frames))
             connection.sendall(struct.pack("!Q", 1 << 20) + b"\x00" * 100)  # then gone
 

@@ -27,13 +27,14 @@ import hmac
 import json
 import logging
 import pickle
+import queue
 import secrets
 import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -66,13 +67,29 @@ class LaneBroken(ClusterError):
     """A lane failed (not the fragment): its worker is gone, or the connection broke."""
 
 
-Run = Callable[
-    [str, Mapping[str, list[int]], int, bool, Mapping[str, pa.Table], Mapping[str, int]],
-    tuple[pa.Table, FragmentStats],
-]
-"""A worker's fragment runner: (sql, bindings, epoch, profile, inputs, commits) -> (result,
-measurements); ``inputs`` are tables the fragment reads by name (an earlier stage's rows),
-``commits`` the commit number of each table the query reads."""
+class Run(Protocol):
+    """A worker's fragment runner: (sql, bindings, epoch, profile, inputs, commits) ->
+    (result, measurements); ``inputs`` are tables the fragment reads by name (an earlier
+    stage's rows), ``commits`` the commit number of each table the query reads. With
+    ``emit``, an engine that makes its result in parts gives them to it as it goes and
+    returns an empty table of the result's schema (``WorkerNode.execute``)."""
+
+    def __call__(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        profile: bool,
+        inputs: Mapping[str, pa.Table],
+        commits: Mapping[str, int],
+        emit: Callable[[pa.Table], None] | None = None,
+    ) -> tuple[pa.Table, FragmentStats]: ...
+
+
+class ReaderGone(Error):
+    """Internal: the client of a streamed fragment hung up; the fragment stops making parts."""
+
+
 Stage = Callable[[str, Mapping[int | str, pa.Table]], int]
 """A worker's loader: (table, rows by unit) -> rows staged."""
 Export = Callable[[str, tuple[str, int]], pa.Table | None]
@@ -149,46 +166,74 @@ class LaneServer:
         self, request: dict[str, Any], connection: socket.socket
     ) -> tuple[bytes | pa.Buffer, ...]:
         """Run a fragment; its inputs, if any, follow the request."""
-        done = self._fragment(request, connection)
+        done = self._fragment(request, self._inputs(request, connection))
         if isinstance(done, bytes):
             return _FAILED, done
         result, stats = done
         return _OK, pickle.dumps(stats), to_wire(result)
 
     def _streamed(self, request: dict[str, Any], connection: socket.socket) -> None:
-        """Run a fragment and send its result in frames of at most
-        :data:`STREAM_FRAME_BYTES` (each its own Arrow IPC stream; the first holds the
-        schema at least), then an empty frame: the client reads the parts as they come,
-        holding one at a time. The fragment's slot is free before the first is sent, so a
-        slow reader holds no work of the worker's back."""
-        done = self._fragment(request, connection)
-        if isinstance(done, bytes):
-            _write_frames(connection, _FAILED, done)
-            return
-        result, stats = done
-        _write_frames(connection, _OK, pickle.dumps(stats))
-        for part in slices(result, STREAM_FRAME_BYTES):
-            _write_frames(connection, to_wire(part))
-        _write_frames(connection, b"")
+        """Run a fragment (no inputs) and send its result in parts as the engine makes them
+        (DuckDB's: batch by batch; another's: whole, then cut), each a tag frame (``_OK``)
+        and a frame of at most :data:`STREAM_FRAME_BYTES` of rows (its own Arrow IPC
+        stream), one at least; then an empty frame, or ``_FAILED`` and the error where the
+        fragment failed (before the first part or after some). The fragment never waits for
+        the client (its parts queue here, as a whole result was held); a client that hangs
+        up stops it at its next part."""
+        parts: queue.Queue[pa.Table | bytes | None] = queue.Queue()
+        gone = threading.Event()
 
-    def _fragment(
-        self, request: dict[str, Any], connection: socket.socket
-    ) -> tuple[pa.Table, FragmentStats] | bytes:
-        """Run the fragment of ``request`` (its inputs, if any, follow it): the result and
-        its measurements, or the error to send, pickled."""
-        inputs = {
+        def emit(part: pa.Table) -> None:
+            if gone.is_set():
+                raise ReaderGone("the client hung up")
+            parts.put(part)
+
+        def run() -> None:
+            done = self._fragment(request, {}, emit)
+            if isinstance(done, bytes):
+                parts.put(done)
+                return
+            parts.put(done[0])  # the result whole, or (parts given) an empty table of it
+            parts.put(None)
+
+        threading.Thread(target=run, name=f"{self._name}-stream", daemon=True).start()
+        sent = False
+        try:
+            while (item := parts.get()) is not None:
+                if isinstance(item, bytes):  # the fragment's error
+                    _write_frames(connection, _FAILED, item)
+                    return
+                for part in slices(item, STREAM_FRAME_BYTES):
+                    if part.num_rows or not sent:  # an empty part only where none was sent
+                        _write_frames(connection, _OK, to_wire(part))
+                        sent = True
+            _write_frames(connection, b"")
+        finally:
+            gone.set()
+
+    def _inputs(self, request: dict[str, Any], connection: socket.socket) -> dict[str, pa.Table]:
+        """The tables a fragment reads, sent after its request."""
+        return {
             str(name): _read_rows(connection, MAX_PART_BYTES) for name in request.get("inputs", ())
         }
+
+    def _fragment(
+        self,
+        request: dict[str, Any],
+        inputs: Mapping[str, pa.Table],
+        emit: Callable[[pa.Table], None] | None = None,
+    ) -> tuple[pa.Table, FragmentStats] | bytes:
+        """Run the fragment of ``request``: the result and its measurements, or the error
+        to send, pickled."""
         try:
+            sql = str(request["sql"])
+            bindings = {str(t): [int(u) for u in us] for t, us in request["bindings"].items()}
+            epoch, profile = int(request["epoch"]), bool(request["profile"])
+            commits = {str(t): int(c) for t, c in request.get("commits", {}).items()}
             with self._running:
-                return self._run(
-                    str(request["sql"]),
-                    {str(t): [int(u) for u in units] for t, units in request["bindings"].items()},
-                    int(request["epoch"]),
-                    bool(request["profile"]),
-                    inputs,
-                    {str(t): int(c) for t, c in request.get("commits", {}).items()},
-                )
+                if emit is None:
+                    return self._run(sql, bindings, epoch, profile, inputs, commits)
+                return self._run(sql, bindings, epoch, profile, inputs, commits, emit=emit)
         except Error as error:
             return pickle.dumps(error)
         except Exception as error:  # a fault of the worker's own: say what it was
@@ -290,52 +335,51 @@ class Lanes:
         commits: Mapping[str, int],
     ) -> Iterator[pa.Table]:
         """Run a fragment (no inputs) on the worker at ``address`` and read its result in
-        parts as they arrive (at most :data:`STREAM_FRAME_BYTES` each; one at least, which
-        holds the schema). The worker's error is raised here before any part,
-        :class:`LaneBroken` when the lane failed (before a part, or between parts: the
-        parts read so far are then not the whole result). Closing the iterator early hangs
-        up: the worker stops sending."""
+        parts as the worker makes them (at most :data:`STREAM_FRAME_BYTES` each; one at
+        least, which holds the schema). The worker's error before its first part is raised
+        here; one after some parts, by the iterator; :class:`LaneBroken` when the lane
+        failed (here, or between parts: the parts read so far are then not the whole
+        result). Closing the iterator early hangs up: the worker stops."""
         request = json.dumps(
-            {
-                "op": "stream",
-                "sql": sql,
-                "bindings": dict(bindings),
-                "epoch": epoch,
-                "profile": False,
-                "commits": dict(commits),
-            }
-        ).encode()
+            {"op": "stream", "sql": sql, "bindings": dict(bindings), "epoch": epoch,
+             "profile": False, "commits": dict(commits)}
+        ).encode()  # fmt: skip
         connection = self._connection(address)
         try:
             _write_frames(connection, request)
-            status = _read_frame(connection)
-            answer = pickle.loads(_read_frame(connection))  # the measurements, or the error
+            first = _read_part(connection)
         except BaseException as failure:
             connection.close()
             if not isinstance(failure, Exception):
                 raise
             raise LaneBroken(f"the fast lane to {address.host}:{address.port}: {failure}") from None
-        if status != _OK:
+        if isinstance(first, Exception):
             self._keep(address, connection)
-            raise answer
-        return self._parts(address, connection)
+            raise first
+        return self._parts(address, connection, first)
 
-    def _parts(self, address: LaneAddress, connection: socket.socket) -> Iterator[pa.Table]:
-        whole = False
+    def _parts(
+        self, address: LaneAddress, connection: socket.socket, first: pa.Table | None
+    ) -> Iterator[pa.Table]:
+        in_step = False  # whether the connection is at the start of a new call
         try:
+            part: pa.Table | Exception | None = first
             while True:
+                if part is None:
+                    in_step = True
+                    return
+                if isinstance(part, Exception):
+                    in_step = True
+                    raise part
+                yield part
                 try:
-                    part = _read_rows_or_none(connection)
+                    part = _read_part(connection)
                 except Exception as failure:
                     raise LaneBroken(
                         f"the fast lane to {address.host}:{address.port} broke off: {failure}"
                     ) from None
-                if part is None:
-                    whole = True
-                    return
-                yield part
         finally:  # read to its end: kept for the next call; left early: hung up
-            if whole:
+            if in_step:
                 self._keep(address, connection)
             else:
                 connection.close()
@@ -512,6 +556,18 @@ def _read_rows(connection: socket.socket, limit: int | None = None) -> pa.Table:
     gone: in a bytearray, glibc's allocator kept most of a load's parts (~50 MB a worker
     for TPC-H SF 1 lineitem and orders)."""
     return _rows(connection, _frame_length(connection, limit))
+
+
+def _read_part(connection: socket.socket) -> pa.Table | Exception | None:
+    """The next of a streamed fragment's frames: a part of its rows, the worker's error, or
+    None after the last part."""
+    tag = _read_frame(connection)
+    if not tag:
+        return None
+    if tag == _FAILED:
+        error = pickle.loads(_read_frame(connection))
+        return error if isinstance(error, Exception) else ClusterError(repr(error))
+    return _read_rows(connection)
 
 
 def _read_rows_or_none(connection: socket.socket) -> pa.Table | None:

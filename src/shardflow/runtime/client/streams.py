@@ -245,49 +245,51 @@ def _read_parts(session: StreamHost, planned: PlannedQuery, stream: AnswerStream
                 by_node[unit.node].append(unit.unit_id)
         if stage.strategy == WHOLE and len(by_node) > 1:  # planned on one node: on several now
             raise PlanOutdated(f"a query planned whole has its shards on {len(by_node)} nodes")
-        outcomes: dict[str, BaseException | None] = {}
+        # a query run whole is one part; any other, a part per unit, each worker's in turn:
+        # the first rows leave once one unit's part is ready, not the worker's whole share
+        parts = {
+            node: [units] if stage.strategy == WHOLE else [[unit] for unit in units]
+            for node, units in by_node.items()
+        }
+        outcomes: dict[str, list[tuple[list[int], BaseException | None]]] = defaultdict(list)
 
         def read(node: str) -> None:
-            bindings = {table: by_node[node] for table in stage.tables}
-            try:
-                outcomes[node] = _read_part(
-                    session,
-                    stream,
-                    node,
-                    stage.sql,
-                    bindings,
-                    catalog.epoch,
-                    commits,
-                    planned.schema,
-                )
-            except BaseException as error:  # rows of it may be read: never asked again
-                outcomes[node] = (
-                    error
-                    if isinstance(error, AnswerInterrupted | StreamClosed)
-                    else (
-                        AnswerInterrupted(
+            for units in parts[node]:
+                bindings = {table: units for table in stage.tables}
+                try:
+                    outcome = _read_part(
+                        session, stream, node, stage.sql, bindings, catalog.epoch, commits,
+                        planned.schema,
+                    )  # fmt: skip
+                except BaseException as error:  # rows of it may be read: never asked again
+                    outcome = (
+                        error  # the query's own error (a value that does not convert) too
+                        if isinstance(error, AnswerInterrupted | StreamClosed | QueryError)
+                        else AnswerInterrupted(
                             f"{node}'s part of the answer failed while it was read: {error!r}"
                         )
                     )
-                )
+                outcomes[node].append((units, outcome))
+                if outcome is not None:  # the rest of the node's parts wait for a retry
+                    return
 
-        threads = [threading.Thread(target=read, args=(node,), daemon=True) for node in by_node]
+        threads = [threading.Thread(target=read, args=(node,), daemon=True) for node in parts]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         failed: BaseException | None = None
-        for node, outcome in outcomes.items():
-            if outcome is None:
-                pending -= set(by_node[node])
-            elif isinstance(outcome, LaneBroken):  # asked the other way next attempt
-                session.lanes.broken(node, outcome)
-            elif isinstance(outcome, Retryable):
-                log.info(
-                    "a part of a streamed answer is asked again after %s failed: %s", node, outcome
-                )
-            else:
-                failed = failed or outcome
+        for node, read_parts in outcomes.items():
+            for units, outcome in read_parts:
+                if outcome is None:
+                    pending -= set(units)
+                elif isinstance(outcome, LaneBroken):  # asked the other way next attempt
+                    session.lanes.broken(node, outcome)
+                elif isinstance(outcome, Retryable):
+                    log.info("a part of a streamed answer is asked again after %s failed: %s",
+                             node, outcome)  # fmt: skip
+                else:
+                    failed = failed or outcome
         if failed is not None:
             raise failed
         if pending:
@@ -324,6 +326,10 @@ def _read_part(
     except LaneBroken as error:
         raise AnswerInterrupted(
             f"{node} went away while it sent its part of the answer ({error}); run the query again"
+        ) from None
+    except Retryable as error:  # after some of its rows: it cannot be asked again
+        raise AnswerInterrupted(
+            f"{node} could not finish its part of the answer ({error}); run the query again"
         ) from None
     finally:
         close: Callable[[], None] | None = getattr(parts, "close", None)

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -312,8 +312,9 @@ class WorkerService:
         profile: bool,
         inputs: Mapping[str, pa.Table],
         commits: Mapping[str, int],
+        emit: Callable[[pa.Table], None] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
-        return self.node.execute(sql, bindings, epoch, inputs, profile, commits)
+        return self.node.execute(sql, bindings, epoch, inputs, profile, commits, emit)
 
     @ray.method
     def calibrate(self) -> NodeProfile:

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -470,11 +470,14 @@ class WorkerNode(CatalogServing, RowChanges):
         inputs: Mapping[str, pa.Table],
         profile: bool = True,
         commits: Mapping[str, int] | None = None,
+        emit: Callable[[pa.Table], None] | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         """Run a fragment over this node's shards; returns the result and what was measured
         (with ``profile``: wall-clock start and end, rows and bytes in and out, engine and
         device as well as the time). ``commits``: the commit number of each table the query
-        reads, as its routing had them (:meth:`check_commits`)."""
+        reads, as its routing had them (:meth:`check_commits`). With ``emit``, DuckDB's
+        engine gives it the result in parts as it makes them and returns none of it (an
+        empty table of its schema); another engine returns it whole as ever."""
         started_at = time.time()
         started = time.perf_counter()
         rows_in = bytes_in = 0
@@ -494,7 +497,14 @@ class WorkerNode(CatalogServing, RowChanges):
             bytes_in += sum(t.nbytes for t in inputs.values())
         try:
             self._flaky_fault()
-            result = distinct_names(self._run(sql, inputs, views, bound))
+            if emit is not None and self.executor is self.engine and self.resident is None:
+                emitted = _Emitted(emit)
+                schema = self.engine.run_in_parts(sql, emitted, inputs, views)
+                result = distinct_names(schema.empty_table())
+                result_rows, result_bytes = emitted.rows, emitted.bytes
+            else:
+                result = distinct_names(self._run(sql, inputs, views, bound))
+                result_rows, result_bytes = result.num_rows, result.nbytes
         except NodeFault:
             self._count(failed=True)
             raise
@@ -536,7 +546,7 @@ class WorkerNode(CatalogServing, RowChanges):
             self.record_foreground(_kind(sql), elapsed)
         self._count(failed=False)
         if not profile:
-            return result, FragmentStats(elapsed, result.num_rows)
+            return result, FragmentStats(elapsed, result_rows)
         fell_back = getattr(self.executor, "fell_back", "")
         engine = (
             f"{self.profile.engine} (fell back to {fell_back})"
@@ -545,12 +555,12 @@ class WorkerNode(CatalogServing, RowChanges):
         )
         return result, FragmentStats(
             seconds=elapsed,
-            rows_out=result.num_rows,
+            rows_out=result_rows,
             started_at=started_at,
             finished_at=started_at + elapsed,
             rows_in=rows_in,
             bytes_in=bytes_in,
-            bytes_out=result.nbytes,
+            bytes_out=result_bytes,
             engine=engine,
             device=f"{self.profile.vendor} {self.profile.model}",
         )
@@ -675,3 +685,18 @@ class WorkerNode(CatalogServing, RowChanges):
             for shard, database in held
         )
         return dataclasses.replace(info, shards=shards)
+
+
+class _Emitted:
+    """A fragment's result given in parts (``execute(emit=...)``): each part, its repeated
+    column names told apart, to ``emit``; the rows and bytes given."""
+
+    def __init__(self, emit: Callable[[pa.Table], None]) -> None:
+        self.emit = emit
+        self.rows = self.bytes = 0
+
+    def __call__(self, part: pa.Table) -> None:
+        part = distinct_names(part)
+        self.rows += part.num_rows
+        self.bytes += part.nbytes
+        self.emit(part)

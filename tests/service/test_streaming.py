@@ -25,17 +25,16 @@ BUFFER_MB = 8
 @pytest.fixture(scope="module")
 def wide_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A service over a table whose answer is ~250 MB, made before the service started (its
-    process never held the rows), serving with an 8 MB buffer. The table is one unit on one
-    worker: its query runs whole there, and streams all the same. (Held whole, the answer
-    grew the service by more than its size; streamed, by ~65 MB: the buffer, the parts in
-    flight and what Arrow's allocator keeps.)"""
+    process never held the rows), in units of 32 MB on both workers, serving with an 8 MB
+    buffer. (Held whole, the answer grew the service by more than its size; streamed, by
+    ~65 MB: the buffer, the parts in flight and what Arrow's allocator keeps.)"""
     data_dir = tmp_path_factory.mktemp("wide")
     add_users(data_dir)
     ids = pa.array(range(ROWS), pa.int64())
     pads = pa.compute.binary_join_element_wise(
         pa.compute.cast(ids, pa.string()), pa.scalar("x" * PAD), ""
     )
-    with shardflow.connect(workers=2, data_dir=data_dir) as db:
+    with shardflow.connect(workers=2, data_dir=data_dir, initial_shard_bytes=32 << 20) as db:
         db.create_table("wide", pa.table({"id": ids, "pad": pads}), distributed_by="id")
         db.grant("wide", "SELECT", "reader")
     service = start_service(data_dir, "--set", f"stream_buffer_mb={BUFFER_MB}")

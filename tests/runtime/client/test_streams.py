@@ -17,6 +17,7 @@ import pytest
 from shardflow.errors import AnswerInterrupted
 from shardflow.runtime.client.streams import AnswerStream, streams
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES
+from shardflow.sql.plan import WHOLE
 from tests.support.local_cluster import LocalCluster
 
 ROWS = 200_000
@@ -85,7 +86,7 @@ def test_a_streamed_answer_is_duckdbs(cluster: LocalCluster, query: str) -> None
 def test_a_slow_reader_holds_no_more_than_the_buffer(cluster: LocalCluster) -> None:
     """~24 MB of answer through a 1 MB buffer: the parts wait on the workers' side."""
     query = "SELECT * FROM t"
-    assert streams(cluster.session.plan(query).plan)
+    assert streams(cluster.session.plan(query).plan, len(cluster.units("t")))
     stream = cluster.session.stream(query)
     got = read(stream, pause_s=0.002)
     assert got.num_rows == ROWS and got.nbytes > 20 * stream.limit
@@ -135,3 +136,21 @@ def test_a_split_under_a_reader_who_has_rows_ends_the_answer_and_says_so(
     cluster.session.refresh()
     got = read(cluster.session.stream("SELECT * FROM t"))  # the next reading is whole
     assert got.num_rows == ROWS and len(set(got.column("id").to_pylist())) == ROWS
+
+
+def test_a_table_of_several_units_on_one_worker_streams_its_whole_query(
+    cluster: LocalCluster,
+) -> None:
+    """Every unit on one worker: the query runs whole there, in one part, read as it comes
+    (a table of one unit, small, is answered whole)."""
+    node = cluster.units("t")[0].node
+    for unit in cluster.units("t")[1:]:
+        assert cluster.migrate(unit.unit_id, node)["outcome"] == "done"
+    planned = cluster.session.plan("SELECT * FROM t")
+    assert planned.plan.result.strategy == WHOLE
+    assert streams(planned.plan, len(cluster.units("t")))
+    assert not streams(planned.plan, 1)
+    stream = cluster.session.stream("SELECT * FROM t")
+    got = read(stream, pause_s=0.002)
+    assert same_rows(got, oracle("SELECT * FROM t").cast(got.schema))
+    assert stream.most_held <= stream.limit + STREAM_FRAME_BYTES

@@ -36,7 +36,7 @@ from shardflow.errors import (
 from shardflow.runtime.client.retry import Unfinished
 from shardflow.runtime.client.runner import RoutedRunner, RunnerHost
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES, LaneBroken, slices
-from shardflow.runtime.query.executor import ExecutionReport
+from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
 from shardflow.runtime.query.fragments import FragmentCalls
 from shardflow.runtime.query.planning import PlannedQuery, as_schema
 from shardflow.sql import DistributedPlan
@@ -158,13 +158,14 @@ class AnswerStream:
             self._cond.notify_all()
 
 
-def streams(plan: DistributedPlan) -> bool:
-    """Whether ``plan``'s answer is read as it arrives: one stage over the shards, nothing
-    merged, not routed to the units of a key's values, not run whole on one worker. The
-    last two are answered whole: most are a key lookup's or an aggregate's few rows, which
-    came later read in parts (a lookup 3.8-5.7 against 2.2-2.5 ms in process, SF 0.1: the
-    worker's and the session's threads hand the rows on), and a table whose units all sit
-    on one worker is small (a new table gets a unit per ``initial_shard_bytes``)."""
+def streams(plan: DistributedPlan, units: int) -> bool:
+    """Whether ``plan``'s answer is read as it arrives: one stage over the shards (of
+    ``units`` units), nothing merged, not routed to the units of a key's values, and not
+    run whole on one worker where its tables are one unit. The last two are answered whole:
+    most are a key lookup's or an aggregate's few rows, which came later read in parts (a
+    lookup 3.8-5.7 against 2.2-2.5 ms in process, SF 0.1: the worker's and the session's
+    threads hand the rows on), and a table of one unit is small (a new table gets a unit
+    per ``initial_shard_bytes``)."""
     stage = plan.result
     return (
         len(plan.stages) == 1
@@ -172,7 +173,7 @@ def streams(plan: DistributedPlan) -> bool:
         and stage.merge_sql is None
         and not stage.inputs
         and stage.buckets is None
-        and stage.strategy != WHOLE
+        and (stage.strategy != WHOLE or units > 1)
     )
 
 
@@ -180,7 +181,8 @@ def open_stream(session: StreamHost, sql: str) -> AnswerStream:
     """``sql``'s answer as it arrives (see the module)."""
     limit = session.settings.stream_buffer_mb << 20
     planned = session.plan(sql)
-    if not streams(planned.plan):
+    group = session.catalog.groups.get(planned.plan.result.group or "")
+    if group is None or not streams(planned.plan, len(group.units)):
         table, _ = session.query(sql)
         return AnswerStream.of_table(table, limit)
     stream = AnswerStream(planned.schema, limit)
@@ -206,7 +208,7 @@ def _fill(session: StreamHost, sql: str, planned: PlannedQuery, stream: AnswerSt
                         "run the query again"
                     ) from None
                 session.refresh([error.table])
-            except StageRefused as error:  # answered whole instead
+            except (StageRefused, PlanOutdated) as error:  # answered whole instead
                 if not stream.discard():
                     raise AnswerInterrupted(
                         f"the answer cannot be finished ({error}); run the query again"
@@ -248,9 +250,14 @@ def _read_parts(session: StreamHost, planned: PlannedQuery, stream: AnswerStream
         for unit in group.units:
             if unit.unit_id in pending:
                 by_node[unit.node].append(unit.unit_id)
-        # a part per unit, each worker's in turn: the first rows leave once one unit's
-        # part is ready, not the worker's whole share
-        parts = {node: [[unit] for unit in units] for node, units in by_node.items()}
+        if stage.strategy == WHOLE and len(by_node) > 1:  # planned on one node: on several now
+            raise PlanOutdated(f"a query planned whole has its shards on {len(by_node)} nodes")
+        # a query run whole is one part; any other, a part per unit, each worker's in turn:
+        # the first rows leave once one unit's part is ready, not the worker's whole share
+        parts = {
+            node: [units] if stage.strategy == WHOLE else [[unit] for unit in units]
+            for node, units in by_node.items()
+        }
         outcomes: dict[str, list[tuple[list[int], BaseException | None]]] = defaultdict(list)
 
         def read(node: str) -> None:

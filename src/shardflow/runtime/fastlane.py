@@ -27,7 +27,6 @@ import hmac
 import json
 import logging
 import pickle
-import queue
 import secrets
 import socket
 import struct
@@ -177,39 +176,28 @@ class LaneServer:
         (DuckDB's: batch by batch; another's: whole, then cut), each a tag frame (``_OK``)
         and a frame of at most :data:`STREAM_FRAME_BYTES` of rows (its own Arrow IPC
         stream), one at least; then an empty frame, or ``_FAILED`` and the error where the
-        fragment failed (before the first part or after some). The fragment never waits for
-        the client (its parts queue here, as a whole result was held); a client that hangs
-        up stops it at its next part."""
-        parts: queue.Queue[pa.Table | bytes | None] = queue.Queue()
-        gone = threading.Event()
+        fragment failed (before the first part or after some). Sent as they are made: the
+        worker holds no more of the result than a part, and a client that reads slowly
+        holds the fragment back (its snapshot stays open, as a cursor's does) instead of
+        the worker's memory filling; one that hangs up stops it at its next part."""
+        sent = False
 
         def emit(part: pa.Table) -> None:
-            if gone.is_set():
-                raise ReaderGone("the client hung up")
-            parts.put(part)
+            nonlocal sent
+            for piece in slices(part, STREAM_FRAME_BYTES):
+                if piece.num_rows or not sent:  # an empty part only where none was sent
+                    try:
+                        _write_frames(connection, _OK, to_wire(piece))
+                    except OSError:
+                        raise ReaderGone("the client hung up") from None
+                    sent = True
 
-        def run() -> None:
-            done = self._fragment(request, {}, emit)
-            if isinstance(done, bytes):
-                parts.put(done)
-                return
-            parts.put(done[0])  # the result whole, or (parts given) an empty table of it
-            parts.put(None)
-
-        threading.Thread(target=run, name=f"{self._name}-stream", daemon=True).start()
-        sent = False
-        try:
-            while (item := parts.get()) is not None:
-                if isinstance(item, bytes):  # the fragment's error
-                    _write_frames(connection, _FAILED, item)
-                    return
-                for part in slices(item, STREAM_FRAME_BYTES):
-                    if part.num_rows or not sent:  # an empty part only where none was sent
-                        _write_frames(connection, _OK, to_wire(part))
-                        sent = True
-            _write_frames(connection, b"")
-        finally:
-            gone.set()
+        done = self._fragment(request, {}, emit)
+        if isinstance(done, bytes):  # the fragment's error (the client's hang-up included)
+            _write_frames(connection, _FAILED, done)
+            return
+        emit(done[0])  # the result whole, or (parts given) an empty table of it
+        _write_frames(connection, b"")
 
     def _inputs(self, request: dict[str, Any], connection: socket.socket) -> dict[str, pa.Table]:
         """The tables a fragment reads, sent after its request."""

@@ -200,6 +200,20 @@ class DuckDBEngine:
     ) -> pa.Table:
         """Execute ``sql``; each of ``tables`` is visible under its name, and each of
         ``views`` (name -> SELECT) shadows a same-named table for this call only."""
+        cursor, sql = self._cursor_for(sql, tables, views)
+        try:
+            return as_arrow(cursor, sql)
+        finally:
+            cursor.close()
+
+    def _cursor_for(
+        self,
+        sql: str,
+        tables: Mapping[str, pa.Table] | None,
+        views: Mapping[str, str] | None,
+    ) -> tuple[duckdb.DuckDBPyConnection, str]:
+        """A cursor where ``tables`` and ``views`` are visible, and ``sql`` as it runs there
+        (with the views in front, where they can be written so)."""
         cursor = self._database.cursor()
         try:
             for name, table in (tables or {}).items():
@@ -207,13 +221,13 @@ class DuckDBEngine:
             if views:
                 inlined = with_views(sql, views)
                 if inlined is not None:
-                    sql = inlined
-                else:
-                    for name, select in views.items():
-                        cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
-            return as_arrow(cursor, sql)
-        finally:
+                    return cursor, inlined
+                for name, select in views.items():
+                    cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
+            return cursor, sql
+        except BaseException:
             cursor.close()
+            raise
 
     def run_in_parts(
         self,
@@ -226,17 +240,8 @@ class DuckDBEngine:
         (of about :data:`ARROW_BATCH_ROWS` rows; none where the result has no rows) rather
         than whole at the end: the first rows leave before the last are read. Returns the
         result's schema once every batch was given."""
-        cursor = self._database.cursor()
+        cursor, sql = self._cursor_for(sql, tables, views)
         try:
-            for name, table in (tables or {}).items():
-                cursor.register(name, table)
-            if views:
-                inlined = with_views(sql, views)
-                if inlined is not None:
-                    sql = inlined
-                else:
-                    for name, select in views.items():
-                        cursor.execute(f"CREATE TEMP VIEW {quote(name)} AS {select}")
             # the relation's reader runs the query as it is read (DIRECT_SUBMIT's runs it
             # whole first); it binds the statement twice, ~0.2 ms, which a scan big enough
             # to be read in parts does not notice

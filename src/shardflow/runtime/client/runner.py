@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 import pyarrow as pa
 
-from shardflow.catalog import Catalog
+from shardflow.catalog import Catalog, Group
 from shardflow.config import Settings
 from shardflow.errors import Changed, Error, QueryError, Retryable
 from shardflow.runtime.client.retry import Unfinished, submit_all
@@ -100,19 +100,13 @@ class RoutedRunner:
             nonlocal pending
             catalog = session.catalog
             commits = self.commits(stage.tables)
-            group = catalog.groups.get(stage.group or "")
-            if group is None:
-                raise QueryError("a table of the query was dropped while it ran")
-            current = {u.unit_id for u in stage.units_to_run(group)}
+            group, current = stage_units(stage, catalog)
             if pending is None or pending - current:
                 # first attempt, or a split/merge replaced units still to do: the parts
                 # done so far may overlap the new units, so the stage starts over
                 results.clear()
                 pending = current
-            by_node: dict[str, list[int]] = defaultdict(list)
-            for unit in group.units:
-                if unit.unit_id in pending:
-                    by_node[unit.node].append(unit.unit_id)
+            by_node = units_by_node(group, pending)
             direct = (
                 self._direct(stage.sql, by_node, stage.tables, catalog.epoch, sent, commits)
                 if sent is not None
@@ -226,6 +220,24 @@ class RoutedRunner:
             return call.result()
 
         return session.retrying("query", attempt)
+
+
+def stage_units(stage: Stage, catalog: Catalog) -> tuple[Group, set[int]]:
+    """The group ``stage`` runs over in ``catalog`` and the units of it it runs on;
+    ``QueryError`` where its tables were dropped."""
+    group = catalog.groups.get(stage.group or "")
+    if group is None:
+        raise QueryError("a table of the query was dropped while it ran")
+    return group, {u.unit_id for u in stage.units_to_run(group)}
+
+
+def units_by_node(group: Group, units: set[int]) -> dict[str, list[int]]:
+    """``units`` of ``group`` by the node that owns each."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for unit in group.units:
+        if unit.unit_id in units:
+            by_node[unit.node].append(unit.unit_id)
+    return by_node
 
 
 def _outcome(call: Callable[[], T]) -> T | Exception:

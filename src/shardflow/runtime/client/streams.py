@@ -34,7 +34,7 @@ from shardflow.errors import (
     StageRefused,
 )
 from shardflow.runtime.client.retry import Unfinished
-from shardflow.runtime.client.runner import RoutedRunner, RunnerHost
+from shardflow.runtime.client.runner import RoutedRunner, RunnerHost, stage_units, units_by_node
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES, LaneBroken, slices
 from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
 from shardflow.runtime.query.fragments import FragmentCalls
@@ -235,10 +235,7 @@ def _read_parts(session: StreamHost, planned: PlannedQuery, stream: AnswerStream
         nonlocal pending
         catalog = session.catalog
         commits = runner.commits(stage.tables)
-        group = catalog.groups.get(stage.group or "")
-        if group is None:
-            raise QueryError("a table of the query was dropped while it ran")
-        current = {u.unit_id for u in stage.units_to_run(group)}
+        group, current = stage_units(stage, catalog)
         if pending is None or pending - current:
             if pending is not None and not stream.discard():
                 raise AnswerInterrupted(
@@ -246,10 +243,7 @@ def _read_parts(session: StreamHost, planned: PlannedQuery, stream: AnswerStream
                     "read; run the query again"
                 )
             pending = set(current)
-        by_node: dict[str, list[int]] = defaultdict(list)
-        for unit in group.units:
-            if unit.unit_id in pending:
-                by_node[unit.node].append(unit.unit_id)
+        by_node = units_by_node(group, pending)
         if stage.strategy == WHOLE and len(by_node) > 1:  # planned on one node: on several now
             raise PlanOutdated(f"a query planned whole has its shards on {len(by_node)} nodes")
         # a query run whole is one part; any other, a part per unit, each worker's in turn:

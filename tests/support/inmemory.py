@@ -99,7 +99,9 @@ class InMemoryCluster:
             tables[name] = concat([self.shards[(name, u)] for u in units])
         return tables
 
-    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
+    def scatter(
+        self, stage: Stage, inputs: Mapping[str, Output], final: bool = False
+    ) -> list[FragmentResult]:
         assert stage.group is not None
         group = self.catalog.groups[stage.group]
         given = {name: value.table() for name, value in inputs.items()}

@@ -86,8 +86,11 @@ class PlanOutdated(Exception):
 
 
 class Runner(Protocol):
-    def scatter(self, stage: Stage, inputs: Mapping[str, Output]) -> list[FragmentResult]:
-        """Run ``stage.sql`` on every worker owning units of ``stage.group``."""
+    def scatter(
+        self, stage: Stage, inputs: Mapping[str, Output], final: bool = False
+    ) -> list[FragmentResult]:
+        """Run ``stage.sql`` on every worker owning units of ``stage.group`` (``final``:
+        the stage's results are the answer, read here, not by a later stage's workers)."""
         ...
 
     def run_on_worker(self, sql: str, inputs: Mapping[str, Output]) -> FragmentResult:
@@ -167,7 +170,7 @@ def execute(
         )
         output: Output
         if stage.placement == "shards":
-            fragments = runner.scatter(stage, inputs)
+            fragments = runner.scatter(stage, inputs, stage is plan.result)
             if stage.strategy == WHOLE and len(fragments) != 1:
                 raise PlanOutdated(f"{len(fragments)} fragments ran a query planned whole")
             stage_report.fragments = fragments

@@ -163,9 +163,10 @@ def streams(plan: DistributedPlan, units: int) -> bool:
     ``units`` units), nothing merged, not routed to the units of a key's values, and not
     run whole on one worker where its tables are one unit. The last two are answered whole:
     most are a key lookup's or an aggregate's few rows, which came later read in parts (a
-    lookup 3.8-5.7 against 2.2-2.5 ms in process, SF 0.1: the worker's and the session's
-    threads hand the rows on), and a table of one unit is small (a new table gets a unit
-    per ``initial_shard_bytes``)."""
+    lookup on a table of one unit 3.7-4.1 against 2.2-2.8 ms in process, SF 0.1: the
+    session's threads and the worker's lane hand the rows on), and a table of one unit is
+    mostly small (a new table gets a unit per ``initial_shard_bytes``; but on one worker,
+    every table is one unit: its answers are held whole)."""
     stage = plan.result
     return (
         len(plan.stages) == 1

@@ -84,6 +84,12 @@ class Migrator:
         self.folder = state.data_dir.path("migrations")
         state.data_dir.fs.create_dir(self.folder, recursive=True)
         self.history: list[MigrationState] = self._load()
+        # a previous coordinator's unfinished moves hold their units until resumed: a new
+        # move of one that began meanwhile ran beside the old one's roll-back, which ended
+        # the source's export under it (VERIFY then rolled the new one back)
+        for unfinished in self.history:
+            if not unfinished.done:
+                state.reserve_move(unfinished.plan)
         self._promoted: set[str] = set()
         """Moves whose target serves the new shards since its fence (see ``apply_final``)."""
         self._running: dict[str, MigrationState] = {}
@@ -201,8 +207,12 @@ class Migrator:
         for state in list(self.history):
             if state.done:
                 continue
-            resumed, actions = migration.resume(state, self.state.switched(state.plan), time.time())
-            finished.append(self._drive(resumed, actions))
+            try:
+                switched = self.state.switched(state.plan)
+                resumed, actions = migration.resume(state, switched, time.time())
+                finished.append(self._drive(resumed, actions))
+            finally:  # its units may move again
+                self.state.finish_move(state.plan)
         return finished
 
     def _drive(self, state: MigrationState, actions: list[Action]) -> MigrationState:

@@ -334,6 +334,12 @@ class CoordinatorState:
             removed = [s.unit_id for s in plan.sources]
             self._commit(self.catalog.with_units_replaced(plan.group, removed, added))
 
+    def reserve_move(self, plan: MovePlan) -> None:
+        """Count ``plan`` as running (a previous coordinator's, not resumed yet): its units
+        are refused to other moves until :meth:`finish_move`."""
+        with self._lock:
+            self.moving[plan.move_id] = plan
+
     def finish_move(self, plan: MovePlan) -> None:
         with self._lock:
             self.moving.pop(plan.move_id, None)

@@ -341,6 +341,16 @@ def results_node(db: Database, local: LocalRayCluster, host: str) -> str:
             held[ray_id] = held.get(ray_id, 0) + 1
     candidates = [n for n in local.nodes() if not n.head and n.node_id != host]
     best = max(candidates, key=lambda n: held.get(n.node_id, 0), default=None)
+    if best is not None and not held.get(best.node_id):
+        # the moves and the drain before left every shard on the head's or the
+        # coordinator's node (placement chooses by load): one goes over to it now
+        members = [
+            n.node_id for n in db.cluster.nodes() if n.alive and n.ray_node_id == best.node_id
+        ]
+        shard = next((s for s in db.cluster.shards().to_pylist() if s["table"] == BIG), None)
+        if members and shard is not None:
+            db.cluster.migrate(shard["shard"], members[0])
+            return best.name
     if best is None or not held.get(best.node_id):
         raise RuntimeError("no node beside the coordinator's holds a shard of the big table")
     return best.name

@@ -402,3 +402,25 @@ def test_a_targets_claim_in_the_background_comes_before_its_first_write(
     threading.Timer(0.2, release.set).start()
     rolled_back.await_claim()  # what a roll-back does before the source claims again
     assert rolled_back.store.holders()[-1].node == "node-3"
+
+
+def test_a_moves_end_leaves_the_appends_kept_for_another_move_of_the_shard(
+    tmp_path: Path,
+) -> None:
+    """Two moves export the shard (a new one began before an older one's roll-back reached
+    the source): the older one's end stops only its own record of appends. With one record
+    for the shard, the new move lost the appends that followed, and VERIFY rolled it back
+    ("holds 9727 rows under the fence but handed out 9719")."""
+    shard = shard_at(tmp_path)
+    shard.append(rows(0, 10), "b0")
+    old_lsn, _, old = shard.begin_streaming_export(1 << 20, "old")
+    new_lsn, _, new = shard.begin_streaming_export(1 << 20, "new")
+    shard.append(rows(10, 8), "b1")
+    shard.end_export("old")  # the old move's roll-back, arriving late
+    shard.append(rows(18, 8), "b2")
+    kept = shard.changes_since(new_lsn, "new")
+    assert [c.batch_id for c in kept] == ["b1", "b2"]
+    assert sum(c.rows.num_rows for c in kept) + 10 == shard.rows  # all it holds, handed out
+    assert shard.changes_since(old_lsn, "old") == [] and shard.exporting
+    old.close()
+    new.close()

@@ -331,7 +331,9 @@ class Shard:
         """A claim under way on a thread (:meth:`claim_soon`): the node, the thread."""
         self._claim_failed: Exception | None = None
         self._claim_lock = threading.Lock()
-        self._tap: list[Change] | None = None
+        self._taps: dict[str, list[Change]] = {}
+        """The appends kept for each move exporting the shard (by its id): a move's end or
+        roll-back ends its own, never another's that began since."""
         self._checkpointing = False
         """A checkpoint is being written in the background (see :meth:`_start_checkpoint`)."""
         self.fenced = False
@@ -662,8 +664,8 @@ class Shard:
             if self.keeps_recent:
                 self._keep_recent(lsn, table)
             self._remember(entry.batch_id, present)
-            if self._tap is not None:
-                self._tap.append(Change(lsn, entry.batch_id, table, buckets))
+            for tap in self._taps.values():
+                tap.append(Change(lsn, entry.batch_id, table, buckets))
             entry.result = AppendResult(lsn, table.num_rows, duplicate=False, appended=table)
         due = self.writer and (
             self._wal_entries >= self.policy.max_wal_entries
@@ -848,30 +850,32 @@ class Shard:
                 self._remember(batch_id, buckets)
 
     # -- moving ---------------------------------------------------------------------------
-    def begin_streaming_export(self, batch_rows: int) -> tuple[int, Applied, BatchStream]:
-        """Pin a snapshot: its LSN, the batches it holds, and a stream of exactly its rows
-        (a batch at a time where the row store can, as DuckDB's). Appends from now on are
-        also kept (see :meth:`changes_since`)."""
+    def begin_streaming_export(
+        self, batch_rows: int, move_id: str = ""
+    ) -> tuple[int, Applied, BatchStream]:
+        """Pin a snapshot for move ``move_id``: its LSN, the batches it holds, and a stream
+        of exactly its rows (a batch at a time where the row store can, as DuckDB's).
+        Appends from now on are also kept for it (see :meth:`changes_since`)."""
         with self._lock:
-            self._tap = []
+            self._taps[move_id] = []
             stream = getattr(self.data, "stream", None)
             if stream is not None:
                 pinned: BatchStream = stream(batch_rows)
                 return self.lsn, dict(self._applied), pinned
             return self.lsn, dict(self._applied), _OneBatch(self.data.read())
 
-    def changes_since(self, lsn: int) -> list[Change]:
+    def changes_since(self, lsn: int, move_id: str = "") -> list[Change]:
         with self._lock:
-            return [c for c in self._tap or [] if c.lsn > lsn]
+            return [c for c in self._taps.get(move_id, []) if c.lsn > lsn]
 
     @property
     def exporting(self) -> bool:
         """Whether a move's export keeps the appends made since its snapshot."""
-        return self._tap is not None
+        return bool(self._taps)
 
-    def end_export(self) -> None:
+    def end_export(self, move_id: str = "") -> None:
         with self._lock:
-            self._tap = None
+            self._taps.pop(move_id, None)
 
     def fence(self) -> int:
         """Hold new appends (they wait, they do not fail); returns the LSN they stop at."""
@@ -890,7 +894,7 @@ class Shard:
         after this)."""
         with self._lock:
             self.retired = True
-            self._tap = None
+            self._taps.clear()
             self._lock.notify_all()
         self.wait_for_checkpoint()
 

@@ -183,7 +183,7 @@ class SourceSide:
             self.exports[plan.move_id] = export
         pinned = {}
         for key, shard in shards.items():
-            lsn, applied, stream = shard.begin_streaming_export(CHUNK_ROWS)
+            lsn, applied, stream = shard.begin_streaming_export(CHUNK_ROWS, plan.move_id)
             export.streams[key] = stream
             export.counted[key] = lsn
             pinned[key] = PinnedShard(lsn, applied)
@@ -211,7 +211,7 @@ class SourceSide:
         found: dict[ShardKey, tuple[Change, ...]] = {}
         for key, shard in export.shards.items():
             after = since[key] if key in since else export.counted[key]
-            found[key] = tuple(shard.changes_since(after))
+            found[key] = tuple(shard.changes_since(after, move_id))
             for change in found[key]:
                 if change.lsn > export.counted[key]:
                     self._hand_out(export, key[0], change.rows)
@@ -243,7 +243,7 @@ class SourceSide:
         for stream in export.streams.values():
             stream.close()
         for shard in export.shards.values():
-            shard.end_export()
+            shard.end_export(move_id)
             shard.claim_again(self.node.node_id)  # its target may have claimed it already
             shard.unfence()
 

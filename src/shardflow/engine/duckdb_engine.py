@@ -1213,3 +1213,18 @@ def distinct_names(result: pa.Table) -> pa.Table:
         seen.add(candidate)
         unique.append(candidate)
     return result.rename_columns(unique)
+
+
+class PartsGiven:
+    """A fragment's result given in parts (a worker's ``execute(emit=...)``): each part,
+    its repeated column names told apart, to ``emit``; the rows and bytes given."""
+
+    def __init__(self, emit: Callable[[pa.Table], None]) -> None:
+        self.emit = emit
+        self.rows = self.bytes = 0
+
+    def __call__(self, part: pa.Table) -> None:
+        part = distinct_names(part)
+        self.rows += part.num_rows
+        self.bytes += part.nbytes
+        self.emit(part)

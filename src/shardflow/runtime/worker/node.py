@@ -31,7 +31,7 @@ from shardflow.catalog.store import CATALOG_FOLDER
 from shardflow.config import Settings
 from shardflow.control.admission import Foreground
 from shardflow.engine import DuckDBEngine, distinct_names, query_error
-from shardflow.engine.duckdb_engine import NativeRows
+from shardflow.engine.duckdb_engine import NativeRows, PartsGiven
 from shardflow.errors import Moved, NodeFault, QueryError
 from shardflow.runtime.protocol import (
     REPLICA,
@@ -498,7 +498,7 @@ class WorkerNode(CatalogServing, RowChanges):
         try:
             self._flaky_fault()
             if emit is not None and self.executor is self.engine and self.resident is None:
-                emitted = _Emitted(emit)
+                emitted = PartsGiven(emit)
                 schema = self.engine.run_in_parts(sql, emitted, inputs, views)
                 result = distinct_names(schema.empty_table())
                 result_rows, result_bytes = emitted.rows, emitted.bytes
@@ -685,18 +685,3 @@ class WorkerNode(CatalogServing, RowChanges):
             for shard, database in held
         )
         return dataclasses.replace(info, shards=shards)
-
-
-class _Emitted:
-    """A fragment's result given in parts (``execute(emit=...)``): each part, its repeated
-    column names told apart, to ``emit``; the rows and bytes given."""
-
-    def __init__(self, emit: Callable[[pa.Table], None]) -> None:
-        self.emit = emit
-        self.rows = self.bytes = 0
-
-    def __call__(self, part: pa.Table) -> None:
-        part = distinct_names(part)
-        self.rows += part.num_rows
-        self.bytes += part.nbytes
-        self.emit(part)

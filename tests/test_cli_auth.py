@@ -11,7 +11,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from shardflow.service.auth import AuditLog, AuthStore
+from shardflow.audit import AuditLog
+from shardflow.service.auth import AuthStore
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from shardflow.audit import GENESIS, AuditLog
 from shardflow.errors import ConfigError
-from shardflow.service.auth import GENESIS, AuditLog
 
 
 def filled(folder: Path, count: int = 6, **options: float) -> AuditLog:
@@ -56,7 +56,7 @@ def test_a_line_removed_edited_or_moved_breaks_the_chain(
         entry = json.loads(lines[2])
         entry["outcome"] = "denied: needs operator"
         if tamper == "rehash":
-            from shardflow.service.auth import _entry_hash
+            from shardflow.audit import _entry_hash
 
             entry["hash"] = _entry_hash(entry)
         lines[2] = json.dumps(entry)

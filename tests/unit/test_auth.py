@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from argon2 import PasswordHasher
 
+from shardflow.audit import AuditLog
 from shardflow.errors import ConfigError
 from shardflow.service import auth
 from shardflow.service.auth import (
     ROLES,
-    AuditLog,
     AuthStore,
     Principal,
     TokenIssuer,

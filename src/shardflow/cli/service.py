@@ -113,8 +113,9 @@ def _serve_flight(
     tls_key: Path | None,
     insecure: bool,
 ) -> None:
+    from shardflow.audit import AuditLog
     from shardflow.config import Settings
-    from shardflow.service.auth import AuditLog, AuthStore
+    from shardflow.service.auth import AuthStore
     from shardflow.service.main import serve_flight, service_options
 
     settings = Settings().with_text(assignments or [])
@@ -268,7 +269,8 @@ def audit(
 ) -> None:
     """The audit log of the network service: who did what, with which outcome
     (`shardflow audit verify`: whether any line was removed, edited or moved)."""
-    from shardflow.service.auth import AuditLog, parse_since
+    from shardflow.audit import AuditLog
+    from shardflow.service.auth import parse_since
 
     if check is not None:
         if check != "verify":

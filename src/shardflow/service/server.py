@@ -39,6 +39,7 @@ import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
 
+from shardflow.audit import AuditLog
 from shardflow.errors import (
     ConfigError,
     Error,
@@ -55,7 +56,7 @@ from shardflow.errors import (
 from shardflow.flightsql import wire as fsql
 from shardflow.service import access as grants
 from shardflow.service.access import Access, Needs
-from shardflow.service.auth import AuditLog, AuthStore, Principal, TokenIssuer, role_allows
+from shardflow.service.auth import AuthStore, Principal, TokenIssuer, role_allows
 from shardflow.sql.parameters import bind
 from shardflow.sql.statements import (
     ChangeRows,

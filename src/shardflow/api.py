@@ -25,7 +25,7 @@ from shardflow.errors import (
     QueryError,
 )
 from shardflow.flightsql.client import RemoteDatabase
-from shardflow.records import MigrationRecord, NodeInfo
+from shardflow.records import AnswerPart, MigrationRecord, NodeInfo
 from shardflow.runtime.client.backend import RayBackend, launch_on_ray
 from shardflow.runtime.client.session import Session
 from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
@@ -437,6 +437,30 @@ class Database:
         if statement_of(query) is not None:
             raise QueryError("db.stream() reads queries; run statements with db.sql()")
         return self._session_or_raise().stream(query).reader()
+
+    @_while_open
+    def endpoints(
+        self,
+        query: str,
+        params: Sequence[Any] | None = None,
+        *,
+        user: str = "",
+        credential: str = "",
+    ) -> tuple[pa.Schema, list[AnswerPart]] | None:
+        """Reserve ``query``'s answer in parts on the workers that hold them, to be read
+        straight from each (the Flight SQL service's ``flight_endpoints = "workers"``):
+        the answer's schema and a part per worker, whose ``ticket`` a Flight ``DoGet`` at
+        its ``location`` reads once, within ``endpoint_ticket_ttl_s``, sending
+        ``credential`` as its bearer token (any caller where it is ""). The parts' shards
+        stay readable on their workers until then, whatever moves. None where the answer
+        is not its parts put one after the other (a merge, ORDER BY, LIMIT, one unit) or a
+        worker has no endpoint: read it with :meth:`stream`. ``user`` names the caller in
+        the audit log of refused tickets."""
+        if params is not None:
+            query = bind(query, params)
+        if statement_of(query) is not None:
+            raise QueryError("db.endpoints() reads queries; run statements with db.sql()")
+        return self._session_or_raise().endpoints(query, user, credential)
 
     def _change(self, change: Change) -> pa.Table:
         if isinstance(change, DropTable):

@@ -10,6 +10,7 @@ from typing import Any
 from shardflow.errors import ConfigError
 
 ENGINES = ("auto", "duckdb", "polars")
+FLIGHT_ENDPOINTS = ("service", "workers")
 MOVE_COPY_FAULTS = ("", "drop_row", "change_value")
 RESIDENT_FAULTS = ("", "skip_append")
 
@@ -126,6 +127,15 @@ class Settings:
             exited — and this cluster's writes are refused from then on.
         token_ttl_s: how long a bearer token from the password handshake of the Flight SQL
             service lasts (seconds); the client then logs in again.
+        flight_endpoints: where a Flight SQL client reads an answer that needs no final step
+            in one place (a scan, a filter, a projection over several units): ``service``,
+            through the service (one endpoint); ``workers``, straight from the workers that
+            hold its parts (an endpoint each, at the worker's own Flight port, with a ticket
+            for one read by the caller: clients that read endpoints at once, as ADBC's
+            driver does, read from every worker at once). The clients must reach the
+            workers' addresses; with TLS the service's answers go through the service.
+        endpoint_ticket_ttl_s: how long a worker's endpoint keeps a part reserved for its
+            read (seconds); its shards stay readable there meanwhile, whatever moves.
         audit_max_mb: the Flight SQL service's audit log starts a new file (the old one kept
             as ``audit-<UTC time>.jsonl``, the hash chain running on) once it reaches this
             many MiB.
@@ -213,6 +223,8 @@ class Settings:
     profile_queries: bool = True
     lease_ttl_s: float = 10.0
     token_ttl_s: float = 3600.0
+    flight_endpoints: str = "service"
+    endpoint_ticket_ttl_s: float = 60.0
     max_request_mb: int = 256
     audit_max_mb: int = 64
     audit_max_days: float = 30.0
@@ -258,7 +270,10 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"setting {name} must not be negative")
-        for name in ("retry_deadline_s", "health_interval_s", "lease_ttl_s", "token_ttl_s"):
+        for name in (
+            "retry_deadline_s", "health_interval_s", "lease_ttl_s", "token_ttl_s",
+            "endpoint_ticket_ttl_s",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
         if 0 < self.worker_memory_mb < MIN_WORKER_MEMORY_MB:
@@ -290,6 +305,11 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
         hours_of(self.balance_hours)  # a bad window is refused here
+        if self.flight_endpoints not in FLIGHT_ENDPOINTS:
+            raise ConfigError(
+                f"setting flight_endpoints must be one of {', '.join(FLIGHT_ENDPOINTS)}, "
+                f"got {self.flight_endpoints!r}"
+            )
         if self.engine not in ENGINES:
             raise ConfigError(f"setting engine must be one of {', '.join(ENGINES)}")
         if self.test_fault_move_copy not in MOVE_COPY_FAULTS:

@@ -101,3 +101,14 @@ class MigrationRecord:
             k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields
         }
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class AnswerPart:
+    """A part of a query's answer to read straight from the worker that holds it
+    (``Database.endpoints``): its Flight ``location`` and the ``ticket`` a ``DoGet`` there
+    reads it with, once, before the ticket expires."""
+
+    node: str
+    location: str
+    ticket: bytes

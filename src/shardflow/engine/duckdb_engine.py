@@ -1195,6 +1195,19 @@ def query_error(error: duckdb.Error) -> QueryError:
     return kind(message)
 
 
+def as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The answer with DuckDB's column names, and its types where they convert safely."""
+    if result.num_columns != len(schema):
+        raise AssertionError(f"plan produced {result.num_columns} columns, query has {len(schema)}")
+    result = result.rename_columns(schema.names)
+    if result.schema.equals(schema):
+        return result
+    try:
+        return result.cast(schema, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return result
+
+
 def distinct_names(result: pa.Table) -> pa.Table:
     """``result`` with repeated column names told apart (``x``, ``x_1``), as Arrow tables
     with repeated names cannot be shipped. Only a query run as written can repeat a name

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -168,6 +171,9 @@ class RemoteDatabase:
         if tls_root_certs is not None:
             self._tls["tls_root_certs"] = tls_root_certs
         self._client: flight.FlightClient | None = None
+        self._workers: dict[str, flight.FlightClient] = {}
+        """Clients of the workers' endpoints, by location (``_endpoint_client``)."""
+        self._workers_lock = threading.Lock()
         self._at = 0
         self._connect()
         self.cluster = RemoteCluster(self)
@@ -237,10 +243,8 @@ class RemoteDatabase:
             for attempt in range(2):  # an answer cut off as the cluster changed: once more
                 info = client.get_flight_info(descriptor, self._options)
                 try:
-                    parts = [
-                        client.do_get(e.ticket, self._options).read_all() for e in info.endpoints
-                    ]
-                except flight.FlightError as error:
+                    parts = self._read_endpoints(client, info)
+                except Exception as error:
                     if attempt == 0 and isinstance(_error(error), errors.AnswerInterrupted):
                         continue
                     raise
@@ -248,6 +252,47 @@ class RemoteDatabase:
             raise AssertionError("unreachable")  # pragma: no cover
 
         return self._call(fetch)
+
+    def _read_endpoints(
+        self, client: flight.FlightClient, info: flight.FlightInfo
+    ) -> list[pa.Table]:
+        """Every endpoint of ``info`` read, in order: at the service, or (parts of an answer
+        read straight from the workers, ``flight_endpoints = "workers"``) at each worker's
+        location, all at once."""
+        endpoints = list(info.endpoints)
+        if len(endpoints) == 1:
+            return [self._read_endpoint(client, endpoints[0])]
+        with ThreadPoolExecutor(len(endpoints), thread_name_prefix="shardflow-part") as pool:
+            return list(pool.map(partial(self._read_endpoint, client), endpoints))
+
+    def _read_endpoint(
+        self, client: flight.FlightClient, endpoint: flight.FlightEndpoint
+    ) -> pa.Table:
+        at = self._endpoint_client(client, endpoint)
+        try:
+            return at.do_get(endpoint.ticket, self._options).read_all()
+        except flight.FlightUnavailableError as error:
+            if at is client:
+                raise
+            raise flight.FlightUnavailableError(
+                f"AnswerInterrupted: the worker at {endpoint.locations[0].uri.decode()} went "
+                f"away while its part of the answer was read ({_DETAIL.sub('', str(error))}); "
+                "run the query again"
+            ) from None
+
+    def _endpoint_client(
+        self, client: flight.FlightClient, endpoint: flight.FlightEndpoint
+    ) -> flight.FlightClient:
+        """The client that reads ``endpoint``: the service's, or one of the worker's
+        location it names (kept for the next answer)."""
+        if not endpoint.locations:
+            return client
+        location = endpoint.locations[0].uri.decode()
+        with self._workers_lock:
+            found = self._workers.get(location)
+            if found is None:
+                found = self._workers[location] = flight.FlightClient(location)
+            return found
 
     def _action_bytes(self, kind: str, arguments: dict[str, Any]) -> bytes:
         action = flight.Action(kind, json.dumps(arguments).encode())
@@ -288,7 +333,8 @@ class RemoteDatabase:
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 for endpoint in info.endpoints:
-                    for chunk in client.do_get(endpoint.ticket, self._options):
+                    at = self._endpoint_client(client, endpoint)
+                    for chunk in at.do_get(endpoint.ticket, self._options):
                         yield chunk.data
             except (flight.FlightError, pa.ArrowException) as error:
                 raise _error(error) from None
@@ -387,6 +433,10 @@ class RemoteDatabase:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+        with self._workers_lock:
+            workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.close()
 
     def __enter__(self) -> RemoteDatabase:
         return self

@@ -95,6 +95,23 @@ Export = Callable[[str, tuple[str, int]], pa.Table | None]
 """A move's source: (move id, shard) -> the next chunk of its snapshot, None after the last."""
 
 
+class Reserve(Protocol):
+    """A worker's endpoint (``PartEndpoint.reserve``): bind a part of an answer to the
+    worker's shards for one read by ``caller`` within ``ttl_s``; its ticket."""
+
+    def __call__(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        commits: Mapping[str, int],
+        schema: pa.Schema,
+        user: str,
+        caller: str,
+        ttl_s: float,
+    ) -> bytes: ...
+
+
 class LaneServer:
     """The worker's end: a listening socket and a thread per connected client."""
 
@@ -106,19 +123,24 @@ class LaneServer:
         concurrency: int = 16,
         stage: Stage | None = None,
         export: Export | None = None,
+        reserve: Reserve | None = None,
+        endpoint: str = "",
     ) -> None:
         """``concurrency``: fragments and load parts taken at once at most (as many as the
         worker's Ray calls may be; more clients wait their turn rather than crowd its
         memory). Without ``stage`` the lane takes no loads, without ``export`` it hands out
-        no move's rows."""
+        no move's rows, without ``reserve`` it reserves no part of an answer for the
+        worker's Flight ``endpoint`` (its location)."""
         self._run = run
         self._stage = stage
         self._export = export
+        self._reserve = reserve
         self._name = name
         self._running = threading.BoundedSemaphore(concurrency)
         self._token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
-        self.address = LaneAddress(host, self._listener.getsockname()[1], self._token.hex())
+        port = self._listener.getsockname()[1]
+        self.address = LaneAddress(host, port, self._token.hex(), endpoint if reserve else "")
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -153,6 +175,8 @@ class LaneServer:
                         self._streamed(request, connection)
                     elif request.get("op") == "chunk":
                         _write_frames(connection, *self._chunk(request))
+                    elif request.get("op") == "reserve":
+                        _write_frames(connection, *self._reserved(request))
                     else:
                         _write_frames(connection, *self._answer(request, connection))
             except (OSError, EOFError, ValueError, KeyError, TypeError):
@@ -259,6 +283,25 @@ class LaneServer:
             log.exception("%s: a move's chunk on the fast lane failed", self._name)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
+    def _reserved(self, request: dict[str, Any]) -> tuple[bytes, ...]:
+        """Reserve a part of an answer on the worker's endpoint; the ticket that reads it."""
+        try:
+            if self._reserve is None:
+                raise ClusterError(f"{self._name} reserves no part of an answer")
+            bindings = {str(t): [int(u) for u in us] for t, us in request["bindings"].items()}
+            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(request["schema"])))
+            ticket = self._reserve(
+                str(request["sql"]), bindings, int(request["epoch"]),
+                {str(t): int(c) for t, c in request["commits"].items()}, schema,
+                str(request["user"]), str(request["caller"]), float(request["ttl_s"]),
+            )  # fmt: skip
+            return _OK, ticket
+        except Error as error:
+            return _FAILED, pickle.dumps(error)
+        except Exception as error:  # a fault of the worker's own: say what it was
+            log.exception("%s: a reservation on the fast lane failed", self._name)
+            return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
+
     def close(self) -> None:
         """Stop listening and hang up on every client (a call in progress ends first)."""
         self._closed.set()
@@ -345,6 +388,27 @@ class Lanes:
             self._keep(address, connection)
             raise first
         return self._parts(address, connection, first)
+
+    def reserve(
+        self,
+        address: LaneAddress,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        commits: Mapping[str, int],
+        schema: pa.Schema,
+        user: str,
+        caller: str,
+        ttl_s: float,
+    ) -> bytes:
+        """Reserve a fragment's part of an answer on the worker at ``address`` for one
+        read from its Flight endpoint (``runtime/worker/endpoint.py``); the ticket."""
+        request = json.dumps(
+            {"op": "reserve", "sql": sql, "bindings": dict(bindings), "epoch": epoch,
+             "commits": dict(commits), "schema": schema.serialize().to_pybytes().hex(),
+             "user": user, "caller": caller, "ttl_s": ttl_s}
+        ).encode()  # fmt: skip
+        return self._call(address, (request,), lambda connection: bytes(_read_frame(connection)))
 
     def _parts(
         self, address: LaneAddress, connection: socket.socket, first: pa.Table | None

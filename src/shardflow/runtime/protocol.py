@@ -12,6 +12,7 @@ only, whatever carried it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -77,6 +78,16 @@ class LaneAddress:
     port: int
     token: str
     """Hex of the worker's token."""
+    endpoint: str = ""
+    """The worker's own Flight location, where clients read the parts of answers reserved
+    on it (``runtime/worker/endpoint.py``); "" where it serves none."""
+
+
+def credential_digest(credential: str) -> str:
+    """What a worker keeps of the credential a part of an answer is read with (its SHA-256):
+    a session reserving the part sends it, the worker compares it with the digest of the
+    bearer token its reader sends (``runtime/worker/endpoint.py``)."""
+    return hashlib.sha256(credential.encode()).hexdigest() if credential else ""
 
 
 # -- reports -------------------------------------------------------------------------------

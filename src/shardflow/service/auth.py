@@ -13,9 +13,9 @@ The model:
   keeps only their SHA-256 — a fast hash is enough for a random token, unlike a password.
 * **Three roles**, each allowed everything of the ones before it: ``reader`` (read),
   ``writer`` (also change data), ``operator`` (also run the cluster and its accounts).
-* **The audit log** (:class:`shardflow.audit.AuditLog`) gets one JSON line per refused login, denied call,
-  control action and change of data: when, who, what, with which arguments, the outcome and
-  how long it took.
+* **The audit log** (:class:`shardflow.audit.AuditLog`) gets one JSON line per refused
+  login, denied call, control action and change of data: when, who, what, with which
+  arguments, the outcome and how long it took.
 
 Users and service tokens are plain JSON files under ``<data_dir>/auth/`` (directory 0700,
 files 0600). Writers replace a file atomically while holding ``<data_dir>/auth/.lock``, so the

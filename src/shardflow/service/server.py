@@ -54,6 +54,7 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.flightsql import wire as fsql
+from shardflow.records import AnswerPart
 from shardflow.service import access as grants
 from shardflow.service.access import Access, Needs
 from shardflow.service.auth import AuthStore, Principal, TokenIssuer, role_allows
@@ -118,9 +119,12 @@ AUDITED_ACTIONS = {*CONTROL_ACTIONS, "drop_table"}
 class _Caller(flight.ServerMiddleware):  # type: ignore[misc]
     """The authenticated caller of one Flight call."""
 
-    def __init__(self, principal: Principal, token: str | None = None) -> None:
+    def __init__(self, principal: Principal, token: str | None = None, bearer: str = "") -> None:
         self.principal = principal
         self._token = token
+        self.bearer = bearer
+        """The bearer token the call carried ("" on the password handshake): the parts of
+        an answer read from the workers are reserved for its holder."""
 
     def sending_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._token}"} if self._token else {}
@@ -161,7 +165,7 @@ class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[mis
             if principal is None:
                 self._refuse("unknown or expired token; authenticate again")
             echo = credentials if info.method == flight.FlightMethod.HANDSHAKE else None
-            return _Caller(principal, echo)
+            return _Caller(principal, echo, credentials)
         self._refuse("authentication required: user name and password, or a bearer token")
 
     def _refuse(self, why: str, who: str = "?") -> NoReturn:
@@ -384,6 +388,9 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             tls_certificates=[flight.CertKeyPair(options.tls_cert, options.tls_key)] if tls else [],
         )
         self.location = f"{scheme}://{options.host}:{self.port}"
+        self._from_workers = db.settings.flight_endpoints == "workers" and not tls
+        """Whether answers are read straight from the workers (their endpoints speak no
+        TLS: a service with TLS sends every answer itself)."""
 
     # -- bookkeeping --------------------------------------------------------------------
     def _auth_failed(self, who: str, why: str) -> None:
@@ -441,6 +448,8 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             if name == "CommandStatementQuery":
                 principal = self._require(context, "query", "reader")
                 answer = self._statement(context, principal, command.query, stream=True)
+                if isinstance(answer, _Parts):  # read straight from the workers
+                    return _parts_info(descriptor, answer)
             elif name == "CommandPreparedStatementQuery":
                 principal = self._require(context, "query", "reader")
                 answer = self._run_prepared(context, principal, command.prepared_statement_handle)
@@ -590,11 +599,13 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         principal: Principal,
         query: str,
         stream: bool = False,
-    ) -> pa.Table | pa.RecordBatchReader:
+    ) -> pa.Table | pa.RecordBatchReader | _Parts:
         """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
         SELECT, INSERT INTO ... SELECT/VALUES, TRUNCATE (writer). One that reads the server's own
         state (its settings, files, databases, versions) needs an operator. With ``stream``
-        a query's answer is read as it arrives (``db.stream``): never held here whole."""
+        a query's answer is read as it arrives (``db.stream``): never held here whole; or,
+        with ``flight_endpoints = "workers"``, its parts are reserved on the workers that
+        hold them (``db.endpoints``) for the client to read from them."""
         tree, needs = self._needs_of(query)
         if tree is not None:
             shown = _server_state(tree, self._table_names)
@@ -615,6 +626,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return listing
         if not changes_tables(query):
             self._check(principal, needs)
+            if stream and self._from_workers:
+                parts = self.db.endpoints(
+                    query, user=principal.name, credential=self._bearer(context)
+                )
+                if parts is not None:
+                    return _Parts(*parts)
             return self.db.stream(query) if stream else self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})
         with self._audited(principal.name, "write statement", {"statement": query[:1000]}):
@@ -629,6 +646,11 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         answer = self._statement(context, principal, query)
         assert isinstance(answer, pa.Table)  # not streamed
         return answer
+
+    @staticmethod
+    def _bearer(context: flight.ServerCallContext) -> str:
+        caller = context.get_middleware("auth")
+        return str(caller.bearer) if caller is not None else ""
 
     def _check(self, principal: Principal, needs: Needs) -> None:
         """Refuse a statement whose tables ``principal`` may not reach (audited)."""
@@ -950,6 +972,21 @@ def _command(descriptor: flight.FlightDescriptor) -> tuple[str, Any]:
         return fsql.unpack(descriptor.command)
     except fsql.MalformedCommand as error:
         raise pa.ArrowInvalid(str(error)) from None
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """An answer reserved in parts on the workers (``db.endpoints``)."""
+
+    schema: pa.Schema
+    parts: list[AnswerPart]
+
+
+def _parts_info(descriptor: flight.FlightDescriptor, answer: _Parts) -> flight.FlightInfo:
+    """A ``FlightInfo`` whose endpoints are the workers': each part's ticket, located at
+    the worker that holds it (a client reads them at once, from each worker)."""
+    endpoints = [flight.FlightEndpoint(p.ticket, [p.location]) for p in answer.parts]
+    return flight.FlightInfo(answer.schema, descriptor, endpoints, -1, -1)
 
 
 def _info(

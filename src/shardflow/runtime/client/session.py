@@ -37,7 +37,9 @@ from shardflow.errors import (
     UnknownShardError,
     UnknownTableError,
 )
+from shardflow.records import AnswerPart
 from shardflow.runtime.client.changes import RowChanger
+from shardflow.runtime.client.endpoints import reserve_parts
 from shardflow.runtime.client.loads import Loader, Progress
 from shardflow.runtime.client.retry import Unfinished, retrying, submit_all
 from shardflow.runtime.client.runner import RoutedRunner
@@ -240,6 +242,12 @@ class Session:
             raise
         self._tally.query(time.perf_counter() - started, True)
         return answer
+
+    def endpoints(
+        self, sql: str, user: str, credential: str
+    ) -> tuple[pa.Schema, list[AnswerPart]] | None:
+        """``sql``'s answer reserved in parts on the workers (``runtime/client/endpoints.py``)."""
+        return reserve_parts(self, sql, user, credential)
 
     def stream(self, sql: str) -> AnswerStream:
         """``sql``'s answer as it arrives (``runtime/client/streams.py``)."""

@@ -25,6 +25,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from shardflow.catalog import Catalog
+from shardflow.engine.duckdb_engine import as_schema
 from shardflow.errors import (
     AnswerInterrupted,
     Changed,
@@ -38,7 +39,7 @@ from shardflow.runtime.client.runner import RoutedRunner, RunnerHost, stage_unit
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES, LaneBroken, slices
 from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
 from shardflow.runtime.query.fragments import FragmentCalls
-from shardflow.runtime.query.planning import PlannedQuery, as_schema
+from shardflow.runtime.query.planning import PlannedQuery
 from shardflow.sql import DistributedPlan
 from shardflow.sql.plan import WHOLE
 

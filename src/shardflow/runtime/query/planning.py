@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from shardflow.catalog import Catalog, TableSpec
 from shardflow.engine import DuckDBEngine, query_error
+from shardflow.engine.duckdb_engine import as_schema
 from shardflow.errors import (
     NotDistributable,
     QueryError,
@@ -277,16 +278,3 @@ def answer(
 def _gathers_whole(plan: DistributedPlan) -> bool:
     """Whether ``plan`` is :func:`gather_plan`'s: the last stage runs the query as written."""
     return plan.result.sql == plan.sql and plan.result.placement == "client"
-
-
-def as_schema(result: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The answer with DuckDB's column names, and its types where they convert safely."""
-    if result.num_columns != len(schema):
-        raise AssertionError(f"plan produced {result.num_columns} columns, query has {len(schema)}")
-    result = result.rename_columns(schema.names)
-    if result.schema.equals(schema):
-        return result
-    try:
-        return result.cast(schema, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return result

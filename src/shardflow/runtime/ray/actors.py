@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from shardflow.audit import AuditLog
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
@@ -48,6 +49,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.query.executor import concat
 from shardflow.runtime.ray.names import NAME_LABEL, SWITCH_INTERVAL_S, WORKER_CONCURRENCY
+from shardflow.runtime.worker.endpoint import PartEndpoint
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import RowRewrite
 from shardflow.telemetry.devices import NodeProfile
@@ -291,6 +293,20 @@ class WorkerService:
         kept = self.node.kept_calibration()
         if kept is not None:  # a known kind of node: serves calibrated, measures nothing
             coordinator.report_profile(kept).get()
+        # the parts of answers that clients read straight from this worker: reserved over
+        # the lane, read from the endpoint (its refusals go to the data directory's audit log)
+        home = self.node.data_dir
+        self.endpoint = (
+            PartEndpoint(
+                self.node,
+                self.host.address,
+                node_id,
+                AuditLog(home.root) if home.local else None,
+                WORKER_CONCURRENCY,
+            )
+            if settings.fast_lane
+            else None
+        )
         self.lane = (
             LaneServer(
                 self._run_fragment,
@@ -299,6 +315,8 @@ class WorkerService:
                 WORKER_CONCURRENCY,
                 stage=self.node.stage,
                 export=self.node.source.chunk,
+                reserve=self.endpoint.reserve if self.endpoint is not None else None,
+                endpoint=self.endpoint.location if self.endpoint is not None else "",
             )
             if settings.fast_lane
             else None

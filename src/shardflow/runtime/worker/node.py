@@ -59,6 +59,7 @@ from shardflow.runtime.worker.profile import (
     node_profile,
     resident_shards,
 )
+from shardflow.runtime.worker.reads import BoundPart, BoundReads
 from shardflow.runtime.worker.resident import KeepsFrames
 from shardflow.runtime.worker.serving import CatalogServing
 from shardflow.storage import CheckpointPolicy, Shard, ShardStore
@@ -107,7 +108,7 @@ def _operators(sql: str) -> tuple[str, ...]:
     return operator_mix(sql)
 
 
-class WorkerNode(CatalogServing, RowChanges):
+class WorkerNode(BoundReads, CatalogServing, RowChanges):
     """A worker's logic, independent of Ray (``runtime/ray/actors.py`` wraps it, and
     ``runtime/inprocess.py`` calls it in this process)."""
 
@@ -260,45 +261,6 @@ class WorkerNode(CatalogServing, RowChanges):
     def _ref(shard: Shard) -> str:
         assert isinstance(shard.data, NativeRows)
         return shard.data.ref
-
-    def release_when_read(self, key: ShardKey, shard: Shard, *, files: bool = False) -> None:
-        """Release a shard no longer served here: now, or when the fragments still reading
-        it finish (they were bound to it before the catalog changed or a move retired it);
-        with ``files``, its files go too (a unit split or merged away). Holds ``lock``."""
-        if self.readers[key] > 0:
-            shard.retire()
-            self._releasing.append((key, shard, files))
-        else:
-            self._release_with(shard, files)
-
-    def _release_with(self, shard: Shard, files: bool) -> None:
-        self.release(shard)
-        if files:
-            shard.store.destroy()
-
-    def _release_unread(self) -> None:
-        """Release the shards :meth:`release_when_read` kept for readers now gone."""
-        if self._releasing_replicas and not self._running:
-            for replica in self._releasing_replicas:
-                self.release(replica)
-            self._releasing_replicas = []
-        waiting = []
-        for key, shard, files in self._releasing:
-            if self.readers[key] > 0:
-                waiting.append((key, shard, files))
-            else:
-                self._release_with(shard, files)
-        self._releasing = waiting
-
-    def _release_replica_when_idle(self, shard: Shard) -> None:
-        """Release a replicated table's copy no longer served here: now, or once no
-        fragment runs here (they read it through its standing view, bound as they began).
-        Holds ``lock``."""
-        if self._running > 0:
-            shard.retire()
-            self._releasing_replicas.append(shard)
-        else:
-            self.release(shard)
 
     def release(self, shard: Shard) -> None:
         """Stop serving ``shard`` and free its rows (and its kept frame). It is retired
@@ -471,30 +433,22 @@ class WorkerNode(CatalogServing, RowChanges):
         profile: bool = True,
         commits: Mapping[str, int] | None = None,
         emit: Callable[[pa.Table], None] | None = None,
+        part: BoundPart | None = None,
     ) -> tuple[pa.Table, FragmentStats]:
         """Run a fragment over this node's shards; returns the result and what was measured
         (with ``profile``: wall-clock start and end, rows and bytes in and out, engine and
         device as well as the time). ``commits``: the commit number of each table the query
         reads, as its routing had them (:meth:`check_commits`). With ``emit``, DuckDB's
         engine gives it the result in parts as it makes them and returns none of it (an
-        empty table of its schema); another engine returns it whole as ever."""
+        empty table of its schema); another engine returns it whole as ever. ``part``: the
+        shards bound already (:meth:`bind`, a worker endpoint's reserved part), let go at the
+        end as a part bound here is."""
         started_at = time.time()
         started = time.perf_counter()
-        rows_in = bytes_in = 0
-        self._check_member()
-        with self.lock:
-            self.check_commits(commits or {}, epoch)
-            views = self.views_for(bindings, epoch)
-            reading = [(t, u) for t, units in bindings.items() for u in units]
-            bound = {t: [self.shards[(t, u)] for u in sorted(us)] for t, us in bindings.items()}
-            self.readers.update(reading)
-            self._running += 1
-            if profile:
-                rows_in = sum(self.shards[key].rows for key in reading)
-                bytes_in = sum(self.shards[key].nbytes for key in reading)
-        if profile:
-            rows_in += sum(t.num_rows for t in inputs.values())
-            bytes_in += sum(t.nbytes for t in inputs.values())
+        part = part or self.bind(bindings, epoch, commits or {})
+        views, bound, reading = part.views, part.bound, part.reading
+        rows_in = part.rows + sum(t.num_rows for t in inputs.values())
+        bytes_in = part.bytes + sum(t.nbytes for t in inputs.values())
         try:
             self._flaky_fault()
             if emit is not None and self.executor is self.engine and self.resident is None:
@@ -530,10 +484,7 @@ class WorkerNode(CatalogServing, RowChanges):
         finally:
             elapsed = time.perf_counter() - started
             with self.lock:
-                self.readers.subtract(reading)
-                self._running -= 1
-                if self._releasing or self._releasing_replicas:
-                    self._release_unread()
+                self._unbind(part)
                 self._busy_seconds += elapsed
                 units = {u for _, u in reading}
                 operators = _operators(sql)

@@ -1,0 +1,283 @@
+"""A worker's Flight endpoint: a client reads its part of an answer straight from the
+worker that holds it, not through the service (``docs/service.md``, parallel endpoints).
+
+A session *reserves* a part first (over the worker's fast lane, :meth:`PartEndpoint.reserve`):
+the worker binds the fragment to its shards as a fragment that begins is bound
+(``WorkerNode.bind``): a move, split or merge after that leaves them readable here until the
+part is read or its reservation expires. The worker answers with a ticket it signs
+(HMAC-SHA256, a key of this worker's own that never leaves it): the reservation's id, this
+node and the expiry. The service puts the ticket into the ``FlightInfo`` it answers with, one
+endpoint per worker, located at the worker's own Flight port; the client reads each one with
+``DoGet`` (ADBC's driver reads them at once).
+
+A ticket is good for one read, by the caller it was reserved for (the SHA-256 of the bearer
+token the service authenticated is kept with it; the client sends the same header to the
+worker), until it expires (``endpoint_ticket_ttl_s``). Every other ticket is refused and the
+refusal goes to the audit log: a forged one (its signature does not hold), an expired or
+used one, another caller's. A part that fails as it is read (its worker dies) is a
+retryable Flight error: the client runs the query again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from shardflow.audit import AuditLog
+from shardflow.engine.duckdb_engine import as_schema
+from shardflow.errors import Error, Retryable
+from shardflow.runtime.fastlane import ReaderGone
+from shardflow.runtime.protocol import FragmentStats, credential_digest
+from shardflow.runtime.worker.reads import BoundPart
+
+log = logging.getLogger(__name__)
+
+TICKET_PREFIX = b"sfp1."
+SWEEP_INTERVAL_S = 1.0
+"""How often reservations past their expiry are let go."""
+QUEUED_PARTS = 4
+"""Parts of a result made ahead of the client's reading (then the fragment waits)."""
+_DONE = object()
+
+
+class Reads(Protocol):
+    """What the endpoint asks of its worker (``WorkerNode``)."""
+
+    def bind(
+        self, bindings: Mapping[str, list[int]], epoch: int, commits: Mapping[str, int]
+    ) -> BoundPart: ...
+
+    def unbind(self, part: BoundPart) -> None: ...
+
+    def execute(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        inputs: Mapping[str, pa.Table],
+        profile: bool = True,
+        commits: Mapping[str, int] | None = None,
+        emit: Callable[[pa.Table], None] | None = None,
+        part: BoundPart | None = None,
+    ) -> tuple[pa.Table, FragmentStats]: ...
+
+
+@dataclass
+class Reservation:
+    """A part of an answer bound to this worker's shards, waiting for its one read."""
+
+    part: BoundPart
+    sql: str
+    bindings: dict[str, list[int]]
+    epoch: int
+    schema: pa.Schema
+    user: str
+    caller: str
+    """:func:`credential_digest` of the caller's credential ("": any caller)."""
+    expires: float
+    """Wall-clock time (``time.time``) after which it is refused and let go."""
+
+
+class _CallerFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Caller:
+        values = headers.get("authorization", [])
+        value = values[0] if values else ""
+        value = value.decode() if isinstance(value, bytes) else str(value)
+        return _Caller(value.partition(" ")[2])
+
+
+class _Caller(flight.ServerMiddleware):  # type: ignore[misc]
+    def __init__(self, credential: str) -> None:
+        self.digest = credential_digest(credential)
+
+
+class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
+    """The worker's Flight server for the parts of answers reserved on it (see the module)."""
+
+    def __init__(
+        self,
+        reads: Reads,
+        host: str,
+        name: str,
+        audit: AuditLog | None = None,
+        concurrency: int = 16,
+    ) -> None:
+        super().__init__(f"grpc+tcp://{host}:0", middleware={"caller": _CallerFactory()})
+        self.location = f"grpc+tcp://{host}:{self.port}"
+        self._reads = reads
+        self._name = name
+        self._audit = audit
+        self._key = secrets.token_bytes(32)
+        self._running = threading.BoundedSemaphore(concurrency)
+        self._lock = threading.Lock()
+        self._reserved: dict[str, Reservation] = {}
+        self._closed = threading.Event()
+        threading.Thread(target=self._sweep, name=f"{name}-endpoint-sweep", daemon=True).start()
+
+    # -- reserving ----------------------------------------------------------------------
+    def reserve(
+        self,
+        sql: str,
+        bindings: Mapping[str, list[int]],
+        epoch: int,
+        commits: Mapping[str, int],
+        schema: pa.Schema,
+        user: str,
+        caller: str,
+        ttl_s: float,
+    ) -> bytes:
+        """Bind a part to this worker's shards (refused as a fragment is: ``Moved``, a
+        table changed) and answer the ticket that reads it once."""
+        part = self._reads.bind(bindings, epoch, commits)
+        reservation_id = secrets.token_hex(16)
+        expires = time.time() + ttl_s
+        reservation = Reservation(
+            part, sql, {t: list(us) for t, us in bindings.items()}, epoch, schema, user, caller,
+            expires,
+        )  # fmt: skip
+        with self._lock:
+            self._reserved[reservation_id] = reservation
+        claims = {"id": reservation_id, "node": self._name, "user": user, "exp": expires}
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode())
+        return TICKET_PREFIX + body + b"." + self._sign(body)
+
+    def _sign(self, body: bytes) -> bytes:
+        return base64.urlsafe_b64encode(hmac.new(self._key, body, hashlib.sha256).digest())
+
+    def _sweep(self) -> None:
+        while not self._closed.wait(SWEEP_INTERVAL_S):
+            self.expire()
+
+    def expire(self, now: float | None = None) -> int:
+        """Let go of the reservations past their expiry, unread; how many."""
+        moment = time.time() if now is None else now
+        with self._lock:
+            gone = [k for k, r in self._reserved.items() if r.expires <= moment]
+            expired = [self._reserved.pop(k) for k in gone]
+        for reservation in expired:
+            self._reads.unbind(reservation.part)
+        return len(expired)
+
+    @property
+    def reserved(self) -> int:
+        """Reservations waiting for their read."""
+        with self._lock:
+            return len(self._reserved)
+
+    # -- reading ------------------------------------------------------------------------
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> Any:
+        reservation = self._redeem(context, ticket.ticket)
+        return flight.GeneratorStream(reservation.schema, self._parts(reservation))
+
+    def _redeem(self, context: flight.ServerCallContext, ticket: bytes) -> Reservation:
+        """The reservation ``ticket`` reads, taken (it is read once); refused and audited
+        where the ticket is forged, expired, used, or another caller's."""
+        body, _, signature = ticket.removeprefix(TICKET_PREFIX).partition(b".")
+        if not ticket.startswith(TICKET_PREFIX) or not hmac.compare_digest(
+            signature, self._sign(body)
+        ):
+            self._refuse("?", "a ticket this worker did not sign")
+        claims = json.loads(base64.urlsafe_b64decode(body))
+        caller = context.get_middleware("caller")
+        digest = caller.digest if caller is not None else ""
+        with self._lock:
+            reservation = self._reserved.get(str(claims["id"]))
+            if float(claims["exp"]) <= time.time():
+                refusal = "an expired ticket"
+            elif reservation is None:
+                refusal = "a ticket read already"
+            elif reservation.caller and not hmac.compare_digest(reservation.caller, digest):
+                refusal = "another caller's ticket"
+            else:
+                del self._reserved[str(claims["id"])]  # read once
+                return reservation
+        self._refuse(str(claims["user"]), refusal)
+
+    def _refuse(self, who: str, why: str) -> NoReturn:
+        log.warning("%s refused %s", self._name, why)
+        if self._audit is not None:
+            try:
+                self._audit.record(who, "read endpoint", {"node": self._name}, f"refused: {why}", 0)
+            except OSError as error:  # the refusal stands; the log's trouble is said
+                log.error("%s could not write the audit log: %s", self._name, error)
+        raise flight.FlightUnauthorizedError(
+            f"PermissionDeniedError: {self._name} refused {why}; run the query again"
+        )
+
+    def _parts(self, reservation: Reservation) -> Iterator[pa.RecordBatch]:
+        """The part's record batches as the engine makes them: it runs on a thread of its
+        own, a few parts ahead of the client at most; a client that hangs up stops it."""
+        parts: queue.Queue[object] = queue.Queue(QUEUED_PARTS)
+        gone = threading.Event()
+
+        def emit(part: pa.Table) -> None:
+            while not gone.is_set():
+                try:
+                    parts.put(part, timeout=0.5)
+                    return
+                except queue.Full:
+                    continue
+            raise ReaderGone("the client hung up")
+
+        def run() -> None:
+            outcome: object = _DONE
+            try:
+                with self._running:
+                    result, _ = self._reads.execute(
+                        reservation.sql, reservation.bindings, reservation.epoch, {}, False,
+                        None, emit, reservation.part,
+                    )  # fmt: skip
+                if result.num_rows:  # an engine that gives no parts answers whole
+                    emit(result)
+            except BaseException as error:  # told to the client below
+                outcome = error
+            while not gone.is_set():
+                try:
+                    parts.put(outcome, timeout=0.5)
+                    return
+                except queue.Full:
+                    continue
+
+        threading.Thread(target=run, name=f"{self._name}-endpoint-part", daemon=True).start()
+        try:
+            while True:
+                item = parts.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise _flight_error(item, self._name)
+                assert isinstance(item, pa.Table)
+                yield from as_schema(item, reservation.schema).to_batches()
+        finally:
+            gone.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.shutdown()
+
+
+def _flight_error(error: BaseException, node: str) -> flight.FlightError:
+    """``error`` as the client should read it: the cluster's trouble is retryable
+    (UNAVAILABLE), the query's own error is said as it is."""
+    if isinstance(error, Retryable | ReaderGone):
+        return flight.FlightUnavailableError(
+            f"AnswerInterrupted: {node} could not finish its part of the answer ({error}); "
+            "run the query again"
+        )
+    if isinstance(error, Error):
+        return flight.FlightServerError(f"{type(error).__name__}: {error}")
+    log.error("%s: a part of an answer failed", node, exc_info=error)
+    return flight.FlightServerError(f"{node} failed: {error!r}")

@@ -10,6 +10,10 @@ thread) against the same queries through the in-process API, 4 client threads ea
 Time to first batch: ``SELECT * FROM lineitem`` through ``pyarrow.flight`` (GetFlightInfo,
 then DoGet until its first record batch arrives), the best of ``--repeat``.
 
+``--endpoints workers`` (the default) serves with ``flight_endpoints=workers``: a scan's
+parts are read straight from the workers, every worker at once (ADBC's driver reads the
+endpoints together); ``--endpoints service`` sends every answer through the service.
+
 The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y ttfb_ms=T`` (the ratios:
 shardflow / baseline).
 
@@ -112,6 +116,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0, help="per QPS measurement")
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
+    parser.add_argument("--endpoints", choices=("workers", "service"), default="workers")
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-serve-") as data_dir:
@@ -121,15 +126,16 @@ def main() -> None:
             tpch.load(db, data, progress=True)
             lineitem = db.sql("SELECT * FROM lineitem")
             local_qps = qps(args.threads, args.seconds, lambda: lambda i: db.sql(short_query(i)))
-        with served(data_dir, args.workers) as uri:
+        with served(data_dir, args.workers, args.endpoints) as uri:
             run_bench(args, uri, lineitem, local_qps)
 
 
 @contextmanager
-def served(data_dir: str, workers: int) -> Iterator[str]:
+def served(data_dir: str, workers: int, endpoints: str = "service") -> Iterator[str]:
     """``shardflow serve`` on ``data_dir`` in a process of its own; yields its address."""
     command = [str(Path(sys.executable).parent / "shardflow"), "serve", "--data-dir", data_dir,
-               "--flight-port", "0", "--workers", str(workers)]  # fmt: skip
+               "--flight-port", "0", "--workers", str(workers),
+               "--set", f"flight_endpoints={endpoints}"]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
@@ -142,6 +148,11 @@ def served(data_dir: str, workers: int) -> Iterator[str]:
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
+
+
+def reader_of(client: flight.FlightClient, endpoint: flight.FlightEndpoint) -> flight.FlightClient:
+    """The client that reads ``endpoint``: the service's, or one at the worker it names."""
+    return flight.FlightClient(endpoint.locations[0]) if endpoint.locations else client
 
 
 def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps: float) -> None:
@@ -167,7 +178,7 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
         started = time.perf_counter()
         command = fsql.pack(fsql.new("CommandStatementQuery", query="SELECT * FROM lineitem"))
         info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
-        reader = client.do_get(info.endpoints[0].ticket, options)
+        reader = reader_of(client, info.endpoints[0]).do_get(info.endpoints[0].ticket, options)
         reader.read_chunk()
         took = time.perf_counter() - started
         reader.cancel()
@@ -182,7 +193,8 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
     plain.close()
     conn.close()
     mb = size / 1e6
-    print(f"SELECT * FROM lineitem ({lineitem.num_rows} rows, {mb:.0f} MB):")
+    rows = lineitem.num_rows
+    print(f"SELECT * FROM lineitem ({rows} rows, {mb:.0f} MB; endpoints: {args.endpoints}):")
     print(f"  Flight SQL (ADBC): {served_s:.2f}s = {mb / served_s:.0f} MB/s")
     print(f"  plain DoGet of the table: {plain_s:.2f}s = {mb / plain_s:.0f} MB/s")
     print(f"  first batch through pyarrow.flight after {ttfb_ms:.0f} ms")
@@ -206,7 +218,9 @@ def run_bench(args: argparse.Namespace, uri: str, lineitem: pa.Table, local_qps:
         def run(i: int) -> object:
             command = fsql.pack(fsql.new("CommandStatementQuery", query=short_query(i)))
             info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
-            return client.do_get(info.endpoints[0].ticket, options).read_all()
+            return [
+                reader_of(client, e).do_get(e.ticket, options).read_all() for e in info.endpoints
+            ]
 
         return run
 

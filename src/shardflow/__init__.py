@@ -38,12 +38,13 @@ from shardflow.errors import (
 )
 
 if TYPE_CHECKING:
-    from shardflow.api import Cluster, Database, MigrationRecord, NodeInfo, connect
+    from shardflow.api import AnswerPart, Cluster, Database, MigrationRecord, NodeInfo, connect
     from shardflow.telemetry.profile import QueryProfile
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AnswerPart": "shardflow.api",
     "Cluster": "shardflow.api",
     "Database": "shardflow.api",
     "MigrationRecord": "shardflow.api",
@@ -65,6 +66,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AnswerPart",
     "AuthenticationError",
     "ClosedError",
     "Cluster",

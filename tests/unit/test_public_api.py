@@ -8,6 +8,7 @@ import shardflow
 
 def test_exported_members() -> None:
     assert sorted(shardflow.__all__) == [
+        "AnswerPart",
         "AuthenticationError",
         "ClosedError",
         "Cluster",

@@ -442,12 +442,19 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def get_flight_info(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.FlightInfo:
+        return self._flight_info(context, descriptor, parts=True)
+
+    def _flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor, parts: bool
+    ) -> flight.FlightInfo:
+        """The answer's ``FlightInfo``; with ``parts`` its parts may be reserved on the
+        workers for the client to read there (not for ``GetSchema``, which reads none)."""
         name, command = _command(descriptor)
         try:
             answer: pa.Table | pa.RecordBatchReader
             if name == "CommandStatementQuery":
                 principal = self._require(context, "query", "reader")
-                answer = self._statement(context, principal, command.query, stream=True)
+                answer = self._statement(context, principal, command.query, True, parts)
                 if isinstance(answer, _Parts):  # read straight from the workers
                     return _parts_info(descriptor, answer)
             elif name == "CommandPreparedStatementQuery":
@@ -468,7 +475,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.SchemaResult:
-        info = self.get_flight_info(context, descriptor)
+        info = self._flight_info(context, descriptor, parts=False)
         for endpoint in info.endpoints:  # the answer is not fetched: its reading stops
             with contextlib.suppress(fsql.MalformedCommand):
                 name, ticket = fsql.unpack(endpoint.ticket.ticket)
@@ -599,13 +606,14 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
         principal: Principal,
         query: str,
         stream: bool = False,
+        parts: bool = False,
     ) -> pa.Table | pa.RecordBatchReader | _Parts:
         """Run one SQL statement: a SELECT (reader), or DROP TABLE, CREATE TABLE ... AS
         SELECT, INSERT INTO ... SELECT/VALUES, TRUNCATE (writer). One that reads the server's own
         state (its settings, files, databases, versions) needs an operator. With ``stream``
-        a query's answer is read as it arrives (``db.stream``): never held here whole; or,
-        with ``flight_endpoints = "workers"``, its parts are reserved on the workers that
-        hold them (``db.endpoints``) for the client to read from them."""
+        a query's answer is read as it arrives (``db.stream``): never held here whole; with
+        ``parts`` too (and ``flight_endpoints = "workers"``), its parts are reserved on the
+        workers that hold them (``db.endpoints``) for the client to read from them."""
         tree, needs = self._needs_of(query)
         if tree is not None:
             shown = _server_state(tree, self._table_names)
@@ -626,12 +634,12 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return listing
         if not changes_tables(query):
             self._check(principal, needs)
-            if stream and self._from_workers:
-                parts = self.db.endpoints(
+            if parts and self._from_workers:
+                reserved = self.db.endpoints(
                     query, user=principal.name, credential=self._bearer(context)
                 )
-                if parts is not None:
-                    return _Parts(*parts)
+                if reserved is not None:
+                    return _Parts(*reserved)
             return self.db.stream(query) if stream else self.db.sql(query)
         self._require(context, "write statement", "writer", {"statement": query[:1000]})
         with self._audited(principal.name, "write statement", {"statement": query[:1000]}):

@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 
 from shardflow.errors import ClusterError, Error
-from shardflow.runtime.protocol import FragmentStats, LaneAddress, Workers
+from shardflow.runtime.protocol import FragmentStats, LaneAddress, PartRequest, Workers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,21 +95,9 @@ Export = Callable[[str, tuple[str, int]], pa.Table | None]
 """A move's source: (move id, shard) -> the next chunk of its snapshot, None after the last."""
 
 
-class Reserve(Protocol):
-    """A worker's endpoint (``PartEndpoint.reserve``): bind a part of an answer to the
-    worker's shards for one read by ``caller`` within ``ttl_s``; its ticket."""
-
-    def __call__(
-        self,
-        sql: str,
-        bindings: Mapping[str, list[int]],
-        epoch: int,
-        commits: Mapping[str, int],
-        schema: pa.Schema,
-        user: str,
-        caller: str,
-        ttl_s: float,
-    ) -> bytes: ...
+Reserve = Callable[[PartRequest], bytes]
+"""A worker's endpoint (``PartEndpoint.reserve``): a part of an answer reserved for one
+read; its ticket."""
 
 
 class LaneServer:
@@ -288,13 +276,7 @@ class LaneServer:
         try:
             if self._reserve is None:
                 raise ClusterError(f"{self._name} reserves no part of an answer")
-            bindings = {str(t): [int(u) for u in us] for t, us in request["bindings"].items()}
-            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(request["schema"])))
-            ticket = self._reserve(
-                str(request["sql"]), bindings, int(request["epoch"]),
-                {str(t): int(c) for t, c in request["commits"].items()}, schema,
-                str(request["user"]), str(request["caller"]), float(request["ttl_s"]),
-            )  # fmt: skip
+            ticket = self._reserve(PartRequest.from_json(request))
             return _OK, ticket
         except Error as error:
             return _FAILED, pickle.dumps(error)
@@ -389,26 +371,11 @@ class Lanes:
             raise first
         return self._parts(address, connection, first)
 
-    def reserve(
-        self,
-        address: LaneAddress,
-        sql: str,
-        bindings: Mapping[str, list[int]],
-        epoch: int,
-        commits: Mapping[str, int],
-        schema: pa.Schema,
-        user: str,
-        caller: str,
-        ttl_s: float,
-    ) -> bytes:
+    def reserve(self, address: LaneAddress, request: PartRequest) -> bytes:
         """Reserve a fragment's part of an answer on the worker at ``address`` for one
         read from its Flight endpoint (``runtime/worker/endpoint.py``); the ticket."""
-        request = json.dumps(
-            {"op": "reserve", "sql": sql, "bindings": dict(bindings), "epoch": epoch,
-             "commits": dict(commits), "schema": schema.serialize().to_pybytes().hex(),
-             "user": user, "caller": caller, "ttl_s": ttl_s}
-        ).encode()  # fmt: skip
-        return self._call(address, (request,), lambda connection: bytes(_read_frame(connection)))
+        frame = json.dumps({"op": "reserve", **request.to_json()}).encode()
+        return self._call(address, (frame,), lambda connection: bytes(_read_frame(connection)))
 
     def _parts(
         self, address: LaneAddress, connection: socket.socket, first: pa.Table | None

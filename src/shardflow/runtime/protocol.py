@@ -17,9 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import pyarrow as pa
+
 if TYPE_CHECKING:
     import numpy as np
-    import pyarrow as pa
 
     from shardflow.catalog import OwnerToken, TableSpec
     from shardflow.control.migration import Checksum, MovePlan, SourceChecksums
@@ -81,6 +82,44 @@ class LaneAddress:
     endpoint: str = ""
     """The worker's own Flight location, where clients read the parts of answers reserved
     on it (``runtime/worker/endpoint.py``); "" where it serves none."""
+
+
+@dataclass(frozen=True)
+class PartRequest:
+    """A part of an answer to reserve on a worker for one read from its Flight endpoint
+    (``runtime/worker/endpoint.py``): the fragment (``sql`` over ``bindings`` at
+    ``epoch``, the tables at ``commits``), the answer's ``schema``, who reads it (``user``
+    for the audit log, ``caller`` the :func:`credential_digest` of its credential) and for
+    how long (``ttl_s``)."""
+
+    sql: str
+    bindings: Mapping[str, list[int]]
+    epoch: int
+    commits: Mapping[str, int]
+    schema: pa.Schema
+    user: str
+    caller: str
+    ttl_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sql": self.sql, "bindings": dict(self.bindings), "epoch": self.epoch,
+            "commits": dict(self.commits), "schema": self.schema.serialize().to_pybytes().hex(),
+            "user": self.user, "caller": self.caller, "ttl_s": self.ttl_s,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartRequest:
+        return cls(
+            str(data["sql"]),
+            {str(t): [int(u) for u in us] for t, us in data["bindings"].items()},
+            int(data["epoch"]),
+            {str(t): int(c) for t, c in data["commits"].items()},
+            pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(data["schema"]))),
+            str(data["user"]),
+            str(data["caller"]),
+            float(data["ttl_s"]),
+        )
 
 
 def credential_digest(credential: str) -> str:

@@ -18,7 +18,7 @@ import pyarrow.flight as flight
 import pytest
 
 from shardflow.audit import AuditLog
-from shardflow.runtime.protocol import credential_digest
+from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.endpoint import PartEndpoint
 from tests.support.local_cluster import LocalCluster, events
 
@@ -73,8 +73,10 @@ def reserve(
     assert units, f"{node} holds no unit of events"
     schema = cluster.sql(QUERY).schema
     return endpoint.reserve(
-        QUERY, {"events": units}, cluster.catalog.epoch, {}, schema, "alice",
-        credential_digest(credential), ttl_s,
+        PartRequest(
+            QUERY, {"events": units}, cluster.catalog.epoch, {}, schema, "alice",
+            credential_digest(credential), ttl_s,
+        )
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from shardflow.records import AnswerPart
 from shardflow.runtime.client.runner import RoutedRunner, stage_units, units_by_node
 from shardflow.runtime.client.streams import StreamHost, streams
 from shardflow.runtime.fastlane import LaneBroken
-from shardflow.runtime.protocol import LaneAddress, credential_digest
+from shardflow.runtime.protocol import LaneAddress, PartRequest, credential_digest
 from shardflow.sql.plan import WHOLE
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,12 @@ def reserve_parts(
             located[node] = address
         futures = {
             node: session.lanes.pool.submit(
-                session.lanes.lanes.reserve, located[node], stage.sql,
-                {table: units for table in stage.tables}, catalog.epoch, commits,
-                planned.schema, user, caller, ttl_s,
+                session.lanes.lanes.reserve,
+                located[node],
+                PartRequest(
+                    stage.sql, {table: units for table in stage.tables}, catalog.epoch,
+                    commits, planned.schema, user, caller, ttl_s,
+                ),
             )
             for node, units in by_node.items()
         }  # fmt: skip

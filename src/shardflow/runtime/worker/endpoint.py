@@ -29,9 +29,9 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -40,8 +40,11 @@ from shardflow.audit import AuditLog
 from shardflow.engine.duckdb_engine import as_schema
 from shardflow.errors import Error, Retryable
 from shardflow.runtime.fastlane import ReaderGone
-from shardflow.runtime.protocol import FragmentStats, credential_digest
+from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.reads import BoundPart
+
+if TYPE_CHECKING:
+    from shardflow.runtime.worker.node import WorkerNode
 
 log = logging.getLogger(__name__)
 
@@ -53,40 +56,12 @@ QUEUED_PARTS = 4
 _DONE = object()
 
 
-class Reads(Protocol):
-    """What the endpoint asks of its worker (``WorkerNode``)."""
-
-    def bind(
-        self, bindings: Mapping[str, list[int]], epoch: int, commits: Mapping[str, int]
-    ) -> BoundPart: ...
-
-    def unbind(self, part: BoundPart) -> None: ...
-
-    def execute(
-        self,
-        sql: str,
-        bindings: Mapping[str, list[int]],
-        epoch: int,
-        inputs: Mapping[str, pa.Table],
-        profile: bool = True,
-        commits: Mapping[str, int] | None = None,
-        emit: Callable[[pa.Table], None] | None = None,
-        part: BoundPart | None = None,
-    ) -> tuple[pa.Table, FragmentStats]: ...
-
-
-@dataclass
+@dataclass(frozen=True)
 class Reservation:
     """A part of an answer bound to this worker's shards, waiting for its one read."""
 
+    request: PartRequest
     part: BoundPart
-    sql: str
-    bindings: dict[str, list[int]]
-    epoch: int
-    schema: pa.Schema
-    user: str
-    caller: str
-    """:func:`credential_digest` of the caller's credential ("": any caller)."""
     expires: float
     """Wall-clock time (``time.time``) after which it is refused and let go."""
 
@@ -109,7 +84,7 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
 
     def __init__(
         self,
-        reads: Reads,
+        reads: WorkerNode,
         host: str,
         name: str,
         audit: AuditLog | None = None,
@@ -128,29 +103,15 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
         threading.Thread(target=self._sweep, name=f"{name}-endpoint-sweep", daemon=True).start()
 
     # -- reserving ----------------------------------------------------------------------
-    def reserve(
-        self,
-        sql: str,
-        bindings: Mapping[str, list[int]],
-        epoch: int,
-        commits: Mapping[str, int],
-        schema: pa.Schema,
-        user: str,
-        caller: str,
-        ttl_s: float,
-    ) -> bytes:
+    def reserve(self, request: PartRequest) -> bytes:
         """Bind a part to this worker's shards (refused as a fragment is: ``Moved``, a
         table changed) and answer the ticket that reads it once."""
-        part = self._reads.bind(bindings, epoch, commits)
+        part = self._reads.bind(request.bindings, request.epoch, request.commits)
         reservation_id = secrets.token_hex(16)
-        expires = time.time() + ttl_s
-        reservation = Reservation(
-            part, sql, {t: list(us) for t, us in bindings.items()}, epoch, schema, user, caller,
-            expires,
-        )  # fmt: skip
+        expires = time.time() + request.ttl_s
         with self._lock:
-            self._reserved[reservation_id] = reservation
-        claims = {"id": reservation_id, "node": self._name, "user": user, "exp": expires}
+            self._reserved[reservation_id] = Reservation(request, part, expires)
+        claims = {"id": reservation_id, "node": self._name, "user": request.user, "exp": expires}
         body = base64.urlsafe_b64encode(json.dumps(claims).encode())
         return TICKET_PREFIX + body + b"." + self._sign(body)
 
@@ -180,7 +141,7 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
     # -- reading ------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> Any:
         reservation = self._redeem(context, ticket.ticket)
-        return flight.GeneratorStream(reservation.schema, self._parts(reservation))
+        return flight.GeneratorStream(reservation.request.schema, self._parts(reservation))
 
     def _redeem(self, context: flight.ServerCallContext, ticket: bytes) -> Reservation:
         """The reservation ``ticket`` reads, taken (it is read once); refused and audited
@@ -199,7 +160,9 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
                 refusal = "an expired ticket"
             elif reservation is None:
                 refusal = "a ticket read already"
-            elif reservation.caller and not hmac.compare_digest(reservation.caller, digest):
+            elif reservation.request.caller and not hmac.compare_digest(
+                reservation.request.caller, digest
+            ):
                 refusal = "another caller's ticket"
             else:
                 del self._reserved[str(claims["id"])]  # read once
@@ -223,33 +186,34 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
         parts: queue.Queue[object] = queue.Queue(QUEUED_PARTS)
         gone = threading.Event()
 
-        def emit(part: pa.Table) -> None:
+        def put(item: object) -> bool:
+            """Hand ``item`` to the reader; False once the client hung up."""
             while not gone.is_set():
                 try:
-                    parts.put(part, timeout=0.5)
-                    return
+                    parts.put(item, timeout=0.5)
+                    return True
                 except queue.Full:
                     continue
-            raise ReaderGone("the client hung up")
+            return False
+
+        def emit(part: pa.Table) -> None:
+            if not put(part):
+                raise ReaderGone("the client hung up")
 
         def run() -> None:
             outcome: object = _DONE
             try:
                 with self._running:
+                    asked = reservation.request
                     result, _ = self._reads.execute(
-                        reservation.sql, reservation.bindings, reservation.epoch, {}, False,
-                        None, emit, reservation.part,
+                        asked.sql, asked.bindings, asked.epoch, {}, False, None, emit,
+                        reservation.part,
                     )  # fmt: skip
                 if result.num_rows:  # an engine that gives no parts answers whole
                     emit(result)
             except BaseException as error:  # told to the client below
                 outcome = error
-            while not gone.is_set():
-                try:
-                    parts.put(outcome, timeout=0.5)
-                    return
-                except queue.Full:
-                    continue
+            put(outcome)
 
         threading.Thread(target=run, name=f"{self._name}-endpoint-part", daemon=True).start()
         try:
@@ -260,7 +224,7 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
                 if isinstance(item, BaseException):
                     raise _flight_error(item, self._name)
                 assert isinstance(item, pa.Table)
-                yield from as_schema(item, reservation.schema).to_batches()
+                yield from as_schema(item, reservation.request.schema).to_batches()
         finally:
             gone.set()
 

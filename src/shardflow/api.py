@@ -446,6 +446,7 @@ class Database:
         *,
         user: str = "",
         credential: str = "",
+        tls: bool = False,
     ) -> tuple[pa.Schema, list[AnswerPart]] | None:
         """Reserve ``query``'s answer in parts on the workers that hold them, to be read
         straight from each (the Flight SQL service's ``flight_endpoints = "workers"``):
@@ -454,13 +455,14 @@ class Database:
         ``credential`` as its bearer token (any caller where it is ""). The parts' shards
         stay readable on their workers until then, whatever moves. None where the answer
         is not its parts put one after the other (a merge, ORDER BY, LIMIT, one unit) or a
-        worker has no endpoint: read it with :meth:`stream`. ``user`` names the caller in
-        the audit log of refused tickets."""
+        worker has no endpoint (with ``tls``: none that speaks TLS, ``endpoint_tls_cert``):
+        read it with :meth:`stream`. ``user`` names the caller in the audit log of refused
+        tickets."""
         if params is not None:
             query = bind(query, params)
         if statement_of(query) is not None:
             raise QueryError("db.endpoints() reads queries; run statements with db.sql()")
-        return self._session_or_raise().endpoints(query, user, credential)
+        return self._session_or_raise().endpoints(query, user, credential, tls)
 
     def _change(self, change: Change) -> pa.Table:
         if isinstance(change, DropTable):

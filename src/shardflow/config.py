@@ -133,9 +133,15 @@ class Settings:
             hold its parts (an endpoint each, at the worker's own Flight port, with a ticket
             for one read by the caller: clients that read endpoints at once, as ADBC's
             driver does, read from every worker at once). The clients must reach the
-            workers' addresses; with TLS the service's answers go through the service.
+            workers' addresses; a service with TLS hands out only endpoints that speak it
+            (``endpoint_tls_cert``).
         endpoint_ticket_ttl_s: how long a worker's endpoint keeps a part reserved for its
             read (seconds); its shards stay readable there meanwhile, whatever moves.
+        endpoint_tls_cert: a PEM certificate file (a path every node reads) with which
+            the workers' endpoints serve TLS (``grpc+tls``); "" for plain gRPC. ``shardflow
+            serve --tls-cert --tls-key`` sets it and the key to its own for the cluster it
+            starts: a service with TLS hands out only endpoints that speak TLS.
+        endpoint_tls_key: the private key of ``endpoint_tls_cert`` (a PEM file).
         audit_max_mb: the Flight SQL service's audit log starts a new file (the old one kept
             as ``audit-<UTC time>.jsonl``, the hash chain running on) once it reaches this
             many MiB.
@@ -225,6 +231,8 @@ class Settings:
     token_ttl_s: float = 3600.0
     flight_endpoints: str = "service"
     endpoint_ticket_ttl_s: float = 60.0
+    endpoint_tls_cert: str = ""
+    endpoint_tls_key: str = ""
     max_request_mb: int = 256
     audit_max_mb: int = 64
     audit_max_days: float = 30.0
@@ -305,6 +313,8 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
         hours_of(self.balance_hours)  # a bad window is refused here
+        if bool(self.endpoint_tls_cert) != bool(self.endpoint_tls_key):
+            raise ConfigError("settings endpoint_tls_cert and endpoint_tls_key go together")
         if self.flight_endpoints not in FLIGHT_ENDPOINTS:
             raise ConfigError(
                 f"setting flight_endpoints must be one of {', '.join(FLIGHT_ENDPOINTS)}, "

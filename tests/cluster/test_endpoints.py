@@ -56,6 +56,7 @@ def test_parts_read_from_the_workers_and_a_worker_killed_before_its_read(tmp_pat
         assert all(part.schema == schema for part in read_parts)
         assert sorted(pa.concat_tables(read_parts).column("id").to_pylist()) == oracle()
         assert db.endpoints("SELECT count(*) FROM w") is None  # merged: not in parts
+        assert db.endpoints(QUERY, tls=True) is None  # no endpoint here speaks TLS
 
         _, parts = db.endpoints(QUERY, credential=TOKEN) or (None, [])
         victim = next(p for p in parts if p.node == "node-1")

@@ -1,12 +1,14 @@
 """Answers read straight from the workers (``flight_endpoints = "workers"``): a real
 ``shardflow serve`` answers a scan with one endpoint per worker, located at the workers'
 own Flight ports; ADBC's driver, ``pyarrow.flight`` and ``shardflow.connect`` read them
-(answers equal DuckDB's); another user's ticket is refused by the worker and audited."""
+(answers equal DuckDB's); another user's ticket is refused by the worker and audited; a
+service with TLS gets endpoints that speak TLS with its certificate."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import duckdb
@@ -16,7 +18,14 @@ import pytest
 
 import shardflow
 from shardflow.flightsql import wire as fsql
-from tests.service.conftest import PASSWORDS, Served, add_users, sample_table, start_service
+from tests.service.conftest import (
+    PASSWORDS,
+    Served,
+    add_users,
+    sample_table,
+    self_signed,
+    start_service,
+)
 
 pytestmark = pytest.mark.cluster
 ROWS = 60_000
@@ -115,3 +124,54 @@ def test_another_users_ticket_is_refused_by_the_worker_and_audited(parted: Serve
     refused = [e for e in entries if e["action"] == "read endpoint"]
     assert len(refused) >= 2 and all(e["who"] == "alice" for e in refused)
     assert all(e["outcome"] == "refused: another caller's ticket" for e in refused)
+
+
+def test_with_tls_the_workers_endpoints_speak_tls_with_the_services_certificate(
+    tmp_path: Path,
+) -> None:
+    cert, key = self_signed(tmp_path)
+    data_dir = tmp_path / "data"
+    add_users(data_dir)
+    with shardflow.connect(workers=2, data_dir=data_dir, initial_shard_bytes=64 << 10) as db:
+        db.create_table("t", sample_table(ROWS), distributed_by="id")
+        db.grant("t", "SELECT", "reader")
+    service = start_service(
+        data_dir,
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        "--set",
+        "flight_endpoints=workers",
+    )
+    try:
+        roots = cert.read_bytes()
+        client = flight.FlightClient(service.uri, tls_root_certs=roots)
+        options = flight.FlightCallOptions(
+            headers=[client.authenticate_basic_token("alice", PASSWORDS["alice"])]
+        )
+        info = flight_info(service, "alice", SCAN, (client, options))
+        locations = [e.locations[0].uri.decode() for e in info.endpoints]
+        assert len(locations) == 2 and all(loc.startswith("grpc+tls://") for loc in locations)
+        plain = flight.FlightClient(locations[0].replace("grpc+tls://", "grpc+tcp://"))
+        with pytest.raises(flight.FlightError):  # no plain gRPC at a worker's endpoint
+            plain.do_get(info.endpoints[0].ticket, options).read_all()
+        plain.close()
+        client.close()
+
+        with flight_sql.connect(
+            service.uri,
+            db_kwargs={
+                "username": "alice", "password": PASSWORDS["alice"],
+                "adbc.flight.sql.client_option.tls_root_certs": roots.decode(),
+            },
+            autocommit=True,
+        ) as conn, conn.cursor() as cur:  # fmt: skip
+            cur.execute(SCAN)
+            assert sorted_rows(cur.fetch_arrow_table()) == oracle(SCAN)
+        with shardflow.connect(
+            service.uri, user="alice", password=PASSWORDS["alice"], tls_root_certs=roots
+        ) as remote:
+            assert sorted_rows(remote.sql(SCAN)) == oracle(SCAN)
+    finally:
+        assert service.stop() == 0, "".join(service.output[-50:])

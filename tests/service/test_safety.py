@@ -27,6 +27,7 @@ from tests.service.conftest import (
     Served,
     add_users,
     sample_table,
+    self_signed,
     shardflow_cli,
     start_service,
 )
@@ -269,47 +270,6 @@ def test_a_non_loopback_host_needs_tls_or_insecure(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "without TLS" in refused.stdout and "--insecure" in refused.stdout
     assert not (tmp_path / "catalog").exists()  # refused before anything started
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert, private = directory / "cert.pem", directory / "key.pem"
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert, private
 
 
 def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:

@@ -119,6 +119,11 @@ def _serve_flight(
     from shardflow.service.main import serve_flight, service_options
 
     settings = Settings().with_text(assignments or [])
+    if tls_cert is not None and tls_key is not None and not settings.endpoint_tls_cert:
+        # the workers' endpoints speak TLS with the service's own certificate
+        settings = settings.replace(
+            endpoint_tls_cert=str(tls_cert.absolute()), endpoint_tls_key=str(tls_key.absolute())
+        )
     options = service_options(
         host, port, tls_cert, tls_key, insecure, settings.token_ttl_s,
         settings.max_request_mb << 20, settings.audit_max_mb << 20,

@@ -291,7 +291,7 @@ class RemoteDatabase:
         with self._workers_lock:
             found = self._workers.get(location)
             if found is None:
-                found = self._workers[location] = flight.FlightClient(location)
+                found = self._workers[location] = flight.FlightClient(location, **self._tls)
             return found
 
     def _action_bytes(self, kind: str, arguments: dict[str, Any]) -> bytes:

@@ -388,9 +388,10 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             tls_certificates=[flight.CertKeyPair(options.tls_cert, options.tls_key)] if tls else [],
         )
         self.location = f"{scheme}://{options.host}:{self.port}"
-        self._from_workers = db.settings.flight_endpoints == "workers" and not tls
-        """Whether answers are read straight from the workers (their endpoints speak no
-        TLS: a service with TLS sends every answer itself)."""
+        self._from_workers = db.settings.flight_endpoints == "workers"
+        """Whether answers are read straight from the workers (with TLS, only from workers
+        whose endpoints speak it: ``endpoint_tls_cert``)."""
+        self._tls = tls
 
     # -- bookkeeping --------------------------------------------------------------------
     def _auth_failed(self, who: str, why: str) -> None:
@@ -636,7 +637,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             self._check(principal, needs)
             if parts and self._from_workers:
                 reserved = self.db.endpoints(
-                    query, user=principal.name, credential=self._bearer(context)
+                    query, user=principal.name, credential=self._bearer(context), tls=self._tls
                 )
                 if reserved is not None:
                     return _Parts(*reserved)

@@ -29,12 +29,12 @@ log = logging.getLogger(__name__)
 
 
 def reserve_parts(
-    session: StreamHost, sql: str, user: str, credential: str
+    session: StreamHost, sql: str, user: str, credential: str, tls: bool = False
 ) -> tuple[pa.Schema, list[AnswerPart]] | None:
     """``sql``'s answer reserved in parts on the workers that hold them: its schema and an
     :class:`AnswerPart` per worker (read by ``credential``'s holder only; ``user`` names
     them in the audit log); None where it cannot be read so (a merge or a final step, one
-    unit, a worker without an endpoint)."""
+    unit, a worker without an endpoint, or with ``tls`` one whose endpoint speaks none)."""
     planned = session.plan(sql)
     group = session.catalog.groups.get(planned.plan.result.group or "")
     if group is None or not streams(planned.plan, len(group.units)):
@@ -55,6 +55,8 @@ def reserve_parts(
         for node in by_node:
             address = session.lanes.address(node)
             if address is None or not address.endpoint:
+                return None
+            if tls and not address.endpoint.startswith("grpc+tls://"):
                 return None
             located[node] = address
         futures = {

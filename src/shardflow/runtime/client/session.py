@@ -244,10 +244,10 @@ class Session:
         return answer
 
     def endpoints(
-        self, sql: str, user: str, credential: str
+        self, sql: str, user: str, credential: str, tls: bool
     ) -> tuple[pa.Schema, list[AnswerPart]] | None:
         """``sql``'s answer reserved in parts on the workers (``runtime/client/endpoints.py``)."""
-        return reserve_parts(self, sql, user, credential)
+        return reserve_parts(self, sql, user, credential, tls)
 
     def stream(self, sql: str) -> AnswerStream:
         """``sql``'s answer as it arrives (``runtime/client/streams.py``)."""

@@ -26,6 +26,7 @@ from shardflow.audit import AuditLog
 from shardflow.catalog import OwnerToken, TableSpec
 from shardflow.config import Settings
 from shardflow.control.migration import MovePlan
+from shardflow.errors import ConfigError
 from shardflow.runtime.fastlane import LaneServer, from_wire, to_wire
 from shardflow.runtime.protocol import (
     CatalogJson,
@@ -303,6 +304,7 @@ class WorkerService:
                 node_id,
                 AuditLog(home.root) if home.local else None,
                 WORKER_CONCURRENCY,
+                _tls_material(settings),
             )
             if settings.fast_lane
             else None
@@ -518,3 +520,17 @@ class WorkerService:
 
 CoordinatorActor = ray.remote(CoordinatorService)
 WorkerActor = ray.remote(WorkerService)
+
+
+def _tls_material(settings: Settings) -> tuple[bytes, bytes] | None:
+    """The certificate and key the worker's endpoint serves TLS with (None: plain gRPC)."""
+    if not settings.endpoint_tls_cert:
+        return None
+    try:
+        with (
+            open(settings.endpoint_tls_cert, "rb") as cert,
+            open(settings.endpoint_tls_key, "rb") as key,
+        ):
+            return cert.read(), key.read()
+    except OSError as error:
+        raise ConfigError(f"cannot read the workers' endpoint TLS files: {error}") from None

@@ -89,9 +89,16 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
         name: str,
         audit: AuditLog | None = None,
         concurrency: int = 16,
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
-        super().__init__(f"grpc+tcp://{host}:0", middleware={"caller": _CallerFactory()})
-        self.location = f"grpc+tcp://{host}:{self.port}"
+        """``tls``: a PEM certificate and its key, to serve ``grpc+tls`` with."""
+        scheme = "grpc+tls" if tls is not None else "grpc+tcp"
+        super().__init__(
+            f"{scheme}://{host}:0",
+            middleware={"caller": _CallerFactory()},
+            tls_certificates=[flight.CertKeyPair(*tls)] if tls is not None else [],
+        )
+        self.location = f"{scheme}://{host}:{self.port}"
         self._reads = reads
         self._name = name
         self._audit = audit

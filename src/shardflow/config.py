@@ -186,9 +186,10 @@ class Settings:
             worker's kept shard frames take a shard's new appends without their rows, so
             that queries over them must find rows missing.
         test_hold_results_s: for tests only, 0 (off) by default. A session with it set
-            leaves every stage's fragment results on the workers this many seconds before
-            it reads them, so that a test can kill the node holding them first and see the
-            query run again (``db.last_report.reruns``).
+            leaves every stage's fragment results on the workers up to this many seconds
+            (until the test sets the session's ``results_released``) before it reads them,
+            so that a test can kill the node holding them first and see the query run again
+            (``db.last_report.reruns``).
         test_hold_copy_s: for tests only, 0 (off) by default. The target of every live move
             waits this many seconds before its copy begins (a plain move's copy takes
             milliseconds), so that a test sees a move in flight (the console) or cancels it.

@@ -56,7 +56,7 @@ LOST = "lost"
 """A node to rejoin: the name of the first node the drill killed."""
 RESULTS = "results"
 """A kill target: a node holding fragment results a query has not read yet."""
-RESULT_HOLD_S = 3.0
+RESULT_HOLD_S = 30.0
 HEAD = "head"
 """A kill target: the Ray head (GCS) of a cluster started with ``--ha``; its keeper starts it
 again, and the workers and the coordinator serve meanwhile."""
@@ -377,6 +377,12 @@ class HeldResults:
         if not session.results_held.wait(RECOVERY_TIMEOUT_S):  # the fragments ran; results wait
             raise RuntimeError("the held scan's fragments did not finish")
 
+    def release(self) -> None:
+        """The node is killed: the scan reads its results now (from a node that is gone)."""
+        session = self.holder._session
+        assert session is not None
+        session.results_released.set()
+
     def _scan(self) -> None:
         try:
             self.answer = self.holder.sql(HELD_SQL)
@@ -509,6 +515,8 @@ def run_drill(
                 held = None
             started = time.monotonic()
             name, ray_node_id = kill(db, local, target)
+            if held is not None:  # killed: the held scan reads its results now
+                held.release()
             lost.append(name)
             load.report.recovery_s.append(wait_served(db, ray_node_id, started))
             if move is not None:

@@ -534,13 +534,20 @@ def _stop(pid: int) -> None:
 
 
 def _kill_all(pids: list[int]) -> None:
+    """SIGKILL ``pids``; returns once none of them runs (a signal is delivered as the
+    system gets to it: a node that still answered for a moment after a "kill" served the
+    results a test meant to lose, seen on a busy machine)."""
     for target in pids:
         try:
             os.kill(target, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    if pids:
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while pids:
         _reap(pids[0])
+        if not any(process_running(p) for p in pids) or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def _reap(pid: int) -> None:

@@ -51,6 +51,8 @@ class RunnerHost(Protocol):
     def profiling(self) -> bool: ...
     @property
     def results_held(self) -> threading.Event: ...
+    @property
+    def results_released(self) -> threading.Event: ...
     def retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run ``attempt`` until it returns, with fresh routing between attempts."""
         ...
@@ -169,7 +171,9 @@ class RoutedRunner:
         session.retrying("query", attempt)
         if session.settings.test_hold_results_s:  # tests only: results wait on the workers
             session.results_held.set()
-            time.sleep(session.settings.test_hold_results_s)
+            # until the test let them go (a kill done), or the hold's end: a timer alone ran
+            # out before a kill that came late on a busy machine, and nothing was recomputed
+            session.results_released.wait(session.settings.test_hold_results_s)
             session.results_held.clear()
         return results
 

@@ -50,8 +50,8 @@ def ray_head(tmp_path: Path) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=10)
+        try:  # `ray start --block` took the whole 10 s it was given: a test's head, killed
+            head.wait(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()

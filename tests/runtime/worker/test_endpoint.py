@@ -7,6 +7,7 @@ let go once it is read or expires."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 from shardflow.audit import AuditLog
+from shardflow.engine import duckdb_engine
 from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.endpoint import PartEndpoint
 from tests.support.local_cluster import LocalCluster, events
@@ -163,3 +165,24 @@ def test_a_reservation_that_expires_unread_lets_its_shards_go(
     assert worker._releasing, "the moved shards wait for the reserved part's read"
     assert endpoint.expire(now=time.time() + 31) == 1
     assert worker.readers.total() == 0 and worker._releasing == []
+
+
+def test_a_part_whose_stream_is_dropped_unread_lets_its_shards_go(
+    cluster: LocalCluster, endpoints: dict[str, PartEndpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that asks a part and hangs up before its first batch: the stream is dropped
+    unread, and the part's reading stops and lets its shards go (a leak held them). The
+    engine's batches are made small, so that the part is more than the endpoint queues."""
+    monkeypatch.setattr(duckdb_engine, "ARROW_BATCH_ROWS", 50)
+    endpoint = endpoints["node-0"]
+    reserve(cluster, endpoint, "node-0")
+    worker = cluster.workers.get("node-0").node
+    [reservation] = endpoint._reserved.values()
+    endpoint._reserved.clear()  # taken, as a DoGet takes it
+    batches = endpoint._parts(reservation)
+    del batches
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while worker.readers.total() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.readers.total() == 0

@@ -6,9 +6,9 @@ the worker binds the fragment to its shards as a fragment that begins is bound
 (``WorkerNode.bind``): a move, split or merge after that leaves them readable here until the
 part is read or its reservation expires. The worker answers with a ticket it signs
 (HMAC-SHA256, a key of this worker's own that never leaves it): the reservation's id, this
-node and the expiry. The service puts the ticket into the ``FlightInfo`` it answers with, one
-endpoint per worker, located at the worker's own Flight port; the client reads each one with
-``DoGet`` (ADBC's driver reads them at once).
+node, the user it is for and the expiry. The service puts the ticket into the ``FlightInfo``
+it answers with, one endpoint per worker, located at the worker's own Flight port; the
+client reads each one with ``DoGet`` (ADBC's driver reads them at once).
 
 A ticket is good for one read, by the caller it was reserved for (the SHA-256 of the bearer
 token the service authenticated is kept with it; the client sends the same header to the
@@ -29,6 +29,7 @@ import queue
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -189,7 +190,8 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
 
     def _parts(self, reservation: Reservation) -> Iterator[pa.RecordBatch]:
         """The part's record batches as the engine makes them: it runs on a thread of its
-        own, a few parts ahead of the client at most; a client that hangs up stops it."""
+        own, a few parts ahead of the client at most; a client that hangs up stops it, and
+        so does a stream dropped unread (its shards are let go either way)."""
         parts: queue.Queue[object] = queue.Queue(QUEUED_PARTS)
         gone = threading.Event()
 
@@ -222,18 +224,23 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
                 outcome = error
             put(outcome)
 
+        def read() -> Iterator[pa.RecordBatch]:
+            try:
+                while True:
+                    item = parts.get()
+                    if item is _DONE:
+                        return
+                    if isinstance(item, BaseException):
+                        raise _flight_error(item, self._name)
+                    assert isinstance(item, pa.Table)
+                    yield from as_schema(item, reservation.request.schema).to_batches()
+            finally:
+                gone.set()
+
+        batches = read()
+        weakref.finalize(batches, gone.set)  # dropped before its first batch was asked
         threading.Thread(target=run, name=f"{self._name}-endpoint-part", daemon=True).start()
-        try:
-            while True:
-                item = parts.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise _flight_error(item, self._name)
-                assert isinstance(item, pa.Table)
-                yield from as_schema(item, reservation.request.schema).to_batches()
-        finally:
-            gone.set()
+        return batches
 
     def close(self) -> None:
         self._closed.set()

@@ -377,6 +377,18 @@ class HeldResults:
         if not session.results_held.wait(RECOVERY_TIMEOUT_S):  # the fragments ran; results wait
             raise RuntimeError("the held scan's fragments did not finish")
 
+    def holder_node(self, db: Database, local: LocalRayCluster, chosen: str) -> str:
+        """A Ray node (neither the head nor the coordinator's) whose workers hold results
+        of the scan; ``chosen`` where it is one of them or none is."""
+        session = self.holder._session
+        assert session is not None
+        ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
+        host = db.cluster.coordinator_host()
+        holding = {ray_node.get(node, "") for node in session.results_held_on}
+        names = {n.node_id: n.name for n in local.nodes() if not n.head and n.node_id != host}
+        found = sorted(names[r] for r in holding if r in names)
+        return chosen if chosen in found or not found else found[0]
+
     def release(self) -> None:
         """The node is killed: the scan reads its results now (from a node that is gone)."""
         session = self.holder._session
@@ -510,7 +522,11 @@ def run_drill(
             if target == RESULTS:  # chosen before the scan holds its results: the kill then
                 # comes at once, well within the hold, however slow the cluster's reports
                 target = results_node(db, local, db.cluster.coordinator_host())
-                held: HeldResults | None = HeldResults(local, load.report)
+                scan = HeldResults(local, load.report)
+                # where the scan's results are now (a move may have taken the shard the
+                # choice went by elsewhere meanwhile): a node holding some of them
+                target = scan.holder_node(db, local, target)
+                held: HeldResults | None = scan
             else:
                 held = None
             started = time.monotonic()

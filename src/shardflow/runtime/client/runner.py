@@ -53,6 +53,8 @@ class RunnerHost(Protocol):
     def results_held(self) -> threading.Event: ...
     @property
     def results_released(self) -> threading.Event: ...
+    @property
+    def results_held_on(self) -> list[str]: ...
     def retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run ``attempt`` until it returns, with fresh routing between attempts."""
         ...
@@ -170,6 +172,7 @@ class RoutedRunner:
 
         session.retrying("query", attempt)
         if session.settings.test_hold_results_s:  # tests only: results wait on the workers
+            session.results_held_on[:] = sorted({result.worker for result in results})
             session.results_held.set()
             # until the test let them go (a kill done), or the hold's end: a timer alone ran
             # out before a kill that came late on a busy machine, and nothing was recomputed

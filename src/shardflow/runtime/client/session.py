@@ -119,6 +119,8 @@ class Session:
         self.results_held = threading.Event()
         """Tests only (``test_hold_results_s``): set while a stage's results wait on the
         workers, so a test kills a node holding them at the right moment."""
+        self.results_held_on: list[str] = []
+        """Tests only: the nodes whose workers hold the results while ``results_held``."""
         self.results_released = threading.Event()
         """Tests only: set by the test once it killed the node; the results held are read
         then (or at the end of ``test_hold_results_s``, whichever comes first)."""

@@ -30,6 +30,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -117,6 +118,8 @@ class DrillReport:
     """The Ray nodes killed, in order."""
     results_recomputed: int = 0
     """Query reruns because results the query had not read yet were lost with a node."""
+    held_scan: str = ""
+    """Where the held scan's results were and which node was killed."""
     interrupted_moves: list[str] = field(default_factory=list)
     """How each move cut short by the loss of the coordinator's node ended."""
     stale_reads: int = 0
@@ -332,27 +335,25 @@ def kill(db: Database, local: LocalRayCluster, target: str) -> tuple[str, str]:
 
 def results_node(db: Database, local: LocalRayCluster, host: str) -> str:
     """The Ray node, neither the head nor the coordinator's, whose data nodes hold the most
-    shards of the big table (so it holds results of the held scan)."""
-    ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
-    held: dict[str, int] = {}
-    for shard in db.cluster.shards().to_pylist():
-        if shard["table"] == BIG:
-            ray_id = ray_node.get(str(shard["node"]), "")
-            held[ray_id] = held.get(ray_id, 0) + 1
+    shards of the big table (so it holds results of the held scan). The big table's shards
+    are first spread over two Ray nodes at least: with every shard on one node the scan runs
+    whole there and its answer comes back in the reply, with nothing held to lose."""
+    alive = [n for n in db.cluster.nodes() if n.alive]
+    ray_node = {n.node_id: n.ray_node_id for n in alive}
+    shards = [s for s in db.cluster.shards().to_pylist() if s["table"] == BIG]
+    held = Counter(ray_node.get(str(s["node"]), "") for s in shards)
     candidates = [n for n in local.nodes() if not n.head and n.node_id != host]
-    best = max(candidates, key=lambda n: held.get(n.node_id, 0), default=None)
-    if best is not None and not held.get(best.node_id):
+    best = max(candidates, key=lambda n: held[n.node_id], default=None)
+    if best is None or len(shards) < 2:
+        raise RuntimeError("no Ray node beside the head's and the coordinator's, or one shard")
+    if not held[best.node_id]:
         # the moves and the drain before left every shard on the head's or the
         # coordinator's node (placement chooses by load): one goes over to it now
-        members = [
-            n.node_id for n in db.cluster.nodes() if n.alive and n.ray_node_id == best.node_id
-        ]
-        shard = next((s for s in db.cluster.shards().to_pylist() if s["table"] == BIG), None)
-        if members and shard is not None:
-            db.cluster.migrate(shard["shard"], members[0])
-            return best.name
-    if best is None or not held.get(best.node_id):
-        raise RuntimeError("no node beside the coordinator's holds a shard of the big table")
+        to = next(n.node_id for n in alive if n.ray_node_id == best.node_id)
+        db.cluster.migrate(shards[0]["shard"], to)
+    elif held[best.node_id] == len(shards):  # all there: one goes elsewhere
+        to = next(n.node_id for n in alive if n.ray_node_id != best.node_id)
+        db.cluster.migrate(shards[0]["shard"], to)
     return best.name
 
 
@@ -387,7 +388,12 @@ class HeldResults:
         holding = {ray_node.get(node, "") for node in session.results_held_on}
         names = {n.node_id: n.name for n in local.nodes() if not n.head and n.node_id != host}
         found = sorted(names[r] for r in holding if r in names)
-        return chosen if chosen in found or not found else found[0]
+        target = chosen if chosen in found or not found else found[0]
+        self.report.held_scan = (
+            f"results held on {len(session.results_held_on)} worker(s), "
+            f"{', '.join(found) or 'none'} killable; {target} killed"
+        )
+        return target
 
     def release(self) -> None:
         """The node is killed: the scan reads its results now (from a node that is gone)."""

@@ -172,7 +172,9 @@ class RoutedRunner:
 
         session.retrying("query", attempt)
         if session.settings.test_hold_results_s:  # tests only: results wait on the workers
-            session.results_held_on[:] = sorted({result.worker for result in results})
+            session.results_held_on[:] = sorted(  # those left on the workers, not replied
+                {result.worker for result in results if not result.output.held}
+            )
             session.results_held.set()
             # until the test let them go (a kill done), or the hold's end: a timer alone ran
             # out before a kill that came late on a busy machine, and nothing was recomputed

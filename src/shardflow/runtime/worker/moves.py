@@ -206,16 +206,24 @@ class SourceSide:
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> ChangeSet:
         """The inserts each shard took in after LSN ``since[shard]`` (after its snapshot
-        where not given); those not handed out before count into the checksum now."""
+        where not given); those not handed out before count into the checksum now. A
+        target that holds more than it was sent (``since`` past what was handed out: it
+        opened a checkpoint written after the pin) holds the inserts in between too: they
+        count as well (they were left out, and VERIFY failed a sound move)."""
         export = self.exports[move_id]
         found: dict[ShardKey, tuple[Change, ...]] = {}
         for key, shard in export.shards.items():
             after = since[key] if key in since else export.counted[key]
-            found[key] = tuple(shard.changes_since(after, move_id))
-            for change in found[key]:
-                if change.lsn > export.counted[key]:
+            counted = export.counted[key]
+            sent: list[Change] = []
+            for change in shard.changes_since(min(after, counted), move_id):
+                if change.lsn > counted:
                     self._hand_out(export, key[0], change.rows)
-                    export.counted[key] = change.lsn
+                    counted = change.lsn
+                if change.lsn > after:
+                    sent.append(change)
+            export.counted[key] = counted
+            found[key] = tuple(sent)
         return ChangeSet(self.node.node_id, found)
 
     def fence(self, move_id: str) -> FenceResult:

@@ -11,6 +11,7 @@ from shardflow.errors import ConfigError
 
 ENGINES = ("auto", "duckdb", "polars")
 FLIGHT_ENDPOINTS = ("service", "workers")
+MAX_PORT = 65535
 MOVE_COPY_FAULTS = ("", "drop_row", "change_value")
 RESIDENT_FAULTS = ("", "skip_append")
 
@@ -135,6 +136,10 @@ class Settings:
             driver does, read from every worker at once). The clients must reach the
             workers' addresses; a service with TLS hands out only endpoints that speak it
             (``endpoint_tls_cert``).
+        endpoint_port: the port of each worker's Flight endpoint (0: a free one). A fixed
+            port is what a firewall or a Kubernetes NetworkPolicy can name (the operator
+            renders one with ``spec.flightEndpoints``); then one worker per host, or the
+            second one's endpoint cannot bind and the worker refuses to start.
         endpoint_ticket_ttl_s: how long a worker's endpoint keeps a part reserved for its
             read (seconds); its shards stay readable there meanwhile, whatever moves.
         endpoint_tls_cert: a PEM certificate file (a path every node reads) with which
@@ -231,6 +236,7 @@ class Settings:
     lease_ttl_s: float = 10.0
     token_ttl_s: float = 3600.0
     flight_endpoints: str = "service"
+    endpoint_port: int = 0
     endpoint_ticket_ttl_s: float = 60.0
     endpoint_tls_cert: str = ""
     endpoint_tls_key: str = ""
@@ -344,8 +350,9 @@ class Settings:
         if self.suspect_cooldown_s < 0:
             raise ConfigError("setting suspect_cooldown_s must not be negative")
         self.flaky_node()  # checks the test hook's form
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError("setting metrics_port must be a port number (0: any free port)")
+        for name in ("metrics_port", "endpoint_port"):
+            if not 0 <= getattr(self, name) <= MAX_PORT:
+                raise ConfigError(f"setting {name} must be a port number (0: any free port)")
         if not 0 < self.min_shard_bytes < self.max_shard_bytes:
             raise ConfigError("settings need 0 < min_shard_bytes < max_shard_bytes")
 

@@ -131,7 +131,7 @@ def test_a_bad_built_in_manifest_is_refused() -> None:
 
 # -- rendering ----------------------------------------------------------------------------
 def test_the_rendered_cluster_is_a_valid_raycluster_and_service() -> None:
-    ray_cluster, service = render(cluster_spec(sample()), {"cpu": ["analytics-cpu-worker-x"]})
+    ray_cluster, service, *_ = render(cluster_spec(sample()), {"cpu": ["analytics-cpu-worker-x"]})
     validate_ray_cluster(ray_cluster)
     validate_builtin(service)
     groups = {g["groupName"]: g for g in ray_cluster["spec"]["workerGroupSpecs"]}
@@ -147,7 +147,7 @@ def test_the_ray_containers_start_with_the_environment_of_shardflows_own_nodes()
     """Arrow's allocator is read from the environment when a process starts: the pods'
     Ray processes get what ``shardflow cluster up`` and embedded clusters give theirs."""
     assert PROCESS_ENVIRONMENT == raynode.PROCESS_ENVIRONMENT
-    ray_cluster, _ = render(cluster_spec(sample()))
+    ray_cluster, *_ = render(cluster_spec(sample()))
     pods = [ray_cluster["spec"]["headGroupSpec"]["template"]] + [
         g["template"] for g in ray_cluster["spec"]["workerGroupSpecs"]
     ]
@@ -158,11 +158,11 @@ def test_the_ray_containers_start_with_the_environment_of_shardflows_own_nodes()
 
 
 def test_a_broken_render_fails_the_kuberay_schema() -> None:
-    ray_cluster, _ = render(cluster_spec(sample()))
+    ray_cluster, *_ = render(cluster_spec(sample()))
     ray_cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "two"
     with pytest.raises(jsonschema.ValidationError):
         validate_ray_cluster(ray_cluster)
-    ray_cluster, _ = render(cluster_spec(sample()))
+    ray_cluster, *_ = render(cluster_spec(sample()))
     del ray_cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]
     ray_cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["imag"] = "x"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -170,7 +170,7 @@ def test_a_broken_render_fails_the_kuberay_schema() -> None:
 
 
 def test_the_head_serves_flight_sql_with_the_operator_token_and_balancer_settings() -> None:
-    ray_cluster, service = render(cluster_spec(sample()))
+    ray_cluster, service, *_ = render(cluster_spec(sample()))
     head = ray_cluster["spec"]["headGroupSpec"]
     serve = next(
         c for c in head["template"]["spec"]["containers"] if c["name"] == "shardflow-serve"
@@ -257,3 +257,45 @@ def test_the_rbac_roles_grant_what_they_say() -> None:
     operator = rules("operator-clusterrole")
     assert all("*" not in r["verbs"] + r["resources"] + r["apiGroups"] for r in operator)
     assert not any("delete" in r["verbs"] for r in operator)  # KubeRay deletes the pods
+
+
+def test_workers_endpoints_get_a_headless_service_and_a_policy_that_opens_only_their_port() -> None:
+    """``spec.flightEndpoints: workers``: the workers serve their parts of answers on a
+    fixed port (a setting the door passes on), a headless Service lists the data pods on
+    it, and the NetworkPolicy lets other pods reach the data pods on that port (and the
+    door's, on door pods) only; the cluster's own pods reach them on any (Ray, lanes)."""
+    ray_cluster, door, endpoints, policy = render(cluster_spec(sample()))
+    for manifest in (door, endpoints, policy):
+        validate_builtin(manifest)
+    validate_ray_cluster(ray_cluster)
+    assert endpoints["spec"]["clusterIP"] == "None"
+    data = {"ray.io/cluster": "analytics", "shardflow.io/data-node": "true"}
+    assert endpoints["spec"]["selector"] == data
+    assert endpoints["spec"]["ports"] == [{"name": "endpoint", "port": 8816, "targetPort": 8816}]
+    assert policy["spec"]["podSelector"] == {"matchLabels": data}
+    inside, outside = policy["spec"]["ingress"]
+    assert inside == {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": "analytics"}}}]}
+    assert outside == {"ports": [{"protocol": "TCP", "port": 8816},  # the parts of answers
+                                 {"protocol": "TCP", "port": 8815}]}  # fmt: skip # door pods
+    for group in ray_cluster["spec"]["workerGroupSpecs"]:
+        pod = group["template"]
+        assert pod["metadata"]["labels"]["shardflow.io/data-node"] == "true"
+        worker = pod["spec"]["containers"][0]
+        assert worker["ports"] == [{"name": "endpoint", "containerPort": 8816}]
+    head = ray_cluster["spec"]["headGroupSpec"]["template"]
+    assert "shardflow.io/data-node" not in head["metadata"]["labels"]  # the head holds none
+    serve = head["spec"]["containers"][1]["command"]
+    sets = [serve[i + 1] for i, arg in enumerate(serve) if arg == "--set"]
+    settings = Settings().with_text(sets)  # as shardflow serve reads them
+    assert settings.flight_endpoints == "workers" and settings.endpoint_port == 8816
+    through_door = copy.deepcopy(sample())
+    del through_door["spec"]["flightEndpoints"]
+    assert [m["kind"] for m in render(cluster_spec(through_door))] == ["RayCluster", "Service"]
+    clash = copy.deepcopy(sample())
+    clash["spec"]["endpointPort"] = 8815
+    assert broken_rules(clash) == ["endpointPort must differ from flightPort"]
+    with pytest.raises(ConfigError, match="endpointPort must differ"):
+        cluster_spec(clash)
+    clash["spec"]["flightEndpoints"] = "both"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_ours(clash)

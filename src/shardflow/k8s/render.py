@@ -7,6 +7,9 @@ operator's output is checked by golden files and schema validation.
 ...                  "nodeGroups": [{"name": "cpu", "deviceClass": "cpu", "replicas": 2}]}}
 >>> [m["kind"] for m in render(cluster_spec(body))]
 ['RayCluster', 'Service']
+>>> body["spec"]["flightEndpoints"] = "workers"  # answers read straight from the workers
+>>> [m["kind"] for m in render(cluster_spec(body))]
+['RayCluster', 'Service', 'Service', 'NetworkPolicy']
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ PROCESS_ENVIRONMENT = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 """Set on the Ray containers: :data:`shardflow.runtime.ray.node.PROCESS_ENVIRONMENT` (Arrow's
 allocator, which hands freed memory back to the system)."""
 FLIGHT_PORT = 8815
+ENDPOINT_PORT = 8816
+"""The workers' own Flight port (``spec.endpointPort``), where ``spec.flightEndpoints`` is
+``workers``: clients read the parts of answers there."""
+FLIGHT_ENDPOINTS = ("service", "workers")
+"""``spec.flightEndpoints``: the values of shardflow's ``flight_endpoints`` setting."""
 OPERATOR_TOKEN_DIR = "/etc/shardflow/operator"
 TLS_DIR = "/etc/shardflow/tls"
 MANAGED_BY = "shardflow-operator"
@@ -77,6 +85,10 @@ class ClusterSpec:
     volume_claim: str | None
     groups: tuple[NodeGroup, ...]
     flight_port: int = FLIGHT_PORT
+    endpoints: str = "service"
+    """Where clients read answers that need no final step: through the door, or straight
+    from the workers (``workers``: a headless Service and a NetworkPolicy for their port)."""
+    endpoint_port: int = ENDPOINT_PORT
     tls_secret: str | None = None
     operator_token_secret: str = ""
     head_cpu: str = "2"
@@ -91,6 +103,10 @@ class ClusterSpec:
     @property
     def flight_service(self) -> str:
         return f"{self.name}-flight"
+
+    @property
+    def endpoint_service(self) -> str:
+        return f"{self.name}-endpoints"
 
     @property
     def head_address(self) -> str:
@@ -131,6 +147,14 @@ def cluster_spec(body: Mapping[str, Any]) -> ClusterSpec:
         raise ConfigError(f"spec.balancer has unknown fields {unknown}; known: "
                           f"{sorted(BALANCER_SETTINGS)}")  # fmt: skip
     head = spec.get("head") or {}
+    endpoints = str(spec.get("flightEndpoints", "service"))
+    if endpoints not in FLIGHT_ENDPOINTS:
+        raise ConfigError(f"spec.flightEndpoints must be one of {FLIGHT_ENDPOINTS}, not "
+                          f"{endpoints!r}")  # fmt: skip
+    flight_port = int(spec.get("flightPort", FLIGHT_PORT))
+    endpoint_port = int(spec.get("endpointPort", ENDPOINT_PORT))
+    if endpoint_port == flight_port:  # a door on a worker's pod listens on flightPort
+        raise ConfigError(f"spec.endpointPort must differ from spec.flightPort ({flight_port})")
     return ClusterSpec(
         name=name,
         namespace=str(metadata.get("namespace") or "default"),
@@ -138,7 +162,9 @@ def cluster_spec(body: Mapping[str, Any]) -> ClusterSpec:
         data_path=uri.path,
         volume_claim=data.get("volumeClaim"),
         groups=groups,
-        flight_port=int(spec.get("flightPort", FLIGHT_PORT)),
+        flight_port=flight_port,
+        endpoints=endpoints,
+        endpoint_port=endpoint_port,
         tls_secret=spec.get("tlsSecret"),
         operator_token_secret=str(spec.get("operatorTokenSecret") or f"{name}-operator-token"),
         head_cpu=str(head.get("cpu", "2")),
@@ -188,16 +214,23 @@ def _group(group: Mapping[str, Any], index: int) -> NodeGroup:
 def render(
     spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]] | None = None
 ) -> list[dict[str, Any]]:
-    """The manifests of ``spec``: its RayCluster, then the Service of its Flight SQL door.
-    ``workers_to_delete`` (group -> pod names) tells KubeRay which pods a scale-down removes
-    (pods whose shards the operator has already moved away)."""
+    """The manifests of ``spec``: its RayCluster, then the Service of its Flight SQL door,
+    and where clients read answers from the workers, the headless Service of the workers'
+    endpoints and the NetworkPolicy that lets clients reach those and nothing else of the
+    data pods. ``workers_to_delete`` (group -> pod names) tells KubeRay which pods a
+    scale-down removes (pods whose shards the operator has already moved away)."""
     manifests = [ray_cluster(spec, workers_to_delete or {}), flight_service(spec)]
+    if spec.endpoints == "workers":
+        manifests += [endpoint_service(spec), endpoint_policy(spec)]
     fresh: list[dict[str, Any]] = json.loads(json.dumps(manifests))  # no shared parts: no
     return fresh  # YAML aliases, and a change to one place changes only that place
 
 
 DOOR_LABEL = "shardflow.io/door"
 """On the pods that serve Flight SQL: the Service's selector."""
+DATA_LABEL = "shardflow.io/data-node"
+"""On the pods of data nodes (the worker groups): the endpoints' Service and policy select
+them."""
 RAY_TMP_VOLUME = {"name": "ray-tmp", "emptyDir": {}}
 RAY_TMP_MOUNT = {"name": "ray-tmp", "mountPath": "/tmp/ray"}
 """Ray's folder (its raylet's sockets), shared by the Ray container and a door beside it."""
@@ -267,6 +300,56 @@ def flight_service(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
+def endpoint_service(spec: ClusterSpec) -> dict[str, Any]:
+    """A headless Service over the data pods' endpoint port: no address of its own, a DNS
+    name that lists the pods (``<name>-endpoints.<namespace>.svc``). A client is handed each
+    worker's own address in the answer's endpoints; the Service names the port for the
+    policy and lets a client or a mesh find the workers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": spec.endpoint_service,
+            "namespace": spec.namespace,
+            "labels": labels(spec),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"ray.io/cluster": spec.name, DATA_LABEL: "true"},
+            "ports": [
+                {"name": "endpoint", "port": spec.endpoint_port, "targetPort": spec.endpoint_port}
+            ],
+        },
+    }
+
+
+def endpoint_policy(spec: ClusterSpec) -> dict[str, Any]:
+    """What reaches the data pods: the cluster's own pods, on any port (Ray, the fast
+    lanes, moves), and any other pod only on the endpoint port (the parts of answers, each
+    read with a ticket the worker checks) and, on pods that are doors too, the Flight SQL
+    port. Ray's ports, which run code for whoever reaches them, stay inside the cluster."""
+    ports = [{"protocol": "TCP", "port": spec.endpoint_port}]
+    if any(group.door for group in spec.groups):
+        ports.append({"protocol": "TCP", "port": spec.flight_port})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": spec.endpoint_service,
+            "namespace": spec.namespace,
+            "labels": labels(spec),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"ray.io/cluster": spec.name, DATA_LABEL: "true"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": spec.name}}}]},
+                {"ports": ports},
+            ],
+        },
+    }
+
+
 def serve_command(spec: ClusterSpec, address: str = "127.0.0.1:6379") -> list[str]:
     """``shardflow serve`` beside a Ray node: on the head pod attached to the head beside
     it, on a door pod to the head through its Service (a driver on its own pod's raylet)."""
@@ -279,8 +362,11 @@ def serve_command(spec: ClusterSpec, address: str = "127.0.0.1:6379") -> list[st
         command += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
     else:  # inside the cluster network only (a ClusterIP Service); docs say when to add TLS
         command += ["--insecure"]
-    for name, value in spec.settings.items():
-        command += ["--set", f"{name}={json.dumps(value)}"]
+    settings = dict(spec.settings)
+    if spec.endpoints == "workers":
+        settings.update(flight_endpoints="workers", endpoint_port=spec.endpoint_port)
+    for name, value in settings.items():  # as shardflow serve reads them: text as it is
+        command += ["--set", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
     return command
 
 
@@ -366,7 +452,13 @@ def _worker_group(spec: ClusterSpec, group: NodeGroup, to_delete: list[str]) -> 
             "volumeMounts": mounts,
         }
     ]
-    pod_labels = {**labels(spec), "shardflow.io/device-class": group.device_class}
+    if spec.endpoints == "workers":  # the worker's own Flight endpoint
+        containers[0]["ports"] = [{"name": "endpoint", "containerPort": spec.endpoint_port}]
+    pod_labels = {
+        **labels(spec),
+        "shardflow.io/device-class": group.device_class,
+        DATA_LABEL: "true",
+    }
     if group.door:  # a replica of the Flight SQL door on every pod of the group
         door, door_volumes = _door(spec, image, spec.head_address, mounts)
         containers[0]["volumeMounts"] = [*mounts, RAY_TMP_MOUNT]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ import pyarrow.flight as flight
 import pytest
 
 from shardflow.audit import AuditLog
+from shardflow.config import Settings
 from shardflow.engine import duckdb_engine
+from shardflow.errors import ConfigError
 from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.endpoint import PartEndpoint
 from tests.support.local_cluster import LocalCluster, events
@@ -186,3 +189,26 @@ def test_a_part_whose_stream_is_dropped_unread_lets_its_shards_go(
     while worker.readers.total() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker.readers.total() == 0
+
+
+def test_a_fixed_port_is_listened_on_and_a_taken_one_refused_with_the_setting_named(
+    cluster: LocalCluster,
+) -> None:
+    """``endpoint_port``: the port a NetworkPolicy names. Taken (a second worker on the
+    host), the worker says which setting to change instead of failing later."""
+    node = cluster.workers.get("node-0").node
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match="endpoint_port"):
+            PartEndpoint(node, "127.0.0.1", "node-0", port=port)
+    endpoint = PartEndpoint(node, "127.0.0.1", "node-0", port=port)  # free again
+    try:
+        assert endpoint.location == f"grpc+tcp://127.0.0.1:{port}"
+        ticket = reserve(cluster, endpoint, "node-0")
+        assert read(endpoint, ticket).num_rows > 0
+    finally:
+        endpoint.close()
+    with pytest.raises(ConfigError, match="endpoint_port must be a port"):
+        Settings(endpoint_port=70_000)

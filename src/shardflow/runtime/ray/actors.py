@@ -305,6 +305,7 @@ class WorkerService:
                 AuditLog(home.root) if home.local else None,
                 WORKER_CONCURRENCY,
                 _tls_material(settings),
+                settings.endpoint_port,
             )
             if settings.fast_lane
             else None

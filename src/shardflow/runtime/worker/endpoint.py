@@ -39,7 +39,7 @@ import pyarrow.flight as flight
 
 from shardflow.audit import AuditLog
 from shardflow.engine.duckdb_engine import as_schema
-from shardflow.errors import Error, Retryable
+from shardflow.errors import ConfigError, Error, Retryable
 from shardflow.runtime.fastlane import ReaderGone
 from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.reads import BoundPart
@@ -91,14 +91,22 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
         audit: AuditLog | None = None,
         concurrency: int = 16,
         tls: tuple[bytes, bytes] | None = None,
+        port: int = 0,
     ) -> None:
-        """``tls``: a PEM certificate and its key, to serve ``grpc+tls`` with."""
+        """``tls``: a PEM certificate and its key, to serve ``grpc+tls`` with; ``port``:
+        the one to listen on (0: a free one; a taken one is a ``ConfigError``)."""
         scheme = "grpc+tls" if tls is not None else "grpc+tcp"
-        super().__init__(
-            f"{scheme}://{host}:0",
-            middleware={"caller": _CallerFactory()},
-            tls_certificates=[flight.CertKeyPair(*tls)] if tls is not None else [],
-        )
+        try:
+            super().__init__(
+                f"{scheme}://{host}:{port}",
+                middleware={"caller": _CallerFactory()},
+                tls_certificates=[flight.CertKeyPair(*tls)] if tls is not None else [],
+            )
+        except (OSError, flight.FlightError, pa.ArrowException) as error:
+            raise ConfigError(
+                f"{name}: its Flight endpoint cannot listen on {host}:{port} (setting "
+                f"endpoint_port; a fixed port takes one worker per host): {error}"
+            ) from None
         self.location = f"{scheme}://{host}:{self.port}"
         self._reads = reads
         self._name = name

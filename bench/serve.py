@@ -18,6 +18,12 @@ endpoints' order, a few queued per endpoint).
 parts are read straight from the workers, every worker at once (ADBC's driver reads the
 endpoints together); ``--endpoints service`` sends every answer through the service.
 
+Sorted: ``SELECT * FROM lineitem ORDER BY l_extendedprice DESC`` through ``pyarrow.flight``
+(the service interleaves the workers' sorted parts as they arrive), timed to its first batch
+and to its end against DuckDB's own ORDER BY of the same table in process, with the
+service's peak memory (its process's high-water mark, read before and after) against the
+answer's size: ``--buffer-mb`` (``stream_buffer_mb``, 64 by default) bounds what waits there.
+
 The last line is ``flight_fetch_ratio=X flight_qps_ratio=Y ttfb_ms=T`` (the ratios:
 shardflow / baseline).
 
@@ -39,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
+import duckdb
 import pyarrow as pa
 import pyarrow.flight as flight
 
@@ -121,6 +128,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per QPS measurement")
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
     parser.add_argument("--endpoints", choices=("workers", "service"), default="workers")
+    parser.add_argument("--buffer-mb", type=int, default=64, help="the service's stream_buffer_mb")
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-serve-") as data_dir:
@@ -130,28 +138,71 @@ def main() -> None:
             tpch.load(db, data, progress=True)
             lineitem = db.sql("SELECT * FROM lineitem")
             local_qps = qps(args.threads, args.seconds, lambda: lambda i: db.sql(short_query(i)))
-        with served(data_dir, args.workers, args.endpoints) as uri:
+        with served(data_dir, args.workers, args.endpoints, args.buffer_mb) as (uri, pid):
+            sorted_fetch(uri, pid, lineitem)
             run_bench(args, uri, lineitem, local_qps)
 
 
 @contextmanager
-def served(data_dir: str, workers: int, endpoints: str = "service") -> Iterator[str]:
-    """``shardflow serve`` on ``data_dir`` in a process of its own; yields its address."""
+def served(
+    data_dir: str, workers: int, endpoints: str = "service", buffer_mb: int = 64
+) -> Iterator[tuple[str, int]]:
+    """``shardflow serve`` on ``data_dir`` in a process of its own; yields its address and
+    process id."""
     command = [str(Path(sys.executable).parent / "shardflow"), "serve", "--data-dir", data_dir,
                "--flight-port", "0", "--workers", str(workers),
-               "--set", f"flight_endpoints={endpoints}"]  # fmt: skip
+               "--set", f"flight_endpoints={endpoints}",
+               "--set", f"stream_buffer_mb={buffer_mb}"]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         for line in process.stdout:
             if "Flight SQL on " in line:
-                yield line.split("Flight SQL on ", 1)[1].strip()
+                yield line.split("Flight SQL on ", 1)[1].strip(), process.pid
                 break
         else:
             raise SystemExit(f"shardflow serve exited with {process.wait()}")
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
+
+
+def peak_mb(pid: int) -> float:
+    """The process's resident memory high-water mark (Linux: VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sorted_fetch(uri: str, pid: int, lineitem: pa.Table) -> None:
+    """An ORDER BY of the whole table through the service, against DuckDB's in process."""
+    query = "SELECT * FROM lineitem ORDER BY l_extendedprice DESC"
+    client = flight.FlightClient(uri)
+    options = flight.FlightCallOptions(headers=[client.authenticate_basic_token(USER, PASSWORD)])
+    before = peak_mb(pid)
+    started = time.perf_counter()
+    command = fsql.pack(fsql.new("CommandStatementQuery", query=query))
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+    reader = reader_of(client, info.endpoints[0]).do_get(info.endpoints[0].ticket, options)
+    first = rows = nbytes = 0.0
+    for chunk in reader:
+        if not first:
+            first = time.perf_counter() - started
+        rows += chunk.data.num_rows
+        nbytes += chunk.data.nbytes
+    took = time.perf_counter() - started
+    client.close()
+    con = duckdb.connect()
+    con.register("lineitem", lineitem)
+    started = time.perf_counter()
+    con.sql(query).to_arrow_table()
+    duck = time.perf_counter() - started
+    con.close()
+    print(f"{query} ({rows:.0f} rows, {nbytes / 1e6:.0f} MB) through the service:")
+    print(f"  first batch after {first * 1e3:.0f} ms, all in {took:.2f}s "
+          f"(DuckDB in process: {duck:.2f}s; ratio {took / duck:.2f})")  # fmt: skip
+    print(f"  the service's peak memory {before:.0f} -> {peak_mb(pid):.0f} MB")
 
 
 def reader_of(client: flight.FlightClient, endpoint: flight.FlightEndpoint) -> flight.FlightClient:

@@ -428,8 +428,9 @@ class Database:
     def stream(self, query: str, params: Sequence[Any] | None = None) -> pa.RecordBatchReader:
         """Run a query and read its answer as it arrives: a ``RecordBatchReader`` whose
         batches come as the workers have them, with at most ``stream_buffer_mb`` of them
-        waiting here at once whatever the answer's size (an answer finished in one place
-        first, by a merge, ORDER BY or LIMIT, is held whole). Close the reader to stop
+        waiting here at once whatever the answer's size (an ORDER BY, with a LIMIT or not,
+        comes as the workers' sorted parts are interleaved here; an answer finished in one
+        place first, by an aggregate's merge, is held whole). Close the reader to stop
         early. Where the cluster changes under an answer read in part (a worker dies while
         it sends, units are split), reading raises ``ClusterError``: run it again."""
         if params is not None:

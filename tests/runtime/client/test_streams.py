@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from shardflow.errors import AnswerInterrupted
-from shardflow.runtime.client.streams import AnswerStream, streams
+from shardflow.runtime.client.streams import AnswerStream, merged_in_order, streams
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES
 from shardflow.sql.plan import WHOLE
 from tests.support.local_cluster import LocalCluster
@@ -69,6 +69,8 @@ def same_rows(got: pa.Table, want: pa.Table) -> bool:
         "SELECT * FROM t WHERE id < 0",
         "SELECT v % 10 AS d, count(*) AS n FROM t GROUP BY d",  # merged: answered whole
         "SELECT id FROM t ORDER BY v DESC LIMIT 5",
+        "SELECT id, pad FROM t ORDER BY v DESC",  # sorted parts, interleaved as they come
+        "SELECT pad AS p, id FROM t WHERE v % 7 = 1 ORDER BY pad DESC, id LIMIT 900 OFFSET 25",
     ],
 )
 def test_a_streamed_answer_is_duckdbs(cluster: LocalCluster, query: str) -> None:
@@ -153,4 +155,25 @@ def test_a_table_of_several_units_on_one_worker_streams_its_whole_query(
     stream = cluster.session.stream("SELECT * FROM t")
     got = read(stream, pause_s=0.002)
     assert same_rows(got, oracle("SELECT * FROM t").cast(got.schema))
+    assert stream.most_held <= stream.limit + STREAM_FRAME_BYTES
+
+
+def test_a_sorted_answer_leaves_in_order_holding_about_a_batch_per_worker(
+    cluster: LocalCluster,
+) -> None:
+    """``ORDER BY`` over ~24 MB through a 1 MB buffer: each worker sorts its part, the
+    client interleaves them as they come (never the whole answer held, as a merge did);
+    a part that moved since the session routed is asked again before anything went out."""
+    query = "SELECT * FROM t ORDER BY v DESC"
+    assert merged_in_order(cluster.session.plan(query).plan) is not None
+    cluster.sql("SELECT count(*) FROM t")
+    routed = cluster.session.catalog
+    unit = cluster.units("t")[0]
+    other = next(n for n in cluster.catalog.nodes if n != unit.node)
+    assert cluster.migrate(unit.unit_id, other)["outcome"] == "done"
+    cluster.session.catalog = routed  # as a session that did not see the move has it
+    stream = cluster.session.stream(query)
+    got = read(stream, pause_s=0.002)
+    assert got.to_pylist() == oracle(query).cast(got.schema).to_pylist()
+    assert got.nbytes > 20 * stream.limit
     assert stream.most_held <= stream.limit + STREAM_FRAME_BYTES

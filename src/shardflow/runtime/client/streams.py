@@ -4,7 +4,11 @@ projection: one stage over the shards, no merge), each worker's part goes to the
 soon as that worker has it, in record batches of at most ``STREAM_FRAME_BYTES``, and no
 more than ``stream_buffer_mb`` of them wait in the client at once: the parts still to read
 wait on the workers (their senders block), so the client's memory stays bounded whatever
-the answer's size. Any other query is answered whole first and then handed out in batches.
+the answer's size. Where the merge only orders the parts (``ORDER BY``, a ``LIMIT`` after
+it: ``sql/merges.py``), each worker sorts its part and the parts are interleaved as they
+arrive (``runtime/query/merging.py``): the first rows leave once every worker sorted its
+part, and the client holds about a batch per worker. Any other query is answered whole
+first and then handed out in batches.
 
 A part that a worker could not run (it moved, the worker died before answering) runs again
 with fresh routing, as any fragment does, while the others are read; a part whose units were
@@ -20,6 +24,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Protocol
 
 import pyarrow as pa
@@ -39,8 +44,10 @@ from shardflow.runtime.client.runner import RoutedRunner, RunnerHost, stage_unit
 from shardflow.runtime.fastlane import STREAM_FRAME_BYTES, LaneBroken, slices
 from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
 from shardflow.runtime.query.fragments import FragmentCalls
+from shardflow.runtime.query.merging import SortedParts, UnsortableKey
 from shardflow.runtime.query.planning import PlannedQuery
 from shardflow.sql import DistributedPlan
+from shardflow.sql.merges import SortedMerge, sorted_merge
 from shardflow.sql.plan import WHOLE
 
 log = logging.getLogger(__name__)
@@ -179,27 +186,58 @@ def streams(plan: DistributedPlan, units: int) -> bool:
     )
 
 
+def merged_in_order(plan: DistributedPlan) -> SortedMerge | None:
+    """The sorted merge of ``plan``'s answer where its parts are interleaved as they arrive:
+    one stage over the shards, not routed, its merge only an ordering on the client."""
+    stage = plan.result
+    if (
+        len(plan.stages) != 1
+        or stage.placement != "shards"
+        or stage.inputs
+        or stage.buckets is not None
+        or stage.merge_on != "client"
+    ):
+        return None
+    return sorted_merge(stage.merge_sql)
+
+
 def open_stream(session: StreamHost, sql: str) -> AnswerStream:
     """``sql``'s answer as it arrives (see the module)."""
     limit = session.settings.stream_buffer_mb << 20
     planned = session.plan(sql)
     group = session.catalog.groups.get(planned.plan.result.group or "")
-    if group is None or not streams(planned.plan, len(group.units)):
+    merge = merged_in_order(planned.plan) if group is not None else None
+    if merge is not None:
+        read: Callable[[StreamHost, PlannedQuery, AnswerStream], None] = partial(
+            _read_sorted, merge=merge
+        )
+    elif group is not None and streams(planned.plan, len(group.units)):
+        read = _read_parts
+    else:
         table, _ = session.query(sql)
         return AnswerStream.of_table(table, limit)
     stream = AnswerStream(planned.schema, limit)
     threading.Thread(
-        target=_fill, args=(session, sql, planned, stream), name="shardflow-stream", daemon=True
+        target=_fill,
+        args=(session, sql, planned, stream, read),
+        name="shardflow-stream",
+        daemon=True,
     ).start()
     return stream
 
 
-def _fill(session: StreamHost, sql: str, planned: PlannedQuery, stream: AnswerStream) -> None:
+def _fill(
+    session: StreamHost,
+    sql: str,
+    planned: PlannedQuery,
+    stream: AnswerStream,
+    read: Callable[[StreamHost, PlannedQuery, AnswerStream], None],
+) -> None:
     started = time.perf_counter()
     try:
         for attempt in range(STREAM_ATTEMPTS):
             try:
-                _read_parts(session, planned, stream)
+                read(session, planned, stream)
                 break
             except Changed as error:  # truncated: parts read before must not meet later ones
                 if attempt + 1 == STREAM_ATTEMPTS:
@@ -210,7 +248,7 @@ def _fill(session: StreamHost, sql: str, planned: PlannedQuery, stream: AnswerSt
                         "run the query again"
                     ) from None
                 session.refresh([error.table])
-            except (StageRefused, PlanOutdated) as error:  # answered whole instead
+            except (StageRefused, PlanOutdated, UnsortableKey) as error:
                 if not stream.discard():
                     raise AnswerInterrupted(
                         f"the answer cannot be finished ({error}); run the query again"
@@ -297,6 +335,75 @@ def _read_parts(session: StreamHost, planned: PlannedQuery, stream: AnswerStream
             raise failed
         if pending:
             raise Unfinished(f"{len(pending)} unit(s) of the answer still to read")
+
+    session.retrying("query", attempt)
+
+
+def _read_sorted(
+    session: StreamHost, planned: PlannedQuery, stream: AnswerStream, merge: SortedMerge
+) -> None:
+    """Each worker's part sorted by the merge's keys (one fragment over all its units), the
+    parts interleaved as they arrive. A part that cannot start (a unit moved, a worker
+    gone) starts the answer again with fresh routing; a part that fails once rows went out
+    ends it with :class:`AnswerInterrupted`."""
+    stage = planned.plan.result
+    runner = RoutedRunner(session, session.fragment_calls())
+    sql = merge.part_sql(stage.sql)
+    columns = list(merge.columns)
+
+    def attempt() -> None:
+        catalog = session.catalog
+        commits = runner.commits(stage.tables)
+        group, units = stage_units(stage, catalog)
+        by_node = units_by_node(group, units)
+        addresses = {node: session.lanes.address(node) for node in by_node}
+        opened: dict[str, Iterator[pa.Table] | BaseException] = {}
+
+        def open_part(node: str) -> None:  # all at once: each worker sorts its part first
+            address = addresses[node]
+            bindings = {table: by_node[node] for table in stage.tables}
+            try:
+                if address is not None:
+                    opened[node] = session.lanes.lanes.stream(
+                        address, sql, bindings, catalog.epoch, commits
+                    )
+                else:  # no lane: the fragment call's result, whole
+                    call = session.fragment_calls().submit(
+                        node, sql, bindings, catalog.epoch, {}, False, commits
+                    )
+                    opened[node] = slices(call.result().output.table(), STREAM_FRAME_BYTES)
+            except BaseException as error:  # raised below, on the reading thread
+                opened[node] = error
+
+        threads = [threading.Thread(target=open_part, args=(node,)) for node in by_node]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        parts = [part for part in opened.values() if not isinstance(part, BaseException)]
+        try:
+            failed = next((e for e in opened.values() if isinstance(e, BaseException)), None)
+            if failed is not None:
+                if isinstance(failed, LaneBroken):
+                    node = next(n for n, e in opened.items() if e is failed)
+                    session.lanes.broken(node, failed)
+                    raise Unfinished(f"{node}'s fast lane broke: {failed}")
+                raise failed  # a Retryable one is asked again with fresh routing
+            for table in SortedParts(parts, merge):  # up to a batch of each part at once
+                for frame in slices(table.select(columns), STREAM_FRAME_BYTES):
+                    stream.put(as_schema(frame, planned.schema))
+        except (LaneBroken, Retryable) as error:
+            if stream.discard():  # nothing went out: the whole answer again
+                raise Unfinished(f"a part of the sorted answer failed: {error}") from None
+            raise AnswerInterrupted(
+                f"a worker could not finish its part of the sorted answer ({error}); "
+                "run the query again"
+            ) from None
+        finally:
+            for part in parts:
+                close: Callable[[], None] | None = getattr(part, "close", None)
+                if close is not None:
+                    close()
 
     session.retrying("query", attempt)
 

@@ -12,7 +12,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from shardflow.runtime.query.merging import SortedParts
+from shardflow.runtime.query.merging import SortedParts, UnsortableKey
 from shardflow.sql.merges import sorted_merge
 
 ORDERS = [
@@ -105,3 +105,11 @@ def test_a_part_is_read_only_as_far_as_the_answer_needs_it() -> None:
     merged = pa.concat_tables(list(SortedParts([part(0), part(1)], merge)))
     assert merged.column("_c0").to_pylist() == [0, 1, 2, 3, 4]
     assert pulled == [1, 1]  # one batch of each, of a hundred
+
+
+def test_a_key_of_a_type_arrow_orders_otherwise_is_refused_before_a_row_goes_out() -> None:
+    merge = sorted_merge("SELECT _c0 FROM __sf_partials ORDER BY _c0")
+    assert merge is not None
+    intervals = pa.table({"_c0": pa.array([None], pa.month_day_nano_interval())})
+    with pytest.raises(UnsortableKey):
+        list(SortedParts([[intervals], [intervals]], merge))

@@ -21,9 +21,18 @@ import pyarrow.compute as pc
 
 from shardflow.sql.merges import SortedMerge
 
+_SORTABLE = (
+    pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
+    pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+    pa.types.is_large_binary, pa.types.is_date, pa.types.is_timestamp, pa.types.is_time,
+    pa.types.is_duration,
+)  # fmt: skip
+"""Types Arrow sorts as DuckDB does (numbers, text and bytes by their bytes, times)."""
+
 
 class UnsortableKey(Exception):
-    """A key of a type Arrow cannot sort (lists, structs, maps): merged whole instead."""
+    """A key of another type (an interval, a list, a UUID, a view type): the answer is
+    merged whole instead."""
 
 
 class SortedParts:
@@ -91,7 +100,7 @@ def _sort_columns(table: pa.Table, merge: SortedMerge) -> tuple[pa.Table, list[t
     for n, key in enumerate(merge.keys):
         values = table.column(key.column)
         kind = values.type
-        if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
+        if not any(check(kind) for check in _SORTABLE):
             raise UnsortableKey(f"{key.column} is {kind}")
         direction = "descending" if key.descending else "ascending"
         columns[f"null{n}"] = pc.is_null(values)

@@ -405,7 +405,8 @@ class TokenIssuer:
     Without a ``key`` they are random and kept in this process's memory; with one they
     carry whom they were issued to and when they expire, signed (HMAC-SHA256) with the
     key, so that any process holding the key accepts them (the service's replicas) and
-    none of them keeps any. Signed tokens expire by the wall clock.
+    none of them needs to keep any (each keeps those it verified, to check them again at
+    a dictionary's cost). Signed tokens expire by the wall clock.
 
     >>> issuer = TokenIssuer(ttl_s=60.0)
     >>> token = issuer.issue(Principal("ada", "reader", "user"))
@@ -451,18 +452,26 @@ class TokenIssuer:
         return token
 
     def resolve(self, token: str) -> Principal | None:
-        """Whom ``token`` was issued to; None when it is unknown or expired."""
-        if self._key is not None:
-            return self._verified(token)
+        """Whom ``token`` was issued to; None when it is unknown or expired. A signed token
+        verified once is kept (as an issued one is, at most ``max_live``): each call of a
+        client checks it against that, not its signature again."""
         with self._lock:
             entry = self._live.get(token)
-            if entry is None:
-                return None
-            principal, expires = entry
-            if expires <= self._clock():
+            if entry is not None:
+                principal, expires = entry
+                if expires > self._clock():
+                    return principal
                 del self._live[token]
                 return None
-            return principal
+        if self._key is None:
+            return None
+        verified, expires = self._verified(token)
+        if verified is not None:
+            with self._lock:
+                while len(self._live) >= self._max_live:
+                    self._live.popitem(last=False)
+                self._live[token] = (verified, expires)
+        return verified
 
     def _signed(self, principal: Principal) -> str:
         expires = round(self._clock() + self.ttl_s, 3)
@@ -474,19 +483,20 @@ class TokenIssuer:
         assert self._key is not None
         return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
 
-    def _verified(self, token: str) -> Principal | None:
+    def _verified(self, token: str) -> tuple[Principal | None, float]:
+        """A signed token's holder and expiry (None: forged, damaged or expired)."""
         if not isinstance(token, str) or not token.startswith(SIGNED_PREFIX):
-            return None
+            return None, 0.0
         body, _, mac = token[len(SIGNED_PREFIX) :].partition(".")
         if not hmac.compare_digest(mac.encode(), self._mac(body).encode()):
-            return None
+            return None, 0.0
         try:
             claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
             principal = Principal(str(claims["n"]), str(claims["r"]), str(claims["k"]))
             expires = float(claims["e"])
         except (ValueError, KeyError, TypeError):
-            return None
-        return principal if expires > self._clock() else None
+            return None, 0.0
+        return (principal, expires) if expires > self._clock() else (None, 0.0)
 
     def __len__(self) -> int:
         """Tokens held, expired ones not yet dropped included."""

@@ -238,10 +238,13 @@ class Session:
                     self._plans.plan(sql, self.whole())
         return self._plans.plan(sql, self.catalog)
 
-    def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+    def query(
+        self, sql: str, planned: PlannedQuery | None = None
+    ) -> tuple[pa.Table, ExecutionReport]:
+        """``sql``'s answer (``planned``: its plan, made just before by the caller)."""
         started = time.perf_counter()
         try:
-            answer = self._query(sql)
+            answer = self._query(sql, planned)
         except Error:
             self._tally.query(time.perf_counter() - started, False)
             raise
@@ -265,9 +268,12 @@ class Session:
         """Count a query's outcome in the coordinator's metrics."""
         self._tally.query(seconds, ok)
 
-    def _query(self, sql: str) -> tuple[pa.Table, ExecutionReport]:
+    def _query(
+        self, sql: str, planned: PlannedQuery | None = None
+    ) -> tuple[pa.Table, ExecutionReport]:
         planning_started = time.perf_counter()
-        planned = self.plan(sql)
+        if planned is None:
+            planned = self.plan(sql)
         planning = time.perf_counter() - planning_started  # ~0 when the plan was cached
         lost = outdated = changed = 0
         while True:

@@ -63,7 +63,9 @@ class StreamHost(RunnerHost, Protocol):
     """What an answer read as it arrives needs of its session."""
 
     def plan(self, sql: str) -> PlannedQuery: ...
-    def query(self, sql: str) -> tuple[pa.Table, ExecutionReport]: ...
+    def query(
+        self, sql: str, planned: PlannedQuery | None = None
+    ) -> tuple[pa.Table, ExecutionReport]: ...
     def refresh(self, more: list[str]) -> Catalog: ...
     def fragment_calls(self) -> FragmentCalls: ...
     def tally_query(self, seconds: float, ok: bool) -> None: ...
@@ -214,7 +216,7 @@ def open_stream(session: StreamHost, sql: str) -> AnswerStream:
     elif group is not None and streams(planned.plan, len(group.units)):
         read = _read_parts
     else:
-        table, _ = session.query(sql)
+        table, _ = session.query(sql, planned)  # planned once (a key lookup's few ms)
         return AnswerStream.of_table(table, limit)
     stream = AnswerStream(planned.schema, limit)
     threading.Thread(

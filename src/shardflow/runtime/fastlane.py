@@ -23,6 +23,7 @@ its source's snapshot the same way, chunk by chunk (:meth:`Lanes.chunk`).
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import logging
@@ -98,6 +99,9 @@ Export = Callable[[str, tuple[str, int]], pa.Table | None]
 Reserve = Callable[[PartRequest], bytes]
 """A worker's endpoint (``PartEndpoint.reserve``): a part of an answer reserved for one
 read; its ticket."""
+Cancel = Callable[[bytes], bool]
+"""A worker's endpoint (``PartEndpoint.cancel``): a reservation let go unread, by its
+ticket; whether it was still held."""
 
 
 class LaneServer:
@@ -113,6 +117,7 @@ class LaneServer:
         export: Export | None = None,
         reserve: Reserve | None = None,
         endpoint: str = "",
+        cancel: Cancel | None = None,
     ) -> None:
         """``concurrency``: fragments and load parts taken at once at most (as many as the
         worker's Ray calls may be; more clients wait their turn rather than crowd its
@@ -123,6 +128,7 @@ class LaneServer:
         self._stage = stage
         self._export = export
         self._reserve = reserve
+        self._cancel = cancel
         self._name = name
         self._running = threading.BoundedSemaphore(concurrency)
         self._token = secrets.token_bytes(TOKEN_BYTES)
@@ -165,6 +171,8 @@ class LaneServer:
                         _write_frames(connection, *self._chunk(request))
                     elif request.get("op") == "reserve":
                         _write_frames(connection, *self._reserved(request))
+                    elif request.get("op") == "cancel":
+                        _write_frames(connection, *self._cancelled(request))
                     else:
                         _write_frames(connection, *self._answer(request, connection))
             except (OSError, EOFError, ValueError, KeyError, TypeError):
@@ -284,6 +292,12 @@ class LaneServer:
             log.exception("%s: a reservation on the fast lane failed", self._name)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
+    def _cancelled(self, request: dict[str, Any]) -> tuple[bytes, ...]:
+        """Let go of a reservation unread, by its ticket: b"1" where it was still held."""
+        ticket = base64.b64decode(str(request["ticket"]))
+        held = self._cancel is not None and self._cancel(ticket)
+        return _OK, b"1" if held else b"0"
+
     def close(self) -> None:
         """Stop listening and hang up on every client (a call in progress ends first)."""
         self._closed.set()
@@ -376,6 +390,13 @@ class Lanes:
         read from its Flight endpoint (``runtime/worker/endpoint.py``); the ticket."""
         frame = json.dumps({"op": "reserve", **request.to_json()}).encode()
         return self._call(address, (frame,), lambda connection: bytes(_read_frame(connection)))
+
+    def cancel(self, address: LaneAddress, ticket: bytes) -> bool:
+        """Let go of the part ``ticket`` reserved on the worker at ``address``, unread;
+        whether it was still held there."""
+        frame = json.dumps({"op": "cancel", "ticket": base64.b64encode(ticket).decode()})
+        held = self._call(address, (frame.encode(),), lambda c: bytes(_read_frame(c)))
+        return held == b"1"
 
     def _parts(
         self, address: LaneAddress, connection: socket.socket, first: pa.Table | None

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import duckdb
 import pyarrow as pa
@@ -23,6 +24,7 @@ from shardflow.audit import AuditLog
 from shardflow.config import Settings
 from shardflow.engine import duckdb_engine
 from shardflow.errors import ConfigError
+from shardflow.runtime.fastlane import Lanes, LaneServer
 from shardflow.runtime.protocol import PartRequest, credential_digest
 from shardflow.runtime.worker.endpoint import PartEndpoint
 from tests.support.local_cluster import LocalCluster, events
@@ -168,6 +170,41 @@ def test_a_reservation_that_expires_unread_lets_its_shards_go(
     assert worker._releasing, "the moved shards wait for the reserved part's read"
     assert endpoint.expire(now=time.time() + 31) == 1
     assert worker.readers.total() == 0 and worker._releasing == []
+
+
+def no_fragment(*args: object, **kwargs: object) -> NoReturn:
+    raise AssertionError("no fragment runs over this lane")
+
+
+def test_a_reservation_cancelled_over_the_lane_lets_its_shards_go_at_once(
+    cluster: LocalCluster, endpoints: dict[str, PartEndpoint]
+) -> None:
+    """Another worker's part of the same answer failed: the session cancels this one over
+    the worker's lane (a real lane server and client), and the shards a move took away
+    go without waiting for the ticket's expiry; the ticket reads nothing after."""
+    endpoint = endpoints["node-0"]
+    ticket = reserve(cluster, endpoint, "node-0", ttl_s=30)
+    worker = cluster.workers.get("node-0").node
+    for unit in units_on(cluster, "node-0"):
+        cluster.migrate(unit, "node-1")
+    assert worker._releasing, "the moved shards wait for the reserved part"
+    server = LaneServer(
+        no_fragment, "127.0.0.1", "node-0", reserve=endpoint.reserve,
+        endpoint=endpoint.location, cancel=endpoint.cancel,
+    )  # fmt: skip
+    lanes = Lanes()
+    try:
+        forged = ticket[:-4] + b"AAAA"
+        assert lanes.cancel(server.address, forged) is False  # not its signature
+        assert lanes.cancel(server.address, ticket) is True
+        assert lanes.cancel(server.address, ticket) is False  # let go already
+    finally:
+        lanes.close()
+        server.close()
+    assert endpoint.reserved == 0
+    assert worker.readers.total() == 0 and worker._releasing == []
+    with pytest.raises(flight.FlightUnauthorizedError, match="read already"):
+        read(endpoint, ticket)
 
 
 def test_a_part_whose_stream_is_dropped_unread_lets_its_shards_go(

@@ -80,9 +80,21 @@ def reserve_parts(
                 failed = failed or Retryable(f"the fast lane to {node} failed: {error}")
             except Exception as error:  # the first one is raised below
                 failed = failed or error
-        if failed is not None:  # the parts reserved already expire unread
+        if failed is not None:  # the parts reserved already are let go at once
+            _cancel(session, located, parts)
             raise failed
         return parts
 
     parts = session.retrying("query", attempt)
     return None if parts is None else (planned.schema, parts)
+
+
+def _cancel(session: StreamHost, located: dict[str, LaneAddress], parts: list[AnswerPart]) -> None:
+    """Let go of ``parts`` unread (another worker's part of the answer failed): their
+    shards would otherwise stay held until the tickets expire. A worker that does not
+    answer lets its part go at expiry all the same."""
+    for part in parts:
+        try:
+            session.lanes.lanes.cancel(located[part.node], part.ticket)
+        except Exception as error:  # it expires there: the answer's own error matters
+            log.info("%s kept its part of a failed answer until it expires: %s", part.node, error)

@@ -320,6 +320,7 @@ class WorkerService:
                 export=self.node.source.chunk,
                 reserve=self.endpoint.reserve if self.endpoint is not None else None,
                 endpoint=self.endpoint.location if self.endpoint is not None else "",
+                cancel=self.endpoint.cancel if self.endpoint is not None else None,
             )
             if settings.fast_lane
             else None

@@ -131,6 +131,30 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
         body = base64.urlsafe_b64encode(json.dumps(claims).encode())
         return TICKET_PREFIX + body + b"." + self._sign(body)
 
+    def cancel(self, ticket: bytes) -> bool:
+        """Let go of the reservation ``ticket`` reads, unread (the client's session asks,
+        over the lane, when another worker's part of the same answer failed): whether it
+        was still held. A ticket this worker did not sign cancels nothing."""
+        claims = self._claims(ticket)
+        if claims is None:
+            return False
+        with self._lock:
+            reservation = self._reserved.pop(str(claims["id"]), None)
+        if reservation is None:
+            return False
+        self._reads.unbind(reservation.part)
+        return True
+
+    def _claims(self, ticket: bytes) -> dict[str, Any] | None:
+        """The claims of a ticket this worker signed (None: any other bytes)."""
+        body, _, signature = ticket.removeprefix(TICKET_PREFIX).partition(b".")
+        if not ticket.startswith(TICKET_PREFIX) or not hmac.compare_digest(
+            signature, self._sign(body)
+        ):
+            return None
+        claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body))
+        return claims
+
     def _sign(self, body: bytes) -> bytes:
         return base64.urlsafe_b64encode(hmac.new(self._key, body, hashlib.sha256).digest())
 
@@ -162,12 +186,9 @@ class PartEndpoint(flight.FlightServerBase):  # type: ignore[misc]
     def _redeem(self, context: flight.ServerCallContext, ticket: bytes) -> Reservation:
         """The reservation ``ticket`` reads, taken (it is read once); refused and audited
         where the ticket is forged, expired, used, or another caller's."""
-        body, _, signature = ticket.removeprefix(TICKET_PREFIX).partition(b".")
-        if not ticket.startswith(TICKET_PREFIX) or not hmac.compare_digest(
-            signature, self._sign(body)
-        ):
+        claims = self._claims(ticket)
+        if claims is None:
             self._refuse("?", "a ticket this worker did not sign")
-        claims = json.loads(base64.urlsafe_b64decode(body))
         caller = context.get_middleware("caller")
         digest = caller.digest if caller is not None else ""
         with self._lock:

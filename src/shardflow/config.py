@@ -195,6 +195,9 @@ class Settings:
             (until the test sets the session's ``results_released``) before it reads them,
             so that a test can kill the node holding them first and see the query run again
             (``db.last_report.reruns``).
+        test_protocol: for tests only, 0 (off) by default: the version of the roles'
+            messages a worker says it speaks (``runtime/wire.py``) instead of its own, so
+            that a test sees a worker too far from the coordinator's release refused.
         test_hold_copy_s: for tests only, 0 (off) by default. The target of every live move
             waits this many seconds before its copy begins (a plain move's copy takes
             milliseconds), so that a test sees a move in flight (the console) or cancels it.
@@ -254,6 +257,7 @@ class Settings:
     test_fault_resident: str = ""
     test_hold_results_s: float = 0.0
     test_hold_copy_s: float = 0.0
+    test_protocol: int = 0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -298,6 +302,8 @@ class Settings:
             )
         if self.test_hold_results_s < 0:
             raise ConfigError("setting test_hold_results_s (tests only) must not be negative")
+        if self.test_protocol < 0:
+            raise ConfigError("setting test_protocol (tests only) must not be negative")
         if self.test_hold_copy_s < 0:
             raise ConfigError("setting test_hold_copy_s (tests only) must not be negative")
         if self.migration_bandwidth_mb_s < 0:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
+from shardflow.runtime.wire import check_peer
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -193,6 +195,9 @@ class WorkerInfo:
     last_fallback: str
     host: Host = Host()
     """The Ray node the worker runs on (empty for an in-process worker)."""
+    protocol: int = 1
+    """What it speaks (``runtime/wire.py``; a worker of a release before the number was
+    sent answers without it: 1)."""
     pid: int = 0
     """The worker's process id on its host."""
     device_cache: DeviceCache | None = None
@@ -510,6 +515,8 @@ def admit_workers(
     ``WorkerTimeout`` where one did not come up within ``timeout`` seconds a call."""
     asked = [(worker, worker.info()) for worker in workers]  # all at once
     answered = [(worker, reply.get(timeout)) for worker, reply in asked]
+    for worker, info in answered:  # one that speaks too far from this release never serves
+        check_peer(info.protocol, f"worker {worker.node_id}")
     if catalog is not None:
         version = int(catalog["version"])
         behind = [w.sync(catalog) for w, info in answered if info.catalog_version < version]

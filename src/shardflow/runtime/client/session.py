@@ -564,7 +564,11 @@ class Session:
     def add_node(self, slowdown: float = 1.0) -> str:
         node = self._change("reserve_node", lambda c: c.reserve_node())
         worker = self.backend.start_worker(node, slowdown)
-        admit_workers([worker], None)  # started, replicated tables loaded, calibrated
+        try:
+            admit_workers([worker], None)  # started, replicated tables loaded, calibrated
+        except BaseException:  # it never serves (one of another release, refused)
+            self.workers.stop(node)
+            raise
         self._change("node_joined", lambda c: c.node_joined(node))
         return node
 

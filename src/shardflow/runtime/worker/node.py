@@ -43,6 +43,7 @@ from shardflow.runtime.protocol import (
     ShardKey,
     WorkerInfo,
 )
+from shardflow.runtime.wire import PROTOCOL
 from shardflow.runtime.worker.changes import RowChanges, stale_files
 from shardflow.runtime.worker.local import (
     check_shared,
@@ -627,6 +628,7 @@ class WorkerNode(BoundReads, CatalogServing, RowChanges):
                 last_fallback=str(getattr(self.executor, "last_fallback", "")),
                 pid=os.getpid(),
                 device_cache=self._device_cache(),
+                protocol=self.settings.test_protocol or PROTOCOL,
             )
         # which key indexes exist, asked of DuckDB once and outside the node's lock (a
         # fragment never waits on it); nothing is asked where no shard has one

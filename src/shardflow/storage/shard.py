@@ -562,25 +562,38 @@ class Shard:
         Appends that arrive while another is being written are *group-committed*: the next
         writer logs them all (a file each) with one directory sync and adds their rows to
         the shard in one step; each is still acknowledged only once its entry is durable."""
-        pending = _Pending(table.cast(self.schema), batch_id, buckets, lsn)
+        return self.append_many([(table, batch_id, buckets, lsn)])[0]
+
+    def append_many(
+        self, entries: Sequence[tuple[pa.Table, str, np.ndarray | None, int | None]]
+    ) -> list[AppendResult]:
+        """:meth:`append` of several (rows, batch id, buckets, LSN), in order, committed as
+        one group (one directory sync): a move's target applies a catch-up round so. The
+        first error of them is raised (a failing disk fails them all)."""
+        pending = [
+            _Pending(table.cast(self.schema), batch_id, buckets, lsn)
+            for table, batch_id, buckets, lsn in entries
+        ]
+        last = pending[-1]
         with self._queue_lock:
-            self._queue.append(pending)
+            self._queue.extend(pending)
         with self._lock:
             if not self._lock.wait_for(
-                lambda: pending.done or not self.fenced or self.retired, FENCE_WAIT_S
+                lambda: last.done or not self.fenced or self.retired, FENCE_WAIT_S
             ):
                 with self._queue_lock:
-                    if pending in self._queue:
-                        self._queue.remove(pending)
+                    self._queue = [p for p in self._queue if p not in pending]
                 raise Retryable(f"{self.store.folder} is fenced for a move; retry")
-            if not pending.done:
+            if not last.done:
                 with self._queue_lock:
                     group, self._queue = self._queue, []
                 self._commit(group)
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
+        failed = next((p.error for p in pending if p.error is not None), None)
+        if failed is not None:
+            raise failed
+        results = [p.result for p in pending if p.result is not None]
+        assert len(results) == len(pending)
+        return results
 
     def _commit(self, group: list[_Pending]) -> None:
         """Log and apply ``group`` (under the lock): admit each (duplicates, LSNs), write

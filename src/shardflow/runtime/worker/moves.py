@@ -587,21 +587,28 @@ class TargetSide:
         applied = 0
         for source, entries in changes.changes.items():
             table = source[0]
-            for change in sorted(entries, key=lambda c: c.lsn):
-                if change.lsn <= move.applied.get(source, 0):
-                    continue
-                routed = self._route(move, source, change.rows, change.buckets)
+            done = move.applied.get(source, 0)
+            todo = [c for c in sorted(entries, key=lambda c: c.lsn) if c.lsn > done]
+            if not todo:
+                continue
+            by_unit: dict[int, list[tuple[pa.Table, str, np.ndarray | None, int | None]]] = {}
+            for change in todo:
                 # a plain move's copy continues the source's log: the same LSNs
                 lsn = change.lsn if move.shares_files else None
-                for unit_id, part, buckets in routed:
-                    shard = move.shards[(table, unit_id)]
-                    result = shard.append(part, change.batch_id, buckets, lsn)
-                    applied += result.rows
-                    if result.appended is not None:
-                        move.stored[table] = move.stored[table] + _checksum(
-                            self.node, result.appended
-                        )
-                move.applied[source] = change.lsn
+                for unit_id, part, buckets in self._route(
+                    move, source, change.rows, change.buckets
+                ):
+                    by_unit.setdefault(unit_id, []).append((part, change.batch_id, buckets, lsn))
+            for unit_id, group in by_unit.items():  # one group commit (a directory sync)
+                # and one hash per new shard and round: the fence's last round waits on it
+                results = move.shards[(table, unit_id)].append_many(group)
+                applied += sum(result.rows for result in results)
+                new = [r.appended for r in results if r.appended is not None]
+                if new:
+                    move.stored[table] = move.stored[table] + _checksum(
+                        self.node, pa.concat_tables(new)
+                    )
+            move.applied[source] = todo[-1].lsn
         return applied
 
     def _route(

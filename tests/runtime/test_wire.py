@@ -1,6 +1,7 @@
-"""A node added to a running cluster (in process: real workers, DuckDB and files) whose
-worker speaks two versions from the coordinator's is refused, stopped, and never joins;
-the cluster goes on serving."""
+"""Versions of the roles' messages, in process (real workers, DuckDB and files): a node
+added to a running cluster whose worker speaks two versions from the coordinator's is
+refused, stopped, and never joins, the cluster serving on; a session two releases from the
+coordinator refuses to attach, one a release apart attaches."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pyarrow as pa
 import pytest
 
 from shardflow.errors import ConfigError, WorkerGone
+from shardflow.runtime import wire
+from shardflow.runtime.client.session import Session
 from shardflow.runtime.wire import PROTOCOL
 from tests.support.local_cluster import LocalCluster
 
@@ -24,5 +27,21 @@ def test_a_node_of_a_release_too_far_is_refused_and_never_joins(tmp_path: Path) 
         with pytest.raises(WorkerGone):  # stopped, not left running beside the cluster
             cluster.workers.get("node-2")
         assert cluster.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": 100}]
+    finally:
+        cluster.close()
+
+
+def test_a_session_two_releases_from_the_coordinator_refuses_to_attach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session asks the coordinator's version when it starts (``ping`` answers it)."""
+    cluster = LocalCluster(tmp_path / "data", nodes=1)
+    try:
+        monkeypatch.setattr(wire, "PROTOCOL", PROTOCOL + 2)  # a session of a later release
+        with pytest.raises(ConfigError, match=f"the coordinator speaks protocol {PROTOCOL} "
+                           f"and this session {PROTOCOL + 2}"):  # fmt: skip
+            Session(cluster.backend)
+        monkeypatch.setattr(wire, "PROTOCOL", PROTOCOL + 1)  # one apart: it attaches
+        Session(cluster.backend).close()
     finally:
         cluster.close()

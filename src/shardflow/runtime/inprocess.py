@@ -39,6 +39,7 @@ from shardflow.runtime.protocol import (
     WorkerInfo,
 )
 from shardflow.runtime.query.fragments import WorkerCalls
+from shardflow.runtime.wire import PROTOCOL
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import RowRewrite
 
@@ -329,8 +330,8 @@ class LocalCoordinator:
         return _call("the coordinator", call)
 
     # the catalog and its owner
-    def ping(self) -> Reply[bool]:
-        return self._call(lambda: True)
+    def ping(self) -> Reply[int]:
+        return self._call(lambda: PROTOCOL)
 
     def catalog(self, tables: Sequence[str] | None = None) -> Reply[CatalogJson]:
         return self._call(lambda: self.node.catalog(None if tables is None else list(tables)))

@@ -578,7 +578,10 @@ class Coordinator(Protocol):
     ``MoveRefusedError``, ...) or ``Retryable`` where it restarted or did not answer."""
 
     # the catalog and its owner
-    def ping(self) -> Reply[bool]: ...
+    def ping(self) -> Reply[int]:
+        """The version of the roles' messages it speaks (``runtime/wire.py``)."""
+        ...
+
     def catalog(self, tables: Sequence[str] | None = None) -> Reply[CatalogJson]:
         """The catalog whole (None), or only what routing ``tables`` takes
         (``Catalog.routing``): what a session asks for."""

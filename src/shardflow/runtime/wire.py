@@ -6,7 +6,8 @@ release that speaks one less or one more (N and N-1 together: workers replaced o
 one under load, then the coordinator). A change an older release could not read takes the
 next number; a release may use it only towards peers that speak it. A peer further apart
 is refused when it meets the coordinator, with an error that names both versions: a
-worker when it is admitted (it never serves), a session when it attaches. The data
+worker when it is admitted (it never serves: its info answers the version), a session
+when it attaches (the coordinator's ``ping`` answers it). The data
 directory's format has a rule of its own (``catalog/version.py``)."""
 
 from __future__ import annotations

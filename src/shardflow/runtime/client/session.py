@@ -38,6 +38,7 @@ from shardflow.errors import (
     UnknownTableError,
 )
 from shardflow.records import AnswerPart
+from shardflow.runtime import wire
 from shardflow.runtime.client.changes import RowChanger
 from shardflow.runtime.client.endpoints import reserve_parts
 from shardflow.runtime.client.loads import Loader, Progress
@@ -61,6 +62,7 @@ from shardflow.runtime.protocol import (
 from shardflow.runtime.query.executor import ExecutionReport, PlanOutdated
 from shardflow.runtime.query.fragments import FragmentCalls
 from shardflow.runtime.query.planning import Binder, PlanCache, PlannedQuery, answer
+from shardflow.runtime.wire import check_peer
 from shardflow.runtime.worker.local import local_folder
 from shardflow.sql import explain
 from shardflow.sql.parse import named_tables
@@ -138,6 +140,9 @@ class Session:
         self._fetches = (0, 0)
         """Routing fetches started, and the number of the last one answered."""
         self.refresh()
+        # the coordinator's release must be one this session serves beside (N and N-1)
+        speaks = int(self._read("the coordinator's protocol", lambda c: c.ping()))
+        check_peer(speaks, "the coordinator", here="session", ours=wire.PROTOCOL)
 
     # -- routing ------------------------------------------------------------------------
     def refresh(self, more: Iterable[str] = ()) -> Catalog:

@@ -50,6 +50,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.query.executor import concat
 from shardflow.runtime.ray.names import NAME_LABEL, SWITCH_INTERVAL_S, WORKER_CONCURRENCY
+from shardflow.runtime.wire import PROTOCOL
 from shardflow.runtime.worker.endpoint import PartEndpoint
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import RowRewrite
@@ -116,8 +117,10 @@ class CoordinatorService:
 
     # -- the catalog and its owner --------------------------------------------------------
     @ray.method
-    def ping(self) -> bool:
-        return True
+    def ping(self) -> int:
+        """The version of the roles' messages it speaks (``runtime/wire.py``; a release
+        before the number was asked answered True: 1)."""
+        return PROTOCOL
 
     @ray.method
     def pid(self) -> int:

@@ -217,7 +217,7 @@ def _start_workers(
         start_worker(handle, node, slot, simulate.get(node, 1.0))
 
 
-def _coordinator_answer(reply: Reply[CatalogJson] | Reply[bool], data_dir: str) -> Any:
+def _coordinator_answer(reply: Reply[CatalogJson] | Reply[int], data_dir: str) -> Any:
     """The new coordinator's first answer; it is gone when another cluster took the data
     directory's lease meanwhile (said so)."""
     try:

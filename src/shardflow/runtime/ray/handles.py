@@ -399,7 +399,7 @@ class RayCoordinator:
         return RayReply(ref, "the coordinator")
 
     # the catalog and its owner
-    def ping(self) -> Reply[bool]:
+    def ping(self) -> Reply[int]:
         return self._reply(self.handle.ping.remote())
 
     def pid(self) -> Reply[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from shardflow.config import FLIGHT_ENDPOINTS
 from shardflow.errors import ConfigError
 
 GROUP = "shardflow.io"
@@ -41,8 +42,6 @@ FLIGHT_PORT = 8815
 ENDPOINT_PORT = 8816
 """The workers' own Flight port (``spec.endpointPort``), where ``spec.flightEndpoints`` is
 ``workers``: clients read the parts of answers there."""
-FLIGHT_ENDPOINTS = ("service", "workers")
-"""``spec.flightEndpoints``: the values of shardflow's ``flight_endpoints`` setting."""
 OPERATOR_TOKEN_DIR = "/etc/shardflow/operator"
 TLS_DIR = "/etc/shardflow/tls"
 MANAGED_BY = "shardflow-operator"
@@ -315,7 +314,7 @@ def endpoint_service(spec: ClusterSpec) -> dict[str, Any]:
         },
         "spec": {
             "clusterIP": "None",
-            "selector": {"ray.io/cluster": spec.name, DATA_LABEL: "true"},
+            "selector": _data_pods(spec),
             "ports": [
                 {"name": "endpoint", "port": spec.endpoint_port, "targetPort": spec.endpoint_port}
             ],
@@ -340,7 +339,7 @@ def endpoint_policy(spec: ClusterSpec) -> dict[str, Any]:
             "labels": labels(spec),
         },
         "spec": {
-            "podSelector": {"matchLabels": {"ray.io/cluster": spec.name, DATA_LABEL: "true"}},
+            "podSelector": {"matchLabels": _data_pods(spec)},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": spec.name}}}]},
@@ -348,6 +347,11 @@ def endpoint_policy(spec: ClusterSpec) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _data_pods(spec: ClusterSpec) -> dict[str, str]:
+    """The labels of the cluster's data pods (the worker groups')."""
+    return {"ray.io/cluster": spec.name, DATA_LABEL: "true"}
 
 
 def serve_command(spec: ClusterSpec, address: str = "127.0.0.1:6379") -> list[str]:

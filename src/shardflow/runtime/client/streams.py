@@ -358,22 +358,12 @@ def _read_sorted(
         commits = runner.commits(stage.tables)
         group, units = stage_units(stage, catalog)
         by_node = units_by_node(group, units)
-        addresses = {node: session.lanes.address(node) for node in by_node}
         opened: dict[str, Iterator[pa.Table] | BaseException] = {}
 
         def open_part(node: str) -> None:  # all at once: each worker sorts its part first
-            address = addresses[node]
             bindings = {table: by_node[node] for table in stage.tables}
             try:
-                if address is not None:
-                    opened[node] = session.lanes.lanes.stream(
-                        address, sql, bindings, catalog.epoch, commits
-                    )
-                else:  # no lane: the fragment call's result, whole
-                    call = session.fragment_calls().submit(
-                        node, sql, bindings, catalog.epoch, {}, False, commits
-                    )
-                    opened[node] = slices(call.result().output.table(), STREAM_FRAME_BYTES)
+                opened[node] = _part_of(session, node, sql, bindings, catalog.epoch, commits)
             except BaseException as error:  # raised below, on the reading thread
                 opened[node] = error
 
@@ -423,14 +413,8 @@ def _read_part(
     """Read ``node``'s part into ``stream``: None when read whole; what failed before any
     of its rows was read (to ask again); raises :class:`AnswerInterrupted` where it failed
     after."""
-    address = session.lanes.address(node)
     try:
-        parts: Iterator[pa.Table]
-        if address is not None:
-            parts = session.lanes.lanes.stream(address, sql, bindings, epoch, commits)
-        else:  # no lane: the fragment call's result, whole
-            call = session.fragment_calls().submit(node, sql, bindings, epoch, {}, False, commits)
-            parts = slices(call.result().output.table(), STREAM_FRAME_BYTES)
+        parts = _part_of(session, node, sql, bindings, epoch, commits)
     except Exception as error:
         return error
     try:
@@ -449,3 +433,20 @@ def _read_part(
         if close is not None:
             close()
     return None
+
+
+def _part_of(
+    session: StreamHost,
+    node: str,
+    sql: str,
+    bindings: dict[str, list[int]],
+    epoch: int,
+    commits: dict[str, int],
+) -> Iterator[pa.Table]:
+    """``node``'s part as it makes it, over its fast lane (raises what failed before the
+    first batch); without a lane, the fragment call's result, whole, in frames."""
+    address = session.lanes.address(node)
+    if address is not None:
+        return session.lanes.lanes.stream(address, sql, bindings, epoch, commits)
+    call = session.fragment_calls().submit(node, sql, bindings, epoch, {}, False, commits)
+    return slices(call.result().output.table(), STREAM_FRAME_BYTES)

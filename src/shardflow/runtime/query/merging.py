@@ -76,17 +76,16 @@ class SortedParts:
 
     def _next_ready(self, live: list[int]) -> pa.Table:
         """The held rows that sort up to the frontier, in order; the others stay held."""
-        tables = [self._held[i] for i in live]
-        held = pa.concat_tables([t for t in tables if t is not None], promote_options="permissive")
+        tables = [t for t in self._held if t is not None]  # the live parts', in order
+        held = pa.concat_tables(tables, promote_options="permissive")
         sorting, keys = _sort_columns(held, self.merge)
         order = pc.sort_indices(sorting, sort_keys=keys).to_numpy()
         position = np.empty_like(order)
         position[order] = np.arange(len(order))
-        ends = np.cumsum([t.num_rows if t is not None else 0 for t in tables])
+        ends = np.cumsum([t.num_rows for t in tables])
         lasts = [end - 1 for i, end in zip(live, ends, strict=True) if not self._done[i]]
         cut = int(position[lasts].min()) + 1 if lasts else len(order)
         for i, table, end in zip(live, tables, ends, strict=True):
-            assert table is not None
             left = position[end - table.num_rows : end] >= cut
             self._held[i] = table.filter(pa.array(left)) if left.any() else None
         return held.take(pa.array(order[:cut]))

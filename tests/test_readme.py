@@ -18,7 +18,7 @@ pytestmark = pytest.mark.cluster
 README = Path(__file__).parents[1] / "README.md"
 BLOCK = re.compile(r"^```(python|sh)\n(.*?)^```$", re.S | re.M)
 SECTIONS = ("Use", "Zero-downtime scaling", "Devices, engines and observability", "Cluster",
-            "Serve it")  # fmt: skip
+            "Serve it", "Day two")  # fmt: skip
 """The sections with blocks to run, in the README's order (each builds on the one before)."""
 
 
@@ -98,3 +98,5 @@ def test_a_readme_section_runs_as_pasted(folder: Path, section: str) -> None:
         assert " lost_rows=0 " in said and "failed_ops=0" in said  # the drill's report
     if section == "Serve it":
         assert said.count("kind") >= 2 and "Flight SQL on" in said
+    if section == "Day two":
+        assert "checked: ok" in said and "restored backup" in said and "bytes new of" in said

@@ -25,7 +25,7 @@ from shardflow.errors import (
     QueryError,
 )
 from shardflow.flightsql.client import RemoteDatabase
-from shardflow.records import AnswerPart, MigrationRecord, NodeInfo
+from shardflow.records import AnswerPart, BackupInfo, MigrationRecord, NodeInfo
 from shardflow.runtime.client.backend import RayBackend, launch_on_ray
 from shardflow.runtime.client.session import Session
 from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
@@ -289,6 +289,22 @@ class Cluster:
         (``shardflow serve``) in the coordinator's metrics: for the role's lack of
         ``denied_action``, or (None) for a wrong password or token. Not waited for."""
         self._db._session_or_raise().record_access(denied_action)
+
+    @_while_open
+    def backup(self, to: str, *, priority: str = "idle", max_rate_mb_s: float = 0.0) -> BackupInfo:
+        """Back every table up into the folder or filesystem URI ``to``, as of one point in
+        time, while queries, inserts and moves run on (``shardflow backup``; restored with
+        ``shardflow restore``). Chunks a backup in ``to`` holds already are not written
+        again: the next backup there is incremental. ``priority`` (``idle``, ``low``,
+        ``normal``): the copy's CPU priority; ``max_rate_mb_s``: a cap (0: none)."""
+        if not isinstance(to, str | os.PathLike) or not os.fspath(to):
+            raise ConfigError(f"backup: to must be a folder or URI, not {to!r}")
+        from shardflow.storage import backup
+
+        data_dir = DataDir.resolve(self._db._backend.data_dir)
+        return backup.backup(
+            data_dir, os.fspath(to), priority=priority, max_rate_mb_s=max_rate_mb_s
+        )
 
     @_while_open
     def metrics_url(self) -> str:

@@ -104,6 +104,28 @@ class MigrationRecord:
 
 
 @dataclass(frozen=True)
+class BackupInfo:
+    """One backup of a data directory (``shardflow backup``, ``db.cluster.backup``)."""
+
+    backup_id: str
+    started_at: float
+    finished_at: float
+    catalog_version: int
+    tables: int
+    files: int
+    bytes: int
+    """The files' bytes: what a restore writes."""
+    bytes_written: int
+    """Bytes this backup added to its folder (chunks there already are not written again)."""
+    rounds: int
+    """Readings of the catalog it took (1: no table's files changed under it)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BackupInfo:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class AnswerPart:
     """A part of a query's answer to read straight from the worker that holds it
     (``Database.endpoints``): its Flight ``location`` and the ``ticket`` a ``DoGet`` there

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
@@ -17,7 +18,9 @@ import pytest
 import shardflow
 from shardflow.errors import MoveRefusedError
 from shardflow.flightsql import wire as fsql
+from shardflow.storage import backup as backups
 from tests.service.conftest import PASSWORDS, Served, sample_table
+from tests.service.test_safety import audit
 
 pytestmark = pytest.mark.cluster
 
@@ -161,7 +164,7 @@ def test_plain_pyarrow_flight_calls(served: Served) -> None:
     client.close()
 
 
-def test_remote_database_has_the_local_methods(served: Served) -> None:
+def test_remote_database_has_the_local_methods(served: Served, tmp_path: Path) -> None:
     with shardflow.connect(served.uri, user="olga", password=PASSWORDS["olga"]) as db:
         assert db.sql("SELECT count(*) AS n FROM t")["n"][0].as_py() == 2000
         picked = db.sql("SELECT id, s FROM t WHERE id = ? AND s = $2", [7, "item-7"])
@@ -187,6 +190,12 @@ def test_remote_database_has_the_local_methods(served: Served) -> None:
         assert db.cluster.resume_balancer() is True
         with pytest.raises(MoveRefusedError, match="ended already"):
             db.cluster.cancel(record.move_id)
+        taken = db.cluster.backup(str(tmp_path / "backups"))  # written by the service
+        assert taken.tables >= 1 and taken.bytes > 0
+        report = backups.verify(str(tmp_path / "backups"))
+        assert report.ok and report.backups == 1
+        logged = [e for e in audit(served) if e["action"] == "backup"]
+        assert logged[-1]["who"] == "olga" and logged[-1]["outcome"] == "ok"
 
 
 def test_adbc_fetches_an_answer_bigger_than_one_grpc_message(served: Served) -> None:

@@ -132,6 +132,7 @@ def test_roles_guard_every_change_and_a_denied_call_changes_nothing(served: Serv
             lambda: alice.cluster.rebalance(dry_run=False),
             lambda: alice.cluster.cancel("any-move"),
             lambda: alice.cluster.pause_balancer(),
+            lambda: alice.cluster.backup(str(served.data_dir / "stolen")),
             lambda: alice.cluster.nodes(),
             lambda: alice.insert("t", sample_table(5)),
             lambda: alice.drop_table("t"),
@@ -147,6 +148,7 @@ def test_roles_guard_every_change_and_a_denied_call_changes_nothing(served: Serv
         with pytest.raises(PermissionDeniedError, match="migrate needs role operator"):
             bob.cluster.migrate(shard, nodes[-1])
     assert snapshot(served) == before
+    assert not (served.data_dir / "stolen").exists()
     name = 'shardflow_denied_total{action="migrate"}'
     assert metric(url, name, denied_before + 2) == denied_before + 2
     denied = [e for e in audit(served) if e["outcome"].startswith("denied")]

@@ -13,7 +13,10 @@ Formats:
 
 1. ``catalog/`` (snapshots and deltas), ``lease.json``, ``migrations/``, and per shard
    ``tables/<uid>/<unit>/``: ``ckpt-<lsn>.duckdb`` with its record, ``wal-<lsn>-<batch>``
-   entries, ``prep-<lsn>-<statement>`` prepared changes and ``holder.json``.
+   entries, ``prep-<lsn>-<statement>`` prepared changes and ``holder.json``; ``holds/``
+   (a backup's hold on log entries, ``storage/holds.py``: a release that does not know it
+   deletes entries a backup waits for, and the backup then fails rather than hold a batch
+   in part).
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from shardflow.cli import cluster, data, service
+from shardflow.cli import backups, cluster, data, service
 from shardflow.cli.common import app, console
 from shardflow.errors import Error
 
-__all__ = ["app", "cluster", "data", "main", "service"]
+__all__ = ["app", "backups", "cluster", "data", "main", "service"]
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from shardflow import errors
 from shardflow.errors import AuthenticationError, ClosedError, ConfigError, Error
 from shardflow.flightsql import wire as fsql
-from shardflow.records import MigrationRecord, NodeInfo
+from shardflow.records import BackupInfo, MigrationRecord, NodeInfo
 from shardflow.sql.parameters import bind
 from shardflow.telemetry.profile import QueryProfile
 
@@ -114,6 +114,11 @@ class RemoteCluster:
     def rebalance(self, dry_run: bool = True) -> dict[str, Any]:
         plan: dict[str, Any] = self._db._action("rebalance", {"dry_run": dry_run})
         return plan
+
+    def backup(self, to: str, *, priority: str = "idle", max_rate_mb_s: float = 0.0) -> BackupInfo:
+        """A backup into ``to``, a folder or URI the service's process writes."""
+        asked = {"to": to, "priority": priority, "max_rate_mb_s": max_rate_mb_s}
+        return BackupInfo.from_dict(self._db._action("backup", asked))
 
     def add_node(self) -> str:
         node: str = self._db._action("add_node", {})

@@ -97,6 +97,7 @@ CONTROL_ACTIONS = {
     "cancel": "operator",
     "pause_balancer": "operator",
     "resume_balancer": "operator",
+    "backup": "operator",
     "add_node": "operator",
     "nodes": "operator",
     "shards": "operator",
@@ -953,6 +954,14 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
             return _json(cluster.pause_balancer())
         if kind == "resume_balancer":
             return _json(cluster.resume_balancer())
+        if kind == "backup":  # a folder or URI the service's own process writes
+            return _json(
+                cluster.backup(
+                    _arg(arguments, "to", str),
+                    priority=str(arguments.get("priority", "idle")),
+                    max_rate_mb_s=float(arguments.get("max_rate_mb_s", 0.0)),
+                )
+            )
         if kind == "add_node":
             return _json(cluster.add_node())
         if kind == "nodes":

@@ -65,6 +65,7 @@ import pyarrow.parquet as pq
 from shardflow.catalog.store import UNFENCED_VARIABLE, DataDir, fsync_dir
 from shardflow.errors import Moved, StorageError
 from shardflow.storage.held import Held, merge_held
+from shardflow.storage.holds import held
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,9 @@ def unfenced(what: str) -> bool:
     ``commits`` (a worker serves a fragment or insert routed at another commit of a table,
     ``TRUNCATE``), ``atomic`` (the coordinator commits a change of rows some of whose parts
     failed to prepare: the parts prepared take effect), ``behind`` (a copy behind its
-    files prepares a change: see :meth:`ShardStore.new_prepared`) and ``listing`` (see
-    ``DataDir.list``). Their tests must then fail."""
+    files prepares a change: see :meth:`ShardStore.new_prepared`), ``listing`` (see
+    ``DataDir.list``) and ``backup-hold`` (a checkpoint deletes what it covers while a
+    backup copies the files: ``storage/holds.py``). Their tests must then fail."""
     return what in os.environ.get(UNFENCED_VARIABLE, "").split(",")
 
 
@@ -298,6 +300,8 @@ class ShardStore:
         return BaseWriter(self, lsn, schema)
 
     def _supersede(self, lsn: int, keep: str) -> None:
+        if held(self._dir):  # a backup is copying the files: the next checkpoint deletes them
+            return
         kept = {keep, _meta_name(keep)}
         for name in self._dir.list(self.folder):
             covered = _lsn_of(name)

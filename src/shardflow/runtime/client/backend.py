@@ -24,6 +24,10 @@ class RayBackend:
         return self.handle.settings
 
     @property
+    def data_dir(self) -> str:
+        return self.handle.data_dir
+
+    @property
     def coordinator(self) -> Coordinator:
         return self.handle.coordinator
 

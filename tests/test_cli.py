@@ -167,3 +167,47 @@ def test_the_cluster_commands_attach_to_the_running_cluster_of_the_data_director
         assert bad.returncode == 2 and len(bad.stdout.strip().splitlines()) <= 3
     finally:
         run("cluster", "down", *common)
+
+
+def test_backup_list_verify_and_restore_with_the_command_alone(tmp_path: Path) -> None:
+    from tests.support.local_cluster import LocalCluster, events
+
+    made = LocalCluster(tmp_path / "data", nodes=2)
+    made.create_table("events", events(0, 5000), "id")
+    made.insert("events", events(5000, 100), "b0")
+    made.close()
+    data, backups = str(tmp_path / "data"), str(tmp_path / "backups")
+    first = run("backup", "--data-dir", data, "--to", backups)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "1 tables" in first.stdout
+    again = run("backup", "--data-dir", data, "--to", backups, "--priority", "low")
+    assert again.returncode == 0 and "(0.0 MB new)" in again.stdout, again.stdout
+    listed = run("backup", "list", backups)
+    assert listed.returncode == 0 and listed.stdout.count("Z-") == 2  # two ids
+    checked = run("backup", "verify", backups)
+    assert checked.returncode == 0 and "checked: ok" in checked.stdout
+    restored = run("restore", "--from", backups, "--data-dir", str(tmp_path / "new"))
+    assert restored.returncode == 0 and "restored backup" in restored.stdout
+    served = LocalCluster(tmp_path / "new", nodes=3)  # another cluster size
+    try:
+        assert served.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() == 5100
+    finally:
+        served.close()
+    # bad input: one readable line each, and nothing written
+    for args, said in (
+        (("backup", "--data-dir", data), "--to"),
+        (("backup", "--data-dir", data, "--to", backups, "--priority", "urgent"), "priority"),
+        (("backup", "--data-dir", str(tmp_path / "none"), "--to", backups), "no shardflow data"),
+        (("restore", "--from", backups, "--data-dir", data), "holds shardflow data already"),
+        (("backup", "verify", str(tmp_path / "nowhere")), "does not exist"),
+    ):
+        refused = run(*args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert said in refused.stdout + refused.stderr, (args, refused.stdout, refused.stderr)
+    pack = next((tmp_path / "backups" / "packs").iterdir())
+    damaged = bytearray(pack.read_bytes())
+    damaged[100] ^= 0xFF
+    pack.write_bytes(bytes(damaged))
+    assert not (tmp_path / "none").exists()
+    bad = run("backup", "verify", backups)
+    assert bad.returncode == 1 and "does not match its checksum" in bad.stdout

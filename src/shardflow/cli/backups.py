@@ -5,6 +5,7 @@ service needed): a backup reads the data directory while its cluster serves on."
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -77,8 +78,11 @@ def backup(
     if to is None:
         raise typer.BadParameter("where to: --to FOLDER_OR_URI", param_hint="--to")
     from shardflow.catalog import DataDir
+    from shardflow.errors import StorageError
     from shardflow.storage import backup as backups
 
+    if "://" not in data_dir and not os.path.isdir(data_dir):
+        raise StorageError(f"{data_dir!r} holds no shardflow data (no such folder)")
     with _bytes_progress("backing up") as progress:
         info = backups.backup(
             DataDir.resolve(data_dir),

@@ -209,5 +209,8 @@ def test_backup_list_verify_and_restore_with_the_command_alone(tmp_path: Path) -
     damaged[100] ^= 0xFF
     pack.write_bytes(bytes(damaged))
     assert not (tmp_path / "none").exists()
+    pruned = run("backup", "prune", backups, "--keep", "1")
+    assert pruned.returncode == 0 and "removed 1 backup(s)" in pruned.stdout, pruned.stdout
+    assert run("backup", "list", backups).stdout.count("Z-") == 1
     bad = run("backup", "verify", backups)
     assert bad.returncode == 1 and "does not match its checksum" in bad.stdout

@@ -7,7 +7,7 @@ import functools
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -453,7 +453,19 @@ class Database:
             query = bind(query, params)
         if statement_of(query) is not None:
             raise QueryError("db.stream() reads queries; run statements with db.sql()")
-        return self._session_or_raise().stream(query).reader()
+        answer = self._session_or_raise().stream(query)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from answer
+            except ClosedError:
+                raise
+            except Exception as error:  # the lanes broke as close() stopped the workers:
+                if self._closing.is_set():  # say why, not "run it again"
+                    raise ClosedError(CLOSED) from error
+                raise
+
+        return pa.RecordBatchReader.from_batches(answer.schema, batches())
 
     @_while_open
     def endpoints(

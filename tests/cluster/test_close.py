@@ -25,9 +25,17 @@ def test_calls_in_flight_at_close_and_after_raise_closed_error(tmp_path: Path) -
     import ray
 
     ray_before = ray.is_initialized()  # a cluster of another test in this process keeps it up
-    db = shardflow.connect(workers=2, data_dir=tmp_path / "data")
+    # a unit per worker and a small buffer: a stream read in part is still being sent
+    db = shardflow.connect(
+        workers=2, data_dir=tmp_path / "data", initial_shard_bytes=0, stream_buffer_mb=1
+    )
     rows = pa.table({"k": pa.array(range(1_000), pa.int64()), "v": [1.0] * 1_000})
     db.create_table("t", rows, distributed_by="k")
+    many = 400_000
+    db.create_table("big", pa.table({"k": pa.array(range(many)), "s": ["x" * 40] * many}),
+                    distributed_by="k")  # fmt: skip
+    reading = db.stream("SELECT * FROM big")
+    assert reading.read_next_batch().num_rows > 0
     outcomes: list[BaseException | None] = [None] * BUSY_THREADS
     started = threading.Barrier(BUSY_THREADS + 1)
 
@@ -56,6 +64,8 @@ def test_calls_in_flight_at_close_and_after_raise_closed_error(tmp_path: Path) -
     for error in outcomes:
         assert isinstance(error, shardflow.ClosedError), repr(error)
         assert "closed" in str(error)
+    with pytest.raises(shardflow.ClosedError, match="connect"):  # not "run it again"
+        reading.read_all()
     for call in (
         lambda: db.sql("SELECT 1"),
         lambda: db.insert("t", rows),

@@ -320,3 +320,67 @@ def test_without_the_hold_a_checkpoint_takes_what_the_backup_needs(
     monkeypatch.setenv(UNFENCED_VARIABLE, "backup-hold")
     with pytest.raises((StorageError, AssertionError)):
         test_a_batch_seen_in_one_cut_is_taken_whole_from_the_others(cluster, tmp_path, monkeypatch)
+
+
+def test_prune_keeps_the_newest_backups_and_the_packs_they_name(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A pack goes once no kept backup names a chunk of it: here the first backup's, of a
+    table truncated since (its files gone from every later backup)."""
+    root = str(tmp_path / "backups")
+    source = DataDir.resolve(cluster.data_dir)
+    taken = [backups.backup(source, root)]
+    cluster.session.truncate_table("events")
+    for index in range(2):
+        cluster.insert("events", batch(index), f"b{index}")
+        taken.append(backups.backup(source, root))
+    packs = tmp_path / "backups" / "packs"
+    before = {p.name for p in packs.iterdir()}
+    report = backups.prune(root, keep=2)
+    assert report.backups == [taken[0].backup_id]
+    assert backups.backups(backups.open_root(root, create=False)) == [
+        t.backup_id for t in taken[1:]
+    ]
+    after = {p.name for p in packs.iterdir()}
+    assert not any(name.startswith(taken[0].backup_id) for name in after)
+    assert after < before and report.packs == len(before - after) and report.bytes > 0
+    assert backups.verify(root).ok  # what is left names no pack gone
+    cluster.close()
+    served = restored(tmp_path, root, taken[1].backup_id, nodes=2)
+    try:
+        assert batches_held(served) == {0: BATCH}
+        assert served.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() == BATCH
+    finally:
+        served.close()
+    with pytest.raises(ConfigError, match="keep must be 1 or more"):
+        backups.prune(root, keep=0)
+
+
+def test_a_prune_and_a_backup_never_run_on_one_folder_at_once(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path / "backups")
+    source = DataDir.resolve(cluster.data_dir)
+    first = backups.backup(source, root)
+    copy = backups._Backup._copy_consistent
+
+    def prune_meanwhile(self: Any) -> Any:
+        with pytest.raises(StorageError, match="a running one runs there"):
+            backups.prune(root, keep=1)
+        # a prune begun in the same moment (its look came before this backup's marker):
+        # it deletes the packs this backup reuses, and the backup must not name them
+        for pack in (tmp_path / "backups" / "packs").iterdir():
+            pack.unlink()
+        return copy(self)
+
+    monkeypatch.setattr(backups._Backup, "_copy_consistent", prune_meanwhile)
+    with pytest.raises(StorageError, match="packs it reuses were deleted"):
+        backups.backup(source, root)
+    assert backups.backups(backups.open_root(root, create=False)) == [first.backup_id]
+    marker = tmp_path / "backups" / "markers" / f"pruning-{time.time():.6f}-abc"
+    marker.write_bytes(b"")
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match="a pruning one runs there"):
+        backups.backup(source, root)
+    marker.unlink()
+    assert backups.backup(source, root).bytes_written > 0  # its packs were deleted: again

@@ -122,6 +122,22 @@ def verify(
         raise typer.Exit(1)
 
 
+@backup_app.command("prune")
+def prune(
+    root: Root,
+    keep: Annotated[int, typer.Option(min=1, help="The newest backups to keep.")],
+) -> None:
+    """Delete all but the newest backups of a folder, and the packs no kept backup names
+    (refused while a backup runs there)."""
+    from shardflow.storage import backup as backups
+
+    report = backups.prune(root, keep)
+    console.print(
+        f"removed {len(report.backups)} backup(s) and {report.packs} pack(s): "
+        f"{report.bytes / 1e6:.1f} MB freed"
+    )
+
+
 @backup_app.command("list")
 def list_backups(root: Root) -> None:
     """The backups of a folder, oldest first."""

@@ -99,6 +99,11 @@ HOLDING_PHASE = "catch_up"
 hold writes (the phases between are not written: ``runtime/coordinator/migrator.py``)."""
 MIGRATIONS = "migrations"
 PACKS = "packs"
+MARKERS = "markers"
+RUNNING = "running"
+PRUNING = "pruning"
+MARKER_TTL_S = 86400.0
+"""A marker older than this is left by a process that died: not heeded."""
 PRIORITIES = ("idle", "low", "normal")
 """The CPU priorities a backup's copy may run at (see :func:`backup`)."""
 BACKUPS = "backups"
@@ -212,8 +217,42 @@ def backup(
     if not data_dir.list(data_dir.path(CATALOG_FOLDER)):
         raise StorageError(f"{data_dir.uri!r} holds no shardflow data (no catalog)")
     root = open_root(to, create=True)
-    copy = _Backup(data_dir, root, progress, _Pacer(max_rate_mb_s))
-    return _on_thread_of_priority(copy.run, priority)
+    with _Marker(root, RUNNING, f"{time.time():.6f}-{secrets.token_hex(3)}", refuse=PRUNING):
+        copy = _Backup(data_dir, root, progress, _Pacer(max_rate_mb_s))
+        return _on_thread_of_priority(copy.run, priority)
+
+
+class _Marker:
+    """A file in the root's ``markers/`` saying a backup (``running-*``) or a prune
+    (``pruning-*``) works on it while the ``with`` block runs; entering refuses where one
+    of the kind ``refuse`` younger than :data:`MARKER_TTL_S` is there (a prune never
+    deletes packs a backup still writes, nor a backup reuses chunks a prune deletes).
+    Made after a look, not atomically: two started in the same moment can both go on;
+    then the backup's own check of its packs (:meth:`_Backup.run`) fails it."""
+
+    def __init__(self, root: DataDir, kind: str, name: str, refuse: str) -> None:
+        self.root = root
+        self.kind = kind
+        self.path = root.path(MARKERS, f"{kind}-{name}")
+        self.refuse = refuse
+
+    def __enter__(self) -> _Marker:
+        now = time.time()
+        for name in self.root.list(self.root.path(MARKERS)):
+            if name.startswith(f"{self.refuse}-"):
+                at = float(name.split("-")[1])
+                if now - at < MARKER_TTL_S:
+                    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+                    raise StorageError(
+                        f"{self.root.uri!r}: a {self.refuse} one runs there (since {since}); "
+                        f"run this {self.kind} one when it has ended"
+                    )
+        self.root.fs.create_dir(self.root.path(MARKERS), recursive=True)
+        self.root.write_atomic(self.path, b"", fenced=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.root.delete(self.path, fenced=False)
 
 
 def _on_thread_of_priority(work: Callable[[], BackupInfo], priority: str) -> BackupInfo:
@@ -298,7 +337,7 @@ class _Backup:
         self.root = root
         self.progress = progress
         self.pacer = pacer
-        self.backup_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+        self.backup_id = _new_id()
         self.known: dict[str, Where] = _known_chunks(root)
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="backup")
@@ -328,6 +367,13 @@ class _Backup:
             "rounds": rounds,
         }
         manifest["checksum"] = _digest_of(manifest)
+        named = {chunk[1] for entry in files.values() for chunk in entry["chunks"]}
+        gone = named - set(self.root.list(self.root.path(PACKS)))
+        if gone:  # a prune that began with this backup deleted packs it reuses
+            raise StorageError(
+                f"backup {self.backup_id}: packs it reuses were deleted while it ran "
+                f"({', '.join(sorted(gone)[:3])}): run it again"
+            )
         self.root.fs.create_dir(self.root.path(BACKUPS), recursive=True)
         self.root.write_atomic(
             self.root.path(BACKUPS, f"{self.backup_id}.json"),
@@ -555,6 +601,14 @@ class _Backup:
         return posixpath.join("tables", uid, shard, name)
 
 
+def _new_id() -> str:
+    """A backup's id: when it began (to the microsecond, so that ids sort as backups were
+    taken) and a random tail."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{stamp}.{int(now % 1 * 1e6):06d}Z-{secrets.token_hex(3)}"
+
+
 def _is_entry(name: str) -> bool:
     return name.startswith("wal-") and name.endswith(".arrow") and ".tmp" not in name
 
@@ -571,12 +625,14 @@ def _layout(catalog: Catalog, name: str) -> tuple[Any, ...]:
 
 
 def _known_chunks(root: DataDir) -> dict[str, Where]:
-    """Every chunk the backups of ``root`` hold: where it lies."""
+    """Every chunk the backups of ``root`` hold, where its pack is there: where it lies."""
+    present = set(root.list(root.path(PACKS)))
     known: dict[str, Where] = {}
     for backup_id in backups(root):
         for entry in read_manifest(root, backup_id)["files"].values():
             for digest, *where in entry["chunks"]:
-                known[digest] = tuple(where)  # type: ignore[assignment]
+                if where[0] in present:
+                    known[digest] = tuple(where)  # type: ignore[assignment]
     return known
 
 
@@ -745,6 +801,53 @@ def _write_file(data_dir: DataDir, rel: str, chunks: Iterator[bytes]) -> str:
         out.flush()
         os.fsync(out.fileno())
     return folder
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What ``shardflow backup prune`` removed."""
+
+    backups: list[str]
+    packs: int
+    bytes: int
+
+
+def prune(source: str, keep: int) -> PruneReport:
+    """Delete all but the newest ``keep`` backups of the root ``source``, then every pack
+    no backup left names (and those of a backup that never finished, a day after it
+    began). Manifests go first: a prune cut short leaves packs no backup names, never a
+    backup that names a pack gone. Refused while a backup runs there (its marker)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"keep must be 1 or more (the newest backups kept), not {keep!r}")
+    root = open_root(source, create=False)
+    with _Marker(root, PRUNING, f"{time.time():.6f}-{secrets.token_hex(3)}", refuse=RUNNING):
+        ids = backups(root)
+        dropped, kept = ids[:-keep], ids[-keep:]
+        named = {
+            chunk[1]
+            for backup_id in kept
+            for entry in read_manifest(root, backup_id)["files"].values()
+            for chunk in entry["chunks"]
+        }
+        for backup_id in dropped:
+            root.delete(root.path(BACKUPS, f"{backup_id}.json"), fenced=False)
+        finished = set(ids)
+        removed = freed = 0
+        now = time.time()
+        for info in root.fs.get_file_info(
+            pafs.FileSelector(root.path(PACKS), allow_not_found=True)
+        ):
+            name = info.base_name
+            if name in named or not name.endswith(".pack"):
+                continue
+            backup_id = name.rsplit("-", 1)[0]
+            begun = info.mtime.timestamp() if info.mtime is not None else now
+            if backup_id not in finished and now - begun < MARKER_TTL_S:
+                continue  # a backup that has not finished (or died under a day ago)
+            root.delete(info.path, fenced=False)
+            removed += 1
+            freed += info.size or 0
+    return PruneReport(dropped, removed, freed)
 
 
 def verify(

@@ -31,7 +31,7 @@ def test_calls_in_flight_at_close_and_after_raise_closed_error(tmp_path: Path) -
     )
     rows = pa.table({"k": pa.array(range(1_000), pa.int64()), "v": [1.0] * 1_000})
     db.create_table("t", rows, distributed_by="k")
-    many = 400_000
+    many = 3_000_000  # far more than the buffer and the lanes hold
     db.create_table("big", pa.table({"k": pa.array(range(many)), "s": ["x" * 40] * many}),
                     distributed_by="k")  # fmt: skip
     reading = db.stream("SELECT * FROM big")

@@ -264,7 +264,7 @@ def test_workers_endpoints_get_a_headless_service_and_a_policy_that_opens_only_t
     fixed port (a setting the door passes on), a headless Service lists the data pods on
     it, and the NetworkPolicy lets other pods reach the data pods on that port (and the
     door's, on door pods) only; the cluster's own pods reach them on any (Ray, lanes)."""
-    ray_cluster, door, endpoints, policy = render(cluster_spec(sample()))
+    ray_cluster, door, endpoints, policy, _ = render(cluster_spec(sample()))
     for manifest in (door, endpoints, policy):
         validate_builtin(manifest)
     validate_ray_cluster(ray_cluster)
@@ -290,7 +290,8 @@ def test_workers_endpoints_get_a_headless_service_and_a_policy_that_opens_only_t
     assert settings.flight_endpoints == "workers" and settings.endpoint_port == 8816
     through_door = copy.deepcopy(sample())
     del through_door["spec"]["flightEndpoints"]
-    assert [m["kind"] for m in render(cluster_spec(through_door))] == ["RayCluster", "Service"]
+    kinds = [m["kind"] for m in render(cluster_spec(through_door))]
+    assert kinds == ["RayCluster", "Service", "CronJob"]
     clash = copy.deepcopy(sample())
     clash["spec"]["endpointPort"] = 8815
     assert broken_rules(clash) == ["endpointPort must differ from flightPort"]
@@ -299,3 +300,40 @@ def test_workers_endpoints_get_a_headless_service_and_a_policy_that_opens_only_t
     clash["spec"]["flightEndpoints"] = "both"
     with pytest.raises(jsonschema.ValidationError):
         validate_ours(clash)
+
+
+def test_scheduled_backups_are_a_valid_cronjob_that_backs_up_then_prunes() -> None:
+    *_, job = render(cluster_spec(sample()))
+    validate_builtin(job)
+    assert job["kind"] == "CronJob" and job["metadata"]["name"] == "analytics-backup"
+    spec = job["spec"]
+    assert spec["schedule"] == "0 3 * * *" and spec["concurrencyPolicy"] == "Forbid"
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:2] == ["sh", "-c"]
+    assert container["command"][2] == (
+        "shardflow backup --data-dir /var/lib/shardflow --to s3://analytics-backups/shardflow "
+        "--max-rate-mb-s 0 && shardflow backup prune s3://analytics-backups/shardflow --keep 7"
+    )
+    assert container["volumeMounts"] == [{"name": "data", "mountPath": "/var/lib/shardflow"}]
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shardflow-data"}
+    odd = copy.deepcopy(sample())
+    odd["spec"]["backup"].update(to="/backups/it's here", suspend=True, maxRateMBps=300)
+    *_, job = render(cluster_spec(odd))
+    script = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--to '/backups/it'\"'\"'s here' --max-rate-mb-s 300" in script[2]  # one word
+    assert job["spec"]["suspend"] is True
+    for change, message in (
+        ({"keep": 0}, "keep"),
+        ({"maxRateMBps": -1}, "maxRateMBps"),
+        ({"schedule": ""}, "schedule"),
+    ):
+        bad = copy.deepcopy(sample())
+        bad["spec"]["backup"].update(change)
+        with pytest.raises(ConfigError, match=message):
+            cluster_spec(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_ours(bad)
+    plain = copy.deepcopy(sample())
+    del plain["spec"]["backup"]
+    assert "CronJob" not in [m["kind"] for m in render(cluster_spec(plain))]

@@ -15,6 +15,7 @@ operator's output is checked by golden files and schema validation.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,18 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
+class BackupSchedule:
+    """``spec.backup``: ``shardflow backup`` of the data directory on a schedule, then
+    ``shardflow backup prune`` keeping the newest ``keep``."""
+
+    schedule: str
+    to: str
+    keep: int = 7
+    max_rate_mb_s: float = 0.0
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A checked ``ShardflowCluster``."""
 
@@ -98,6 +111,8 @@ class ClusterSpec:
     redis_password_secret: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     """shardflow settings of ``spec.balancer``, by shardflow's names."""
+    backup: BackupSchedule | None = None
+    """``spec.backup``: online backups on a schedule (a CronJob), or none."""
 
     @property
     def flight_service(self) -> str:
@@ -171,7 +186,22 @@ def cluster_spec(body: Mapping[str, Any]) -> ClusterSpec:
         redis_address=(head.get("faultTolerance") or {}).get("redisAddress"),
         redis_password_secret=(head.get("faultTolerance") or {}).get("redisPasswordSecret"),
         settings={BALANCER_SETTINGS[k]: v for k, v in sorted(balancer.items())},
+        backup=_backup(spec.get("backup")),
     )
+
+
+def _backup(section: Mapping[str, Any] | None) -> BackupSchedule | None:
+    if section is None:
+        return None
+    schedule = _required(section, "schedule", "spec.backup.schedule")
+    to = _required(section, "to", "spec.backup.to")
+    keep = section.get("keep", 7)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"spec.backup.keep must be a whole number >= 1, not {keep!r}")
+    rate = section.get("maxRateMBps", 0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+        raise ConfigError(f"spec.backup.maxRateMBps must be 0 (no cap) or more, not {rate!r}")
+    return BackupSchedule(schedule, to, keep, float(rate), bool(section.get("suspend", False)))
 
 
 def _required(section: Mapping[str, Any], key: str, where: str) -> str:
@@ -221,6 +251,8 @@ def render(
     manifests = [ray_cluster(spec, workers_to_delete or {}), flight_service(spec)]
     if spec.endpoints == "workers":
         manifests += [endpoint_service(spec), endpoint_policy(spec)]
+    if spec.backup is not None:
+        manifests.append(backup_job(spec, spec.backup))
     fresh: list[dict[str, Any]] = json.loads(json.dumps(manifests))  # no shared parts: no
     return fresh  # YAML aliases, and a change to one place changes only that place
 
@@ -372,6 +404,58 @@ def serve_command(spec: ClusterSpec, address: str = "127.0.0.1:6379") -> list[st
     for name, value in settings.items():  # as shardflow serve reads them: text as it is
         command += ["--set", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
     return command
+
+
+def backup_job(spec: ClusterSpec, backup: BackupSchedule) -> dict[str, Any]:
+    """The CronJob of ``spec.backup``: a pod with the data volume runs ``shardflow backup``
+    (online: the cluster serves on; it writes only the data directory's ``holds/``), then
+    ``shardflow backup prune``; never two at once (a backup and a prune refuse each other
+    anyway)."""
+    volumes, mounts = _data_volume(spec)
+    data_dir = spec.data_path
+    rate = f"{backup.max_rate_mb_s:g}"
+    script = (
+        f"shardflow backup --data-dir {shlex.quote(data_dir)} --to {shlex.quote(backup.to)} "
+        f"--max-rate-mb-s {rate} && "
+        f"shardflow backup prune {shlex.quote(backup.to)} --keep {backup.keep}"
+    )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {
+            "name": f"{spec.name}-backup",
+            "namespace": spec.namespace,
+            "labels": labels(spec),
+        },
+        "spec": {
+            "schedule": backup.schedule,
+            "suspend": backup.suspend,
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "spec": {
+                    "backoffLimit": 2,
+                    "template": {
+                        "metadata": {"labels": labels(spec)},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {
+                                    "name": "shardflow-backup",
+                                    "image": spec.image,
+                                    "command": ["sh", "-c", script],
+                                    "env": _environment(),
+                                    "volumeMounts": mounts,
+                                }
+                            ],
+                            "volumes": volumes,
+                        },
+                    },
+                }
+            },
+        },
+    }
 
 
 def _environment() -> list[dict[str, str]]:

@@ -365,7 +365,7 @@ def test_a_prune_and_a_backup_never_run_on_one_folder_at_once(
     copy = backups._Backup._copy_consistent
 
     def prune_meanwhile(self: Any) -> Any:
-        with pytest.raises(StorageError, match="a running one runs there"):
+        with pytest.raises(StorageError, match="a backup runs there since"):
             backups.prune(root, keep=1)
         # a prune begun in the same moment (its look came before this backup's marker):
         # it deletes the packs this backup reuses, and the backup must not name them
@@ -380,7 +380,7 @@ def test_a_prune_and_a_backup_never_run_on_one_folder_at_once(
     marker = tmp_path / "backups" / "markers" / f"pruning-{time.time():.6f}-abc"
     marker.write_bytes(b"")
     monkeypatch.undo()
-    with pytest.raises(StorageError, match="a pruning one runs there"):
+    with pytest.raises(StorageError, match="a prune runs there since"):
         backups.backup(source, root)
     marker.unlink()
     assert backups.backup(source, root).bytes_written > 0  # its packs were deleted: again

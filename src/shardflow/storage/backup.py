@@ -102,6 +102,7 @@ PACKS = "packs"
 MARKERS = "markers"
 RUNNING = "running"
 PRUNING = "pruning"
+ACTS = {RUNNING: "backup", PRUNING: "prune"}
 MARKER_TTL_S = 86400.0
 """A marker older than this is left by a process that died: not heeded."""
 PRIORITIES = ("idle", "low", "normal")
@@ -244,8 +245,9 @@ class _Marker:
                 if now - at < MARKER_TTL_S:
                     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
                     raise StorageError(
-                        f"{self.root.uri!r}: a {self.refuse} one runs there (since {since}); "
-                        f"run this {self.kind} one when it has ended"
+                        f"{self.root.uri!r}: a {ACTS[self.refuse]} runs there since {since}; "
+                        f"run this {ACTS[self.kind]} when it has ended (a marker its process "
+                        f"left when it died is heeded for a day: {MARKERS}/{name})"
                     )
         self.root.fs.create_dir(self.root.path(MARKERS), recursive=True)
         self.root.write_atomic(self.path, b"", fenced=False)
@@ -435,24 +437,24 @@ class _Backup:
         groups holds writes (its fence holds a part of a batch whose other parts are in;
         they come once the move ends). Then each shard's holder record (step 5)."""
         quiet_since = time.monotonic()
-        waited_for_moves = quiet_since + MOVE_WAIT_S
-        while True:
-            found = sum(
-                self._complete(table.uid, shard, unit, table.seen())
-                for table in tables.values()
-                for shard, unit in table.units.items()
-            )
+        give_up_on_moves = quiet_since + MOVE_WAIT_S
+        groups = {t.group for t in tables.values() if t.group}
+        while any(t.seen() for t in tables.values()):  # else no insert can be in part
+            found = 0
+            for table in tables.values():
+                seen = table.seen()
+                for shard, unit in table.units.items():
+                    found += self._complete(table.uid, shard, unit, seen)
             now = time.monotonic()
             if found:
                 quiet_since = now
-            holding = self._moves_holding({t.group for t in tables.values() if t.group})
-            if holding and now > waited_for_moves:
-                log.warning("backup: moves of %s kept on; not waited for", sorted(holding))
-                holding = set()
-            if not any(t.seen() for t in tables.values()):
-                break  # no insert logged since the checkpoints: none can be in part
-            if now - quiet_since >= SETTLE_S and not holding:
-                break
+            elif now - quiet_since >= SETTLE_S:  # quiet: is a move holding a part back?
+                holding = self._moves_holding(groups)
+                if not holding:
+                    break
+                if now > give_up_on_moves:
+                    log.warning("backup: moves of %s kept on; not waited for", sorted(holding))
+                    break
             time.sleep(SETTLE_POLL_S)
         for table in tables.values():
             for shard, unit in table.units.items():

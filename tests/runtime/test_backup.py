@@ -281,14 +281,20 @@ def test_the_copy_runs_at_the_priority_asked_and_bad_options_are_refused(
     copy_unit = backups._Backup._copy_unit
     policies: set[int] = set()
 
+    renewing: set[int] = set()
+
     def noting_policy(self: Any, *args: Any) -> Any:
         policies.add(os.sched_getscheduler(0))  # this thread's
+        for thread in threading.enumerate():  # the hold's renewer: never starved with it
+            if thread.name.startswith("hold-backup-") and thread.native_id is not None:
+                renewing.add(os.sched_getscheduler(thread.native_id))
         return copy_unit(self, *args)
 
     monkeypatch.setattr(backups._Backup, "_copy_unit", noting_policy)
     source = DataDir.resolve(cluster.data_dir)
     backups.backup(source, str(tmp_path / "b"), max_rate_mb_s=1000)
     assert policies == {os.SCHED_IDLE}
+    assert renewing == {os.SCHED_OTHER}
     assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the caller's thread keeps its own
     policies.clear()
     backups.backup(source, str(tmp_path / "b"), priority="normal")

@@ -46,12 +46,14 @@ class Hold:
         self.path = data_dir.path(HOLDS_FOLDER, f"{name}.json")
         self.ttl_s = ttl_s
         self._stop = threading.Event()
+        self._renewing = threading.Event()
         self._renewer = threading.Thread(target=self._renew, daemon=True, name=f"hold-{name}")
 
     def __enter__(self) -> Hold:
         self.data_dir.fs.create_dir(self.data_dir.path(HOLDS_FOLDER), recursive=True)
         self._write()
         self._renewer.start()
+        self._renewing.wait(5.0)  # at its own priority before the copy begins
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -64,5 +66,10 @@ class Hold:
         self.data_dir.write_atomic(self.path, json.dumps(record).encode(), fenced=False)
 
     def _renew(self) -> None:
+        try:  # started by a copy at idle priority: renewing must not starve with it
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
+        self._renewing.set()
         while not self._stop.wait(self.ttl_s / 10):
             self._write()

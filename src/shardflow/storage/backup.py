@@ -455,6 +455,7 @@ class _Backup:
                 if now > give_up_on_moves:
                     log.warning("backup: moves of %s kept on; not waited for", sorted(holding))
                     break
+                quiet_since = now  # the part it holds comes after it ends: settle again
             time.sleep(SETTLE_POLL_S)
         for table in tables.values():
             for shard, unit in table.units.items():

@@ -182,20 +182,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
-    paths = tpch.table_paths(data)
-    layout = {t.name: t for t in tpch.LAYOUT}
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-backup-", dir=args.home) as work:
         home = Path(work)
         data_dir = home / "data"
         root = str(Path(args.to or home) / f"backups-{os.getpid()}")
         with shardflow.connect(workers=args.workers, data_dir=str(data_dir)) as db:
-            for name in TABLES:
-                db.create_table(
-                    name,
-                    paths[name],
-                    distributed_by=layout[name].distributed_by,
-                    colocate_with=layout[name].colocate_with,
-                )
+            tpch.load(db, data, tables=TABLES)
             keys = db.sql("SELECT o_orderkey FROM orders USING SAMPLE 2000 ROWS")
             readers = Readers(db, keys.column(0).to_pylist(), args.read_rate)
             try:

@@ -68,18 +68,9 @@ def main() -> None:
     parser.add_argument("--home", type=Path, default=Path(".shardflow-bench"))
     args = parser.parse_args()
     data = tpch.generate(args.sf, args.home / f"tpch-sf{args.sf:g}")
-    paths = tpch.table_paths(data)
-    layout = {t.name: t for t in tpch.LAYOUT}
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-memory-") as data_dir:
         with shardflow.connect(workers=args.workers, data_dir=data_dir) as db:
-            for name in TABLES:
-                db.create_table(
-                    name,
-                    paths[name],
-                    distributed_by=layout[name].distributed_by,
-                    colocate_with=layout[name].colocate_with,
-                    progress=True,
-                )
+            tpch.load(db, data, tables=TABLES, progress=True)
             gc.collect()
             time.sleep(2)  # let the workers release what the load held
             handle = db._backend.handle
@@ -105,7 +96,7 @@ def main() -> None:
         )
     shardflow_rss = sum(ours.values())
     print(f"shardflow processes: {gib(shardflow_rss)}; Ray's other processes: {gib(ray_rest)}")
-    theirs = duckdb_rss(paths)
+    theirs = duckdb_rss(tpch.table_paths(data))
     print(f"one DuckDB process holding {' + '.join(TABLES)}: {gib(theirs)}")
     print(f"rss_ratio={shardflow_rss / theirs:.2f}")
 

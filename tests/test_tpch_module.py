@@ -92,3 +92,19 @@ def test_oracle_tables(oracle: duckdb.DuckDBPyConnection) -> None:
 def test_query_runs_on_oracle(oracle: duckdb.DuckDBPyConnection, n: int) -> None:
     rows = oracle.execute(tpch.query(n)).fetchall()
     assert isinstance(rows, list)
+
+
+def test_load_makes_the_tables_named_in_the_layouts_order(sf001_dir: Path) -> None:
+    made: list[tuple[str, Path, dict[str, object]]] = []
+
+    class Recorder:  # what load asks of a database: create_table calls, in order
+        def create_table(self, name: str, source: Path, **options: object) -> None:
+            made.append((name, source, options))
+
+    tpch.load(Recorder(), sf001_dir, tables=("orders", "lineitem"))
+    assert [name for name, _, _ in made] == ["lineitem", "orders"]  # co-located after
+    assert made[1][1] == tpch.table_paths(sf001_dir)["orders"]
+    assert made[1][2]["colocate_with"] == "lineitem"
+    made.clear()
+    tpch.load(Recorder(), sf001_dir)
+    assert [name for name, _, _ in made] == [t.name for t in tpch.LAYOUT]

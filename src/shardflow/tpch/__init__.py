@@ -224,11 +224,15 @@ def load(
     *,
     progress: bool = False,
     key_index: Collection[str] = (),
+    tables: Collection[str] | None = None,
 ) -> None:
-    """Create the 8 tables in a shardflow database with the recommended :data:`LAYOUT`;
-    the distributed tables named in ``key_index`` index their key in every shard."""
+    """Create the 8 tables (or those named in ``tables``) in a shardflow database with the
+    recommended :data:`LAYOUT`; the distributed tables named in ``key_index`` index their
+    key in every shard."""
     paths = table_paths(data_dir)
     for layout in LAYOUT:
+        if tables is not None and layout.name not in tables:
+            continue
         db.create_table(
             layout.name,
             paths[layout.name],

@@ -390,3 +390,34 @@ def test_a_prune_and_a_backup_never_run_on_one_folder_at_once(
         backups.backup(source, root)
     marker.unlink()
     assert backups.backup(source, root).bytes_written > 0  # its packs were deleted: again
+
+
+def test_a_backup_on_a_filesystem_that_is_not_a_local_folder(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object-store paths (no fsync, output streams, reads at an offset): the root and
+    the restored data directory through Arrow's SubTreeFileSystem, which is not a local
+    folder to shardflow, as S3 or GCS is not."""
+    import pyarrow.fs as pafs
+
+    def remote(uri: str) -> DataDir:
+        folder = Path(uri)
+        folder.mkdir(parents=True, exist_ok=True)
+        fs = pafs.SubTreeFileSystem(str(folder), pafs.LocalFileSystem())
+        return DataDir(fs, "", f"remote://{uri}")
+
+    monkeypatch.setattr(backups, "open_root", lambda uri, create: remote(uri))
+    root = str(tmp_path / "bucket")
+    cluster.insert("events", batch(0), "b0")
+    first = backups.backup(DataDir.resolve(cluster.data_dir), root)
+    assert not remote(root).local and first.bytes_written > 0
+    assert backups.verify(root).ok
+    cluster.close()
+    target = remote(str(tmp_path / "restored"))
+    backups.restore(root, target, first.backup_id)
+    served = LocalCluster(tmp_path / "restored", nodes=2)
+    try:
+        assert batches_held(served) == {0: BATCH}
+        assert served.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() == 3100
+    finally:
+        served.close()

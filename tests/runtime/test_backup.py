@@ -23,6 +23,7 @@ import pytest
 from shardflow.catalog import DataDir
 from shardflow.errors import ConfigError, StorageError
 from shardflow.runtime.worker.moves import TargetSide
+from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import backup as backups
 from shardflow.storage.shard_store import UNFENCED_VARIABLE
 from tests.support.local_cluster import LocalCluster, events
@@ -144,6 +145,41 @@ def test_a_part_held_by_a_moves_fence_is_waited_for(
     again = restored(tmp_path, root, info.backup_id, nodes=2)
     try:
         assert batches_held(again) == {0: BATCH}
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("left_out", [False, True], ids=["waited-for", "left-out"])
+def test_a_batch_held_in_part_by_a_slow_worker_is_waited_for_or_left_out_whole(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, left_out: bool
+) -> None:
+    """A worker slow to log its part (as a retry after a failover is): the other parts are
+    durable, and the entries say which units the batch went to. The backup waits for the
+    missing part, or, past ``PART_WAIT_S``, leaves the batch out whole (it was never
+    acknowledged by then)."""
+    last = cluster.units("events")[-1]
+    append = WorkerNode.append
+    slow_s = 4 * backups.SETTLE_S
+
+    def slow_append(self: WorkerNode, table: str, parts: Any, *args: Any, **kwargs: Any) -> Any:
+        if last.unit_id in parts:  # in process the parts go node by node, this one last
+            time.sleep(slow_s)
+        return append(self, table, parts, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerNode, "append", slow_append)
+    if left_out:
+        monkeypatch.setattr(backups, "PART_WAIT_S", backups.SETTLE_S)
+    inserter = threading.Thread(target=cluster.insert, args=("events", batch(0), "b0"))
+    inserter.start()
+    while len(batches_held_on_disk(cluster)) < len(cluster.units("events")) - 1:
+        time.sleep(0.01)
+    root = str(tmp_path / "backups")
+    info = backups.backup(DataDir.resolve(cluster.data_dir), root)
+    inserter.join()
+    cluster.close()
+    again = restored(tmp_path, root, info.backup_id, nodes=2)
+    try:
+        assert batches_held(again) == ({} if left_out else {0: BATCH})
     finally:
         again.close()
 

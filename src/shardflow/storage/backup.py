@@ -64,6 +64,7 @@ from shardflow.catalog.version import FORMAT_FILE, read_format, release
 from shardflow.errors import ConfigError, StorageError
 from shardflow.records import BackupInfo
 from shardflow.storage.holds import Hold
+from shardflow.storage.partition import batch_units
 from shardflow.storage.shard_store import (
     HOLDER_FILE,
     _entry_of,
@@ -93,6 +94,9 @@ one insert reach their shards at about the same time; a part a move's fence held
 once the move ends, and the backup waits for that too)."""
 SETTLE_POLL_S = 0.05
 MOVE_WAIT_S = 60.0
+PART_WAIT_S = 60.0
+"""The longest a backup waits for the rest of a batch it holds in part (a retry after a
+failover places it within the session's ``retry_deadline_s``)."""
 """The longest a backup waits for a move to end (a coordinator gone leaves its record)."""
 HOLDING_PHASE = "catch_up"
 """The phase a move's record shows from its catch-up to its switch, while its fence may
@@ -315,6 +319,24 @@ class _UnitCopy:
     """The batches of the log entries taken."""
     in_base: set[str] = field(default_factory=set)
     """The batches its checkpoint's record names (recent ones)."""
+    units_of: dict[str, set[int]] = field(default_factory=dict)
+    """Per batch taken, the units its entries say the batch was routed to."""
+
+    def take_entry(
+        self, rel: str, batch: str, entry: dict[str, Any], units: list[int] | None
+    ) -> None:
+        self.files[rel] = entry
+        self.batches.add(batch)
+        if units is not None:
+            self.units_of.setdefault(batch, set()).update(units)
+
+    def drop_batch(self, batch: str) -> None:
+        """Leave a batch out (its entries taken here go)."""
+        for rel in [r for r in self.files if _is_entry(posixpath.basename(r))]:
+            if _entry_of(posixpath.basename(rel))[0] == batch:
+                del self.files[rel]
+        self.batches.discard(batch)
+        self.units_of.pop(batch, None)
 
 
 @dataclass
@@ -329,6 +351,37 @@ class _TableCopy:
 
     def files(self) -> dict[str, dict[str, Any]]:
         return {rel: entry for unit in self.units.values() for rel, entry in unit.files.items()}
+
+    def in_part(self) -> dict[str, set[str]]:
+        """Per batch seen, the table's units its entries name that hold none of it (neither
+        an entry taken nor their checkpoint's record); units no longer in the table (a
+        split or merge since) are not asked."""
+        lacking: dict[str, set[str]] = {}
+        for batch in self.seen():
+            routed = set().union(*(u.units_of.get(batch, set()) for u in self.units.values()))
+            missing = {
+                shard
+                for shard in map(str, routed)
+                if shard in self.units
+                and batch not in self.units[shard].batches
+                and batch not in self.units[shard].in_base
+            }
+            if missing:
+                lacking[batch] = missing
+        return lacking
+
+    def leave_out(self, table: str, batches: dict[str, set[str]]) -> None:
+        """Leave batches held in part out whole; a part of one in a checkpoint fails."""
+        for batch, missing in batches.items():
+            if any(batch in unit.in_base for unit in self.units.values()):
+                raise StorageError(
+                    f"{table}: insert batch {batch} stayed in part (not in units "
+                    f"{', '.join(sorted(missing))}) for {PART_WAIT_S:g} s, and a part of it "
+                    "is in a checkpoint already: run the backup again"
+                )
+            log.warning("backup: %s: insert batch %s left out (never whole)", table, batch)
+            for unit in self.units.values():
+                unit.drop_batch(batch)
 
 
 class _Backup:
@@ -433,11 +486,15 @@ class _Backup:
 
     def _settle(self, tables: dict[str, _TableCopy]) -> None:
         """Step 3: take every entry of a batch seen in some cut from the other shards of its
-        table, over and over, until none came for :data:`SETTLE_S` and no move of their
-        groups holds writes (its fence holds a part of a batch whose other parts are in;
-        they come once the move ends). Then each shard's holder record (step 5)."""
+        table, over and over, until every seen batch is in each unit its entries say it was
+        routed to, none came for :data:`SETTLE_S` and no move of their groups holds writes
+        (a fence holds a part of a batch whose other parts are in; it comes once the move
+        ends). A batch still in part after :data:`PART_WAIT_S` was never acknowledged (its
+        insert failed, or waits on a failover): it is left out whole, or, where a part of it
+        is in a checkpoint already, the backup fails. Then each shard's holder record."""
         quiet_since = time.monotonic()
         give_up_on_moves = quiet_since + MOVE_WAIT_S
+        give_up_on_parts = quiet_since + PART_WAIT_S
         groups = {t.group for t in tables.values() if t.group}
         while any(t.seen() for t in tables.values()):  # else no insert can be in part
             found = 0
@@ -446,16 +503,19 @@ class _Backup:
                 for shard, unit in table.units.items():
                     found += self._complete(table.uid, shard, unit, seen)
             now = time.monotonic()
-            if found:
+            in_part = {name: t.in_part() for name, t in tables.items() if t.in_part()}
+            if found or (in_part and now < give_up_on_parts):
                 quiet_since = now
             elif now - quiet_since >= SETTLE_S:  # quiet: is a move holding a part back?
                 holding = self._moves_holding(groups)
-                if not holding:
+                if holding and now < give_up_on_moves:
+                    quiet_since = now  # the part it holds comes after it ends: settle again
+                else:
+                    if holding:
+                        log.warning("backup: moves of %s kept on; not waited for", holding)
+                    for name, batches in in_part.items():
+                        tables[name].leave_out(name, batches)
                     break
-                if now > give_up_on_moves:
-                    log.warning("backup: moves of %s kept on; not waited for", sorted(holding))
-                    break
-                quiet_since = now  # the part it holds comes after it ends: settle again
             time.sleep(SETTLE_POLL_S)
         for table in tables.values():
             for shard, unit in table.units.items():
@@ -499,23 +559,34 @@ class _Backup:
         if bases:
             base = bases[-1][1]
             wanted += [base, _meta_name(base)] if _is_checkpoint(base) else [base]
+        entries = []
         for name in names:
             if name.startswith("prep-") and ".tmp-" not in name:
                 wanted.append(name)
             elif _is_entry(name) and (_lsn_of(name) or 0) > base_lsn:
-                wanted.append(name)
-                batches.add(_entry_of(name)[0])
-        files: dict[str, dict[str, Any]] = {}
-        in_base: set[str] = set()
+                entries.append(name)
+        unit = _UnitCopy({}, base_lsn, batches)
         for name in wanted:
             rel = self._rel(uid, shard, name)
             if bases and name == _meta_name(bases[-1][1]):
                 record = self.data_dir.read(self.data_dir.path(rel))
-                in_base = set(json.loads(record).get("applied", {}))
-                files[rel] = self._copy_file(rel, record)
+                unit.in_base = set(json.loads(record).get("applied", {}))
+                unit.files[rel] = self._copy_file(rel, record)
             else:
-                files[rel] = self._copy_file(rel)
-        return _UnitCopy(files, base_lsn, batches, in_base)
+                unit.files[rel] = self._copy_file(rel)
+        for name in entries:
+            self._copy_entry(unit, self._rel(uid, shard, name))
+        return unit
+
+    def _copy_entry(self, unit: _UnitCopy, rel: str) -> None:
+        """Take one log entry, with the units its batch was routed to."""
+        content = self.data_dir.read(self.data_dir.path(rel))
+        try:
+            units = batch_units(pa.ipc.open_stream(pa.BufferReader(content)).schema)
+        except (pa.ArrowInvalid, ValueError):
+            units = None  # read whole by recovery, which says what is wrong with it
+        batch = _entry_of(posixpath.basename(rel))[0]
+        unit.take_entry(rel, batch, self._copy_file(rel, content), units)
 
     def _complete(self, uid: str, shard: str, unit: _UnitCopy, seen: set[str]) -> int:
         """Take the entries of batches seen in some shard's cut that came here after this
@@ -531,7 +602,7 @@ class _Backup:
             if _entry_of(name)[0] not in seen:
                 continue
             try:
-                unit.files[rel] = self._copy_file(rel)
+                self._copy_entry(unit, rel)
             except FileNotFoundError:
                 now = self.data_dir.list(folder)
                 if any(
@@ -542,7 +613,6 @@ class _Backup:
                         "backup needs (the hold on log entries was not kept)"
                     ) from None
                 continue  # discarded: never acknowledged (its batch failed), so not backed up
-            unit.batches.add(_entry_of(name)[0])
             found += 1
         return found
 

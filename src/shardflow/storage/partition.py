@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +54,30 @@ def route(
         )
         for start, end in zip(starts, ends, strict=True)
     }
+
+
+BATCH_UNITS = b"shardflow.batch_units"
+"""Schema metadata of an insert's part: the units the whole batch was routed to in the
+attempt that placed it (JSON list). Kept in the part's log entry, so that a backup can tell
+a batch it holds in part (``storage/backup.py``)."""
+
+
+def tagged_with_units(
+    parts: dict[int, tuple[pa.Table, np.ndarray]],
+) -> dict[int, tuple[pa.Table, np.ndarray]]:
+    """``parts`` (from :func:`route`), each naming every unit of the batch."""
+    units = json.dumps(sorted(parts)).encode()
+    return {
+        unit: (rows.replace_schema_metadata({**(rows.schema.metadata or {}), BATCH_UNITS: units}),
+               buckets)
+        for unit, (rows, buckets) in parts.items()
+    }  # fmt: skip
+
+
+def batch_units(schema: pa.Schema) -> list[int] | None:
+    """The units an entry's batch was routed to (None: not said, e.g. a move's catch-up)."""
+    found = (schema.metadata or {}).get(BATCH_UNITS)
+    return None if found is None else [int(u) for u in json.loads(found)]
 
 
 def split_by_unit(table: pa.Table, spec: TableSpec, catalog: Catalog) -> dict[int, pa.Table]:

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from shardflow.errors import Moved, Retryable, StorageError
 from shardflow.storage.held import Held, claim, covered, merge_held
+from shardflow.storage.partition import BATCH_UNITS
 from shardflow.storage.shard_store import (
     RECENT_BATCH_IDS,
     Applied,
@@ -571,7 +572,7 @@ class Shard:
         one group (one directory sync): a move's target applies a catch-up round so. The
         first error of them is raised (a failing disk fails them all)."""
         pending = [
-            _Pending(table.cast(self.schema), batch_id, buckets, lsn)
+            _Pending(_cast_keeping_units(table, self.schema), batch_id, buckets, lsn)
             for table, batch_id, buckets, lsn in entries
         ]
         last = pending[-1]
@@ -960,3 +961,13 @@ class Shard:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
+
+
+def _cast_keeping_units(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` cast to ``schema``, the batch's units (``partition.BATCH_UNITS``) kept for
+    its log entry."""
+    cast = table.cast(schema)
+    units = (table.schema.metadata or {}).get(BATCH_UNITS)
+    if units is None:
+        return cast
+    return cast.replace_schema_metadata({**(cast.schema.metadata or {}), BATCH_UNITS: units})

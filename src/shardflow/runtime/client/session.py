@@ -70,7 +70,7 @@ from shardflow.sql.statements import (
     ChangeRows,
 )
 from shardflow.storage.conform import conform
-from shardflow.storage.partition import buckets_for, route
+from shardflow.storage.partition import buckets_for, route, tagged_with_units
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -359,7 +359,8 @@ class Session:
             pending.clear()
             group = catalog.group_of(spec.name)
             by_node: dict[str, dict[int, tuple[pa.Table, np.ndarray]]] = defaultdict(dict)
-            for unit_id, part in route(rows, buckets, catalog, group.group_id).items():
+            routed = tagged_with_units(route(rows, buckets, catalog, group.group_id))
+            for unit_id, part in routed.items():
                 by_node[group.unit(unit_id).node][unit_id] = part
             append = partial(self._append, table=spec.name, batch_id=batch_id,
                              epoch=catalog.epoch, commit=now)  # fmt: skip

@@ -50,7 +50,7 @@ import posixpath
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -344,6 +344,8 @@ class _TableCopy:
     uid: str
     group: str | None
     units: dict[str, _UnitCopy]
+    layout: tuple[Any, ...] = ()
+    """The table's layout in the catalog it was cut by (:func:`_layout`)."""
 
     def seen(self) -> set[str]:
         """The batches of every entry taken of the table's shards."""
@@ -482,7 +484,7 @@ class _Backup:
             shards = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
         copies = [self.pool.submit(self._copy_unit, spec.uid, shard) for shard in shards]
         units = {shard: copy.result() for shard, copy in zip(shards, copies, strict=True)}
-        return _TableCopy(spec.uid, spec.group, units)
+        return _TableCopy(spec.uid, spec.group, units, _layout(catalog, name))
 
     def _settle(self, tables: dict[str, _TableCopy]) -> None:
         """Step 3: take every entry of a batch seen in some cut from the other shards of its
@@ -503,25 +505,38 @@ class _Backup:
                 for shard, unit in table.units.items():
                     found += self._complete(table.uid, shard, unit, seen)
             now = time.monotonic()
-            in_part = {name: t.in_part() for name, t in tables.items() if t.in_part()}
-            if found or (in_part and now < give_up_on_parts):
+            if found:
                 quiet_since = now
-            elif now - quiet_since >= SETTLE_S:  # quiet: is a move holding a part back?
-                holding = self._moves_holding(groups)
-                if holding and now < give_up_on_moves:
-                    quiet_since = now  # the part it holds comes after it ends: settle again
-                else:
-                    if holding:
-                        log.warning("backup: moves of %s kept on; not waited for", holding)
-                    for name, batches in in_part.items():
-                        tables[name].leave_out(name, batches)
-                    break
-            time.sleep(SETTLE_POLL_S)
+            if now - quiet_since < SETTLE_S:
+                time.sleep(SETTLE_POLL_S)
+                continue
+            in_part = {name: t.in_part() for name, t in tables.items() if t.in_part()}
+            if in_part and self._relaid(tables, in_part):
+                break  # a missing part went to a split's or merge's units: the next round
+            holding = self._moves_holding(groups)  # a fence holds a part back
+            if (in_part and now < give_up_on_parts) or (holding and now < give_up_on_moves):
+                quiet_since = now  # look again once quiet again
+                continue
+            if holding:
+                log.warning("backup: moves of %s kept on; not waited for", sorted(holding))
+            for name, batches in in_part.items():
+                tables[name].leave_out(name, batches)
+            break
         for table in tables.values():
             for shard, unit in table.units.items():
                 rel = self._rel(table.uid, shard, HOLDER_FILE)
                 with contextlib.suppress(FileNotFoundError):
                     unit.files[rel] = self._copy_file(rel)
+
+    def _relaid(self, tables: dict[str, _TableCopy], in_part: Mapping[str, object]) -> bool:
+        """Whether a table holding a batch in part has other files or units in the catalog
+        now than when it was cut (a retry placed the missing part in a split's or merge's
+        new units: the table is copied again, whole, in the next round)."""
+        catalog = self._catalog()
+        return any(
+            name not in catalog.tables or _layout(catalog, name) != tables[name].layout
+            for name in in_part
+        )
 
     def _moves_holding(self, groups: set[str]) -> set[str]:
         """The groups among ``groups`` a move catches up, fences or switches now (as its

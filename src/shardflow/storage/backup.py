@@ -245,7 +245,10 @@ class _Marker:
         now = time.time()
         for name in self.root.list(self.root.path(MARKERS)):
             if name.startswith(f"{self.refuse}-"):
-                at = float(name.split("-")[1])
+                try:
+                    at = float(name.split("-")[1])
+                except (IndexError, ValueError):
+                    continue  # not a marker this writes
                 if now - at < MARKER_TTL_S:
                     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
                     raise StorageError(
@@ -321,6 +324,8 @@ class _UnitCopy:
     """The batches its checkpoint's record names (recent ones)."""
     units_of: dict[str, set[int]] = field(default_factory=dict)
     """Per batch taken, the units its entries say the batch was routed to."""
+    newer_record: tuple[str, set[str]] | None = None
+    """The newest checkpoint written since the cut, and the batches its record names."""
 
     def take_entry(
         self, rel: str, batch: str, entry: dict[str, Any], units: list[int] | None
@@ -510,7 +515,7 @@ class _Backup:
             if now - quiet_since < SETTLE_S:
                 time.sleep(SETTLE_POLL_S)
                 continue
-            in_part = {name: t.in_part() for name, t in tables.items() if t.in_part()}
+            in_part = {name: lacking for name, t in tables.items() if (lacking := t.in_part())}
             if in_part and self._relaid(tables, in_part):
                 break  # a missing part went to a split's or merge's units: the next round
             holding = self._moves_holding(groups)  # a fence holds a part back
@@ -640,14 +645,16 @@ class _Backup:
         newer = [n for n in names if _is_checkpoint(n) and (_lsn_of(n) or 0) > unit.base_lsn]
         if not newer:
             return
-        try:
-            record = json.loads(
-                self.data_dir.read(self.data_dir.path("tables", uid, shard, _meta_name(max(newer))))
-            )
-        except FileNotFoundError:
-            return  # superseded meanwhile by a newer one (the hold ended?): the entries tell
+        newest = max(newer)
+        if unit.newer_record is None or unit.newer_record[0] != newest:  # read once, not
+            try:  # at every look of the settling
+                path = self.data_dir.path("tables", uid, shard, _meta_name(newest))
+                applied = set(json.loads(self.data_dir.read(path)).get("applied", {}))
+            except FileNotFoundError:
+                return  # superseded meanwhile by a newer one (the hold ended?): the entries tell
+            unit.newer_record = (newest, applied)
         taken = unit.batches | unit.in_base
-        lost = sorted(b for b in record.get("applied", {}) if b in seen and b not in taken)
+        lost = sorted(b for b in unit.newer_record[1] if b in seen and b not in taken)
         entries = {_entry_of(n)[0] for n in names if _is_entry(n)}
         if [b for b in lost if b not in entries]:
             raise StorageError(

@@ -71,7 +71,7 @@ def cluster_body(replicas: int, generation: int = 1) -> dict[str, Any]:
         "kind": "ShardflowCluster",
         "metadata": {"name": "sf", "namespace": "analytics", "generation": generation},
         "spec": {
-            "image": "shardflow/shardflow:0.1.0",
+            "image": "shardflow/shardflow:0.2.0",
             "dataDir": {"uri": "file:///var/lib/shardflow", "volumeClaim": "data"},
             "nodeGroups": [{"name": "cpu", "deviceClass": "cpu", "replicas": replicas}],
         },

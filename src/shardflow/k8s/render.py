@@ -3,7 +3,7 @@ the Service of its Flight SQL door out. Pure functions of plain data (no API cal
 operator's output is checked by golden files and schema validation.
 
 >>> body = {"metadata": {"name": "sf", "namespace": "data"},
-...         "spec": {"image": "shardflow:0.1.0", "dataDir": {"uri": "file:///data"},
+...         "spec": {"image": "shardflow:0.2.0", "dataDir": {"uri": "file:///data"},
 ...                  "nodeGroups": [{"name": "cpu", "deviceClass": "cpu", "replicas": 2}]}}
 >>> [m["kind"] for m in render(cluster_spec(body))]
 ['RayCluster', 'Service']

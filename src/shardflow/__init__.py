@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from shardflow.api import AnswerPart, Cluster, Database, MigrationRecord, NodeInfo, connect
     from shardflow.telemetry.profile import QueryProfile
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 _LAZY = {
     "AnswerPart": "shardflow.api",

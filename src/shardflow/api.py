@@ -160,6 +160,7 @@ def _node_info(node_id: str, info: WorkerInfo | None, load: NodeLoad | None) -> 
         device_cache_bytes=cache.bytes if cache is not None else 0,
         device_cache_budget_bytes=cache.budget_bytes if cache is not None else 0,
         device_cache_hit_rate=cache.hit_rate if cache is not None else None,
+        release=info.release,
     )
 
 

@@ -68,6 +68,9 @@ class NodeInfo:
     """What those may take (``device_cache_mb``); 0 where the worker keeps none."""
     device_cache_hit_rate: float | None = None
     """Of its fragments' shard reads, those that found the shard kept; None: keeps none."""
+    release: str = ""
+    """The shardflow release the worker runs ("" where it did not say: a worker of 0.2.0
+    or before, or one that does not answer)."""
 
 
 @dataclass(frozen=True)

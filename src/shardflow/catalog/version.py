@@ -21,6 +21,7 @@ Formats:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from importlib import metadata
@@ -37,6 +38,7 @@ MIGRATIONS: dict[int, Callable[[DataDir], None]] = {}
 one (none yet: format 1 is the first)."""
 
 
+@functools.cache
 def release() -> str:
     """This shardflow's release (as installed)."""
     try:

@@ -36,7 +36,8 @@ from shardflow.cli.common import (
 from shardflow.errors import ConfigError, Error, MoveRefusedError
 
 if TYPE_CHECKING:
-    from shardflow.tools.localcluster import LocalNode
+    from shardflow.api import Database
+    from shardflow.tools.localcluster import LocalNode, LocalRayCluster
 
 cluster_app = typer.Typer(
     help="The cluster of a data directory — its nodes, shards and moves (attached to the "
@@ -319,7 +320,7 @@ def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
         console.print(f"head: survives its loss (state in Redis at {local.ha.redis}; {back})")
     with attach(local.address, data_dir) as db:
         nodes = db.cluster.nodes()
-        view = Table("node", "Ray node", "host", "alive", "shards", "rows", "engine")
+        view = Table("node", "Ray node", "host", "alive", "shards", "rows", "engine", "release")
         for info in nodes:
             view.add_row(
                 info.node_id,
@@ -329,6 +330,7 @@ def cluster_status(data_dir: ServiceDir = Path(".shardflow")) -> None:
                 str(info.shards),
                 str(info.rows),
                 info.engine,
+                info.release or "0.2.0 or before",
             )
         console.print(view)
         healthy = all(n.alive for n in nodes)
@@ -342,17 +344,25 @@ def cluster_add_node(
 ) -> None:
     """Start one more data node; shardflow starts a worker on it (auto_join)."""
     local = local_cluster(data_dir)
+    with attach(local.address, data_dir) as db:
+        if _add_node(local, db, wait) is None:
+            raise typer.Exit(1)
+
+
+def _add_node(local: LocalRayCluster, db: Database, wait: float) -> LocalNode | None:
+    """Start a data node (with this shardflow) and wait for a worker on it; None where
+    none came within ``wait`` seconds."""
     node = local.add_node()
     console.print(f"Ray node {node.name} started ({node.node_id[:12]})")
-    with attach(local.address, data_dir) as db:
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            joined = [n.node_id for n in db.cluster.nodes() if n.ray_node_id == node.node_id]
-            if joined:
-                console.print(f"shardflow node {', '.join(joined)} runs on {node.name}")
-                return
-            time.sleep(0.5)
-    raise typer.Exit(1)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        joined = [n.node_id for n in db.cluster.nodes() if n.ray_node_id == node.node_id]
+        if joined:
+            console.print(f"shardflow node {', '.join(joined)} runs on {node.name}")
+            return node
+        time.sleep(0.5)
+    console.print(f"[red]no shardflow worker started on {node.name} within {wait:g}s")
+    return None
 
 
 @cluster_app.command("remove-node")
@@ -375,32 +385,91 @@ def cluster_remove_node(
         console.print(f"Ray node head killed; it runs again after {back:.1f}s")
         return
     with attach(local.address, data_dir) as db:
-        nodes = db.cluster.nodes()
-        by_shardflow = {n.node_id: n.ray_node_name for n in nodes}
+        by_shardflow = {n.node_id: n.ray_node_name for n in db.cluster.nodes()}
         name = by_shardflow.get(node) or node
-        target = local.node(name)
-        here = [n for n in nodes if n.alive and n.ray_node_id == target.node_id]
-        elsewhere = [n for n in nodes if n.alive and n.ray_node_id != target.node_id]
-        if not kill and here and not elsewhere:
-            raise MoveRefusedError(
-                f"{name} is the last data node: its shards have nowhere to go. Add one first "
-                "(shardflow cluster add-node), or stop the whole cluster (shardflow cluster "
-                "down); --kill takes it away as a crash would"
-            )
         if not kill:
-            from shardflow.runtime.ray.bootstrap import request_ray_drain
-
-            request_ray_drain(target.node_id, deadline)
-            ends = time.monotonic() + deadline
-            with console.status(f"draining {name}"):
-                while any(n.ray_node_id == target.node_id for n in db.cluster.nodes()):
-                    if time.monotonic() > ends:
-                        console.print(f"[red]{name} still serves shards after {deadline:g}s")
-                        raise typer.Exit(1)
-                    time.sleep(0.5)
-            console.print(f"drained {name}: no shard is served there any more")
+            _drain(local, db, name, deadline)
     local.remove_node(name, kill=kill)
     console.print(f"Ray node {name} {'killed' if kill else 'stopped'}")
+
+
+def _drain(local: LocalRayCluster, db: Database, name: str, deadline: float) -> None:
+    """Have Ray drain the data node ``name`` and wait until shardflow serves nothing there
+    (its shards moved off live); exits with 1 after ``deadline`` seconds."""
+    from shardflow.runtime.ray.bootstrap import request_ray_drain
+
+    target = local.node(name)
+    nodes = db.cluster.nodes()
+    here = [n for n in nodes if n.alive and n.ray_node_id == target.node_id]
+    elsewhere = [n for n in nodes if n.alive and n.ray_node_id != target.node_id]
+    if here and not elsewhere:
+        raise MoveRefusedError(
+            f"{name} is the last data node: its shards have nowhere to go. Add one first "
+            "(shardflow cluster add-node), or stop the whole cluster (shardflow cluster "
+            "down); --kill takes it away as a crash would"
+        )
+    request_ray_drain(target.node_id, deadline)
+    ends = time.monotonic() + deadline
+    with console.status(f"draining {name}"):
+        while any(n.ray_node_id == target.node_id for n in db.cluster.nodes()):
+            if time.monotonic() > ends:
+                console.print(f"[red]{name} still serves shards after {deadline:g}s")
+                raise typer.Exit(1)
+            time.sleep(0.5)
+    console.print(f"drained {name}: no shard is served there any more")
+
+
+@cluster_app.command("upgrade")
+def cluster_upgrade(
+    data_dir: ServiceDir = Path(".shardflow"),
+    wait: Annotated[float, typer.Option(help="Seconds to wait for each new worker.")] = 60.0,
+    deadline: Annotated[float, typer.Option(help="Seconds each drain may take.")] = 300.0,
+) -> None:
+    """Replace the data nodes whose workers run another release by nodes of this one, one at
+    a time, while the cluster serves: a new node joins, then an old one is drained and
+    stopped. The coordinator's node goes last; the coordinator starts again on a node of
+    this release (releases one apart serve together: CHANGELOG)."""
+    from shardflow.catalog.version import release
+
+    ours = release()
+    local = local_cluster(data_dir)
+    with attach(local.address, data_dir) as db:
+        runs = {n.ray_node_id: n.release for n in db.cluster.nodes() if n.alive}
+        old = [n for n in local.nodes() if not n.head and runs.get(n.node_id, ours) != ours]
+        coordinator = db.cluster.coordinator_host()
+        old.sort(key=lambda n: n.node_id == coordinator)  # its node last
+        console.print(
+            f"{len(old)} data node(s) to replace with release {ours}: "
+            + (", ".join(n.name for n in old) or "none")
+        )
+        for node in old:
+            if _add_node(local, db, wait) is None:
+                raise typer.Exit(1)
+            _drain(local, db, node.name, deadline)
+            local.remove_node(node.name)
+            console.print(f"Ray node {node.name} stopped")
+        if old:
+            started = time.monotonic()
+            host = _coordinator_host(db, wait)
+            name = next((n.name for n in local.nodes() if n.node_id == host), host[:12])
+            console.print(
+                f"the coordinator answers on {name} "
+                f"({time.monotonic() - started:.1f}s after the last old node stopped)"
+            )
+    console.print(f"every data node runs release {ours}")
+
+
+def _coordinator_host(db: Database, wait: float) -> str:
+    """The coordinator's Ray node, asked until it answers (it starts again after its node
+    was stopped) or ``wait`` seconds passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return db.cluster.coordinator_host()
+        except Error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @cluster_app.command("down")

@@ -202,6 +202,9 @@ class WorkerInfo:
     """The worker's process id on its host."""
     device_cache: DeviceCache | None = None
     """What the worker keeps in its engine's memory; None where it keeps nothing."""
+    release: str = ""
+    """The shardflow release the worker runs ("" from a worker of 0.2.0 or before, which
+    did not say): during a rolling upgrade, which workers run the new one."""
 
 
 @dataclass(frozen=True)

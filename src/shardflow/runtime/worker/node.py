@@ -629,6 +629,7 @@ class WorkerNode(BoundReads, CatalogServing, RowChanges):
                 pid=os.getpid(),
                 device_cache=self._device_cache(),
                 protocol=self.settings.test_protocol or PROTOCOL,
+                release=version.release(),
             )
         # which key indexes exist, asked of DuckDB once and outside the node's lock (a
         # fragment never waits on it); nothing is asked where no shard has one

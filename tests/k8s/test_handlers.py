@@ -8,9 +8,11 @@ against our CRD's status schema."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +80,8 @@ def cluster_body(replicas: int, generation: int = 1) -> dict[str, Any]:
     }
 
 
-def pod(name: str, created: str) -> dict[str, Any]:
-    labels = {"ray.io/cluster": "sf", "ray.io/group": "cpu", "ray.io/node-type": "worker"}
+def pod(name: str, created: str, group: str = "cpu") -> dict[str, Any]:
+    labels = {"ray.io/cluster": "sf", "ray.io/group": group, "ray.io/node-type": "worker"}
     return {
         "metadata": {"name": name, "namespace": "analytics", "labels": labels,
                      "creationTimestamp": created},
@@ -177,7 +179,7 @@ def test_scaling_down_drains_the_pod_going_away_before_kuberay_deletes_it(
         assert sum(n.shards for n in db.cluster.nodes() if n.alive) > 0
     assert count(multinode) == ROWS
     assert status["phase"] == "Scaling" and status["nodes"] == 2
-    assert [c["status"] for c in status["conditions"]] == ["True", "True"]
+    assert [c["status"] for c in status["conditions"]] == ["True", "True", "False"]
     # once KubeRay removed the pod, the next reconcile is steady and asks for no deletion
     kube.pods = [p for p in kube.pods if p["metadata"]["name"] != going]
     status = reconcile_cluster(cluster_body(replicas=2, generation=2), kube, multinode.connect)
@@ -303,3 +305,58 @@ def test_a_cancelled_shard_migration_rolls_its_move_back_and_stops_its_drain(
     assert never["phase"] == "Failed" and never["outcome"] == "cancelled before it started"
     assert after == before and source in alive  # nothing moved; the drained node stays
     assert sum(o.startswith("cancelled") for o in outcomes) == 2, outcomes
+
+
+def worker_groups(kube: MemoryKube) -> dict[str, dict[str, Any]]:
+    ray_cluster = kube.ray_clusters[("analytics", "sf")]
+    return {g["groupName"]: g for g in ray_cluster["spec"]["workerGroupSpecs"]}
+
+
+def image_of(group: Mapping[str, Any]) -> str:
+    return str(group["template"]["spec"]["containers"][0]["image"])
+
+
+def test_an_image_change_replaces_the_group_once_the_new_pods_serve(multinode: Multinode) -> None:
+    """KubeRay replaces no running pod when a group's template changes: the operator starts
+    the new image's pods as a group of their own, and once every one serves, drains the old
+    pods (their shards move live) and has KubeRay delete them, then drops their group. Runs
+    last in this module: it drains the module's Ray nodes."""
+    kube = kube_for(multinode, running=3)
+    reconcile_cluster(cluster_body(replicas=3), kube, multinode.connect)  # 0.2.0 runs
+    body = cluster_body(replicas=2, generation=2)
+    body["spec"]["image"] = new_image = "shardflow/shardflow:0.3.0"
+    new = f"cpu-{hashlib.sha256(new_image.encode()).hexdigest()[:6]}"
+    status = reconcile_cluster(body, kube, multinode.connect)
+    validate_status("ShardflowCluster", status)
+    groups = worker_groups(kube)
+    assert set(groups) == {"cpu", new}
+    assert image_of(groups["cpu"]) == "shardflow/shardflow:0.2.0"
+    assert groups["cpu"]["replicas"] == 3 and "scaleStrategy" not in groups["cpu"]
+    assert image_of(groups[new]) == new_image and groups[new]["replicas"] == 2
+    assert status["phase"] == "Upgrading" and "0 of 2 pods" in status["conditions"][2]["message"]
+    old_pods = sorted(p["metadata"]["name"] for p in kube.pods)
+    with shardflow.connect(multinode.served.uri, token=multinode.token) as db:
+        old_nodes = {n.ray_node_name for n in db.cluster.nodes() if n.alive}
+    # KubeRay starts the new group's pods: Ray nodes named as the pods, workers join them
+    added = [multinode.local.add_node(object_store_mb=128).name for _ in range(2)]
+    deadline = time.monotonic() + 90
+    with shardflow.connect(multinode.served.uri, token=multinode.token) as db:
+        while {n.ray_node_name for n in db.cluster.nodes() if n.alive} < {*old_nodes, *added}:
+            assert time.monotonic() < deadline, "no workers joined the new pods"
+            time.sleep(0.5)
+    kube.pods += [pod(name, "2026-12-09T00:00:00Z", group=new) for name in added]
+    status = reconcile_cluster(body, kube, multinode.connect)
+    validate_status("ShardflowCluster", status)
+    groups = worker_groups(kube)
+    assert groups["cpu"]["replicas"] == 0
+    assert groups["cpu"]["scaleStrategy"]["workersToDelete"] == old_pods
+    with shardflow.connect(multinode.served.uri, token=multinode.token) as db:
+        serving = {n.ray_node_name for n in db.cluster.nodes() if n.alive and n.shards}
+    assert serving and serving <= set(added), "a pod KubeRay is told to delete still serves"
+    assert count(multinode) == ROWS
+    # KubeRay deleted the old pods: their group is dropped, the cluster is steady
+    kube.pods = [p for p in kube.pods if p["metadata"]["labels"]["ray.io/group"] == new]
+    status = reconcile_cluster(body, kube, multinode.connect)
+    validate_status("ShardflowCluster", status)
+    assert set(worker_groups(kube)) == {new} and status["phase"] == "Running", status
+    assert count(multinode) == ROWS

@@ -6,10 +6,12 @@ in-memory Kubernetes. Reconciling goes in two steps: observe, then take the next
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -21,7 +23,7 @@ from shardflow.errors import (
     MoveCancelled,
     MoveRefusedError,
 )
-from shardflow.k8s.render import ClusterSpec, cluster_spec, render
+from shardflow.k8s.render import ClusterSpec, NodeGroup, cluster_spec, render
 from shardflow.records import MigrationRecord, NodeInfo
 
 DRAIN_DEADLINE_S = 600.0
@@ -29,6 +31,8 @@ DRAIN_DEADLINE_S = 600.0
 for the next reconcile (the pod stays until they moved)."""
 POLL_S = 0.2
 """How often a running ``ShardMigration`` reads the move's phase for its status."""
+GENERATION = re.compile(r"[0-9a-f]{6}")
+"""What follows ``<group>-`` in the name of a group of a node group's pods of another image."""
 CANCEL_POLL_S = 1.0
 """How often a running ``ShardMigration`` looks whether it was cancelled (an API read)."""
 
@@ -92,31 +96,136 @@ def reconcile_cluster(
 ) -> dict[str, Any]:
     """Bring the cluster to ``body``'s spec; returns the status to patch. A group scaled down
     first drains the pods going away (their shards move live to the others) and only then
-    tells KubeRay which pods to delete; a group scaled up gets pods the balancer fills."""
+    tells KubeRay which pods to delete; a group scaled up gets pods the balancer fills. A
+    group whose image changed is replaced (:func:`rollouts`): its pods of the new image
+    start as a group of their own, and once they all serve, the pods of the old image are
+    drained and deleted, then their group is dropped."""
     spec = cluster_spec(body)
     token = kube.ensure_token(spec.namespace, spec.operator_token_secret)
-    observed = kube.get_ray_cluster(spec.namespace, spec.name)
-    running = replicas_of(observed)
-    shrinking = {g.name: running[g.name] - g.replicas for g in spec.groups
-                 if running.get(g.name, 0) > g.replicas}  # fmt: skip
-    control = _dial(spec, token, connect, needed=bool(shrinking))
+    found = observed_groups(kube.get_ray_cluster(spec.namespace, spec.name))
+    plan = rollouts(spec, found)
+    running = {g.name: g.replicas for g in found}
+    shrinking = {r.group.name: running[r.group.name] - r.group.replicas for r in plan
+                 if running.get(r.group.name, 0) > r.group.replicas}  # fmt: skip
+    upgrading = [r for r in plan if r.old]
+    control = _dial(spec, token, connect, needed=bool(shrinking) or bool(upgrading))
     to_delete: dict[str, list[str]] = {}
+    nodes = control.nodes() if control is not None and (shrinking or upgrading) else []
     if shrinking:
         assert control is not None
-        nodes = control.nodes()
         for group, count in shrinking.items():
             pods = kube.list_pods(spec.namespace, group_labels(spec, group))
             going = pods_to_remove(pods, nodes, count)
-            for pod in going:
-                for ray_node_id in ray_nodes_of(pod, nodes):
-                    try:
-                        control.drain_host(ray_node_id, drain_deadline_s)
-                    except Error as error:  # the pod stays; the next reconcile goes on
-                        raise NotYet(f"draining pod {_name(pod)}: {error}", 30.0) from None
+            _drain_pods(control, going, nodes, drain_deadline_s)
             to_delete[group] = [_name(p) for p in going]
-    for manifest in render(spec, to_delete):
+    groups = [r.group for r in plan]
+    waiting: list[str] = []
+    for rollout in upgrading:
+        assert control is not None
+        serving = _serving(kube, spec, rollout.group, nodes)
+        if serving < rollout.group.replicas:  # the old pods serve on meanwhile
+            groups += [replace(rollout.group, name=o.name, image=o.image, replicas=o.replicas)
+                       for o in rollout.old]  # fmt: skip
+            waiting.append(
+                f"{rollout.group.name}: {serving} of {rollout.group.replicas} pods of "
+                f"{rollout.group.image} serve"
+            )
+            continue
+        for old in rollout.old:
+            pods = kube.list_pods(spec.namespace, group_labels(spec, old.name))
+            if not pods and old.replicas == 0:
+                continue  # its pods are gone: the group is dropped
+            _drain_pods(control, pods, nodes, drain_deadline_s)
+            groups.append(replace(rollout.group, name=old.name, image=old.image, replicas=0))
+            to_delete[old.name] = sorted(_name(p) for p in pods)
+            waiting.append(f"{old.name}: {len(pods)} pods of {old.image} drained, deleted")
+    for manifest in render(spec, to_delete, groups):
         kube.apply(manifest)
-    return cluster_status(body, spec, control, scaling=bool(shrinking) or _growing(spec, running))
+    scaling = bool(shrinking) or _growing(running, plan)
+    return cluster_status(body, spec, control, scaling=scaling, upgrading=waiting)
+
+
+@dataclass(frozen=True)
+class ObservedGroup:
+    """A worker group of the RayCluster as it is: its name, its pods' image, replicas."""
+
+    name: str
+    image: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A node group as it is rendered: ``group`` (named as KubeRay knows it, with the image
+    the spec wants) and the groups of its pods of other images, still to be replaced."""
+
+    group: NodeGroup
+    old: tuple[ObservedGroup, ...] = ()
+
+
+def observed_groups(ray_cluster: Mapping[str, Any] | None) -> list[ObservedGroup]:
+    """The worker groups of an observed RayCluster (none: empty)."""
+    groups = ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or []
+    found = []
+    for group in groups:
+        containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+        image = str(containers[0].get("image", ""))
+        found.append(ObservedGroup(str(group["groupName"]), image, int(group.get("replicas", 0))))
+    return found
+
+
+def rollouts(spec: ClusterSpec, observed: Sequence[ObservedGroup]) -> list[Rollout]:
+    """Each node group of ``spec``, and what runs of it. A group's pods of the wanted image
+    keep their KubeRay group; when the image changes, the new pods get a group of their own,
+    named ``<group>-<6 hex digits of the image's sha256>`` (the group's own name where it is
+    free), and the groups of the group's other images are old.
+
+    >>> from shardflow.k8s.render import cluster_spec
+    >>> spec = cluster_spec({"metadata": {"name": "sf", "namespace": "n"}, "spec": {
+    ...     "image": "sf:2", "dataDir": {"uri": "file:///d"},
+    ...     "nodeGroups": [{"name": "cpu", "replicas": 3}]}})
+    >>> [(r.group.name, r.old) for r in rollouts(spec, [ObservedGroup("cpu", "sf:2", 3)])]
+    [('cpu', ())]
+    >>> (new,) = rollouts(spec, [ObservedGroup("cpu", "sf:1", 3)])
+    >>> new.group.name, new.group.image, new.group.replicas, [o.name for o in new.old]
+    ('cpu-0074e0', 'sf:2', 3, ['cpu'])
+    """
+    plan = []
+    for group in spec.groups:
+        image = group.image or spec.image
+        mine = [o for o in observed if o.name == group.name
+                or GENERATION.fullmatch(o.name.removeprefix(group.name + "-"))]  # fmt: skip
+        # a group whose image is not known (not in its template) is taken to run this one
+        current = next((o.name for o in mine if o.image in (image, "")), None)
+        if current is None:
+            taken = any(o.name == group.name for o in mine)
+            digest = hashlib.sha256(image.encode()).hexdigest()[:6]
+            current = f"{group.name}-{digest}" if taken else group.name
+        old = tuple(o for o in mine if o.name != current)
+        plan.append(Rollout(replace(group, name=current, image=image), old))
+    return plan
+
+
+def _drain_pods(
+    control: Control,
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Sequence[NodeInfo],
+    deadline_s: float,
+) -> None:
+    """Move every shard off the pods' workers (live); the pods stay until it is done."""
+    for pod in pods:
+        for ray_node_id in ray_nodes_of(pod, nodes):
+            try:
+                control.drain_host(ray_node_id, deadline_s)
+            except Error as error:  # the pod stays; the next reconcile goes on
+                raise NotYet(f"draining pod {_name(pod)}: {error}", 30.0) from None
+
+
+def _serving(kube: Kube, spec: ClusterSpec, group: NodeGroup, nodes: Sequence[NodeInfo]) -> int:
+    """How many of a group's pods run and have a shardflow worker serving on them."""
+    pods = kube.list_pods(spec.namespace, group_labels(spec, group.name))
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    return sum(1 for p in running if ray_nodes_of(p, nodes))
 
 
 def _dial(spec: ClusterSpec, token: str, connect: Connect, needed: bool) -> Control | None:
@@ -128,14 +237,8 @@ def _dial(spec: ClusterSpec, token: str, connect: Connect, needed: bool) -> Cont
         return None  # starting: the manifests are applied all the same
 
 
-def replicas_of(ray_cluster: Mapping[str, Any] | None) -> dict[str, int]:
-    """Worker group -> replicas of an observed RayCluster (none: empty)."""
-    groups = ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or []
-    return {str(g["groupName"]): int(g.get("replicas", 0)) for g in groups}
-
-
-def _growing(spec: ClusterSpec, running: Mapping[str, int]) -> bool:
-    return any(g.replicas > running.get(g.name, 0) for g in spec.groups)
+def _growing(running: Mapping[str, int], plan: Sequence[Rollout]) -> bool:
+    return any(r.group.replicas > running.get(r.group.name, 0) for r in plan if not r.old)
 
 
 def group_labels(spec: ClusterSpec, group: str) -> dict[str, str]:
@@ -197,10 +300,15 @@ def _negated(text: str) -> str:
 
 
 def cluster_status(
-    body: Mapping[str, Any], spec: ClusterSpec, control: Control | None, scaling: bool
+    body: Mapping[str, Any],
+    spec: ClusterSpec,
+    control: Control | None,
+    scaling: bool,
+    upgrading: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``status`` of a ShardflowCluster: nodes, shards, phase, last rebalance and
-    conditions, as the service reports them."""
+    conditions, as the service reports them; ``upgrading``: what a group's replacement by
+    pods of another image waits for or did."""
     generation = (body.get("metadata") or {}).get("generation")
     now = _iso(time.time())
     if control is None:
@@ -214,7 +322,9 @@ def cluster_status(
     alive = [n for n in nodes if n.alive]
     balanced = [m for m in control.migrations() if _by_balancer(m)]
     last = max(balanced, key=lambda m: m.started_at, default=None)
-    phase = "Scaling" if scaling else ("Running" if len(alive) == len(nodes) else "Degraded")
+    phase = "Running" if len(alive) == len(nodes) else "Degraded"
+    if phase == "Running" and (scaling or upgrading):
+        phase = "Upgrading" if upgrading else "Scaling"
     ready = phase != "Degraded"
     status = {
         "phase": phase,
@@ -224,6 +334,13 @@ def cluster_status(
         "conditions": [
             _condition("Ready", ready, phase, now, f"{len(alive)} of {len(nodes)} nodes serve"),
             _condition("Scaling", scaling, "Replicas" if scaling else "Steady", now, ""),
+            _condition(
+                "Upgrading",
+                bool(upgrading),
+                "Image" if upgrading else "Steady",
+                now,
+                "; ".join(upgrading),
+            ),
         ],
     }
     if last is not None:

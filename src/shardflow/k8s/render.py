@@ -241,14 +241,19 @@ def _group(group: Mapping[str, Any], index: int) -> NodeGroup:
 
 # -- rendering ----------------------------------------------------------------------------
 def render(
-    spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]] | None = None
+    spec: ClusterSpec,
+    workers_to_delete: Mapping[str, Sequence[str]] | None = None,
+    groups: Sequence[NodeGroup] | None = None,
 ) -> list[dict[str, Any]]:
     """The manifests of ``spec``: its RayCluster, then the Service of its Flight SQL door,
     and where clients read answers from the workers, the headless Service of the workers'
     endpoints and the NetworkPolicy that lets clients reach those and nothing else of the
     data pods. ``workers_to_delete`` (group -> pod names) tells KubeRay which pods a
-    scale-down removes (pods whose shards the operator has already moved away)."""
-    manifests = [ray_cluster(spec, workers_to_delete or {}), flight_service(spec)]
+    scale-down removes (pods whose shards the operator has already moved away). ``groups``:
+    the worker groups as KubeRay gets them, where they are not ``spec.groups`` (while a
+    group's pods of an older image are replaced, each image is a group of its own)."""
+    rendered = spec.groups if groups is None else tuple(groups)
+    manifests = [ray_cluster(spec, workers_to_delete or {}, rendered), flight_service(spec)]
     if spec.endpoints == "workers":
         manifests += [endpoint_service(spec), endpoint_policy(spec)]
     if spec.backup is not None:
@@ -276,7 +281,9 @@ def labels(spec: ClusterSpec) -> dict[str, str]:
 
 
 def ray_cluster(
-    spec: ClusterSpec, workers_to_delete: Mapping[str, Sequence[str]]
+    spec: ClusterSpec,
+    workers_to_delete: Mapping[str, Sequence[str]],
+    groups: Sequence[NodeGroup] | None = None,
 ) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "rayVersion": RAY_VERSION,
@@ -286,7 +293,8 @@ def ray_cluster(
             "template": _head_pod(spec),
         },
         "workerGroupSpecs": [
-            _worker_group(spec, g, sorted(workers_to_delete.get(g.name, ()))) for g in spec.groups
+            _worker_group(spec, g, sorted(workers_to_delete.get(g.name, ())))
+            for g in (spec.groups if groups is None else groups)
         ],
     }
     if spec.redis_address:

@@ -47,7 +47,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.storage import Shard
 from shardflow.storage.partition import buckets_for
-from shardflow.storage.shard import BatchStream, Change
+from shardflow.storage.shard import CLAIMERS, BatchStream, Change
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,7 @@ class TargetSide:
     """This node as the target of moves."""
 
     def __init__(self, node: ShardHost) -> None:
+        CLAIMERS.start()  # a move's promotion hands its claims over (no thread starts then)
         self.node = node
         self.imports: dict[str, Import] = {}
         self.cancelled: set[str] = set()

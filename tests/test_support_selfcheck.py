@@ -390,3 +390,36 @@ def test_comparator_properties(rows: list[tuple[object, ...]], data: st.DataObje
     )
     with pytest.raises(AssertionError):
         assert_same_result(changed_retyped, expected, ordered=False)
+
+
+def _commit(repo: Path, version: str, message: str) -> str:
+    (repo / "pyproject.toml").write_text(f'[project]\nname = "x"\nversion = "{version}"\n')
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", message], check=True)  # fmt: skip
+    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_previous_release_is_the_commit_that_set_its_version(tmp_path: Path) -> None:
+    """Without tags, the release before is the commit that set its version in pyproject.toml
+    (the oldest of those that changed that line), not a later one; with the tag, the tag."""
+    from tests.support.releases import NoRelease, previous_release
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "CHANGELOG.md").write_text("# Changelog\n\n## Unreleased\n\n## 0.2.0\n\n## 0.1.0\n")
+    _commit(repo, "0.1.0", "first")
+    released = _commit(repo, "0.2.0", "release 0.2.0")
+    _commit(repo, "0.3.0.dev0", "after it")
+    assert previous_release(repo) == ("0.2.0", released)
+    subprocess.run(["git", "-C", str(repo), "tag", "v0.2.0", "HEAD~2"], check=True)
+    assert previous_release(repo)[1] != released  # the tag wins where there is one
+    bare = tmp_path / "bare"  # a checkout without the history (its files alone)
+    bare.mkdir()
+    (bare / "CHANGELOG.md").write_text("## 0.2.0\n")
+    with pytest.raises(NoRelease, match=r"no tag v0\.2\.0"):
+        previous_release(bare)

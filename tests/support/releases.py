@@ -94,5 +94,9 @@ def install(version: str, commit: str, folder: Path, root: Path = ROOT) -> Relea
 
 
 def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    """What git says ("" where it fails, or where there is no git or no repository)."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    except OSError:
+        return ""
     return done.stdout.strip() if done.returncode == 0 else ""

@@ -100,3 +100,4 @@ def test_a_readme_section_runs_as_pasted(folder: Path, section: str) -> None:
         assert said.count("kind") >= 2 and "Flight SQL on" in said
     if section == "Day two":
         assert "checked: ok" in said and "restored backup" in said and "bytes new of" in said
+        assert "restored the data as of" in said and (folder / "then" / "catalog").is_dir()

@@ -292,19 +292,32 @@ class Cluster:
         self._db._session_or_raise().record_access(denied_action)
 
     @_while_open
-    def backup(self, to: str, *, priority: str = "idle", max_rate_mb_s: float = 0.0) -> BackupInfo:
+    def backup(
+        self,
+        to: str,
+        *,
+        priority: str = "idle",
+        max_rate_mb_s: float = 0.0,
+        keep_log: bool = False,
+    ) -> BackupInfo:
         """Back every table up into the folder or filesystem URI ``to``, as of one point in
         time, while queries, inserts and moves run on (``shardflow backup``; restored with
         ``shardflow restore``). Chunks a backup in ``to`` holds already are not written
         again: the next backup there is incremental. ``priority`` (``idle``, ``low``,
-        ``normal``): the copy's CPU priority; ``max_rate_mb_s``: a cap (0: none)."""
+        ``normal``): the copy's CPU priority; ``max_rate_mb_s``: a cap (0: none);
+        ``keep_log``: keep the log from now on, so that ``shardflow restore --as-of`` can
+        restore any time between this backup and the next (``--keep-log``)."""
         if not isinstance(to, str | os.PathLike) or not os.fspath(to):
             raise ConfigError(f"backup: to must be a folder or URI, not {to!r}")
         from shardflow.storage import backup
 
         data_dir = DataDir.resolve(self._db._backend.data_dir)
         return backup.backup(
-            data_dir, os.fspath(to), priority=priority, max_rate_mb_s=max_rate_mb_s
+            data_dir,
+            os.fspath(to),
+            priority=priority,
+            max_rate_mb_s=max_rate_mb_s,
+            keep_log=keep_log,
         )
 
     @_while_open

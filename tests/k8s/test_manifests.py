@@ -318,14 +318,18 @@ def test_scheduled_backups_are_a_valid_cronjob_that_backs_up_then_prunes() -> No
     assert container["volumeMounts"] == [{"name": "data", "mountPath": "/var/lib/shardflow"}]
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shardflow-data"}
     odd = copy.deepcopy(sample())
-    odd["spec"]["backup"].update(to="/backups/it's here", suspend=True, maxRateMBps=300)
+    odd["spec"]["backup"].update(
+        to="/backups/it's here", suspend=True, maxRateMBps=300, keepLog=True
+    )
+    validate_ours(odd)
     *_, job = render(cluster_spec(odd))
     script = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "--to '/backups/it'\"'\"'s here' --max-rate-mb-s 300" in script[2]  # one word
+    assert "--to '/backups/it'\"'\"'s here' --max-rate-mb-s 300 --keep-log &&" in script[2]
     assert job["spec"]["suspend"] is True
     for change, message in (
         ({"keep": 0}, "keep"),
         ({"maxRateMBps": -1}, "maxRateMBps"),
+        ({"keepLog": "yes"}, "keepLog"),
         ({"schedule": ""}, "schedule"),
     ):
         bad = copy.deepcopy(sample())

@@ -25,6 +25,7 @@ from shardflow.errors import ConfigError, StorageError
 from shardflow.runtime.worker.moves import TargetSide
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import backup as backups
+from shardflow.storage.holds import ARCHIVE_FOLDER
 from shardflow.storage.shard_store import UNFENCED_VARIABLE
 from tests.support.local_cluster import LocalCluster, events
 
@@ -359,6 +360,91 @@ def test_without_the_hold_a_checkpoint_takes_what_the_backup_needs(
     monkeypatch.setenv(UNFENCED_VARIABLE, "backup-hold")
     with pytest.raises((StorageError, AssertionError)):
         test_a_batch_seen_in_one_cut_is_taken_whole_from_the_others(cluster, tmp_path, monkeypatch)
+
+
+def archived_entries(cluster: LocalCluster) -> list[str]:
+    folder = Path(cluster.data_dir) / ARCHIVE_FOLDER
+    return [p.name for p in folder.rglob("wal-*.arrow")] if folder.exists() else []
+
+
+def test_a_time_between_two_backups_is_restored_from_the_log_they_kept(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """With the log kept, the checkpoints between two backups archive the entries they
+    cover instead of deleting them, and the second backup takes them (then the archive is
+    emptied). A restore as of a time between the two holds every batch acknowledged by then
+    and none after, each whole, on a cluster of another size."""
+    root = str(tmp_path / "backups")
+    source = DataDir.resolve(cluster.data_dir)
+    first = backups.backup(source, root, keep_log=True)
+    for index in range(4):
+        cluster.insert("events", batch(index), f"b{index}")
+    checkpoint_all(cluster)  # covers batches 0-3: the log keeps them
+    time.sleep(0.05)
+    at = time.time()
+    time.sleep(0.05)
+    for index in range(4, 7):
+        cluster.insert("events", batch(index), f"b{index}")
+    checkpoint_all(cluster)
+    archived = archived_entries(cluster)
+    second = backups.backup(source, root)
+    left = archived_entries(cluster)
+    assert first.finished_at < at < second.started_at
+    cluster.close()
+    target = tmp_path / "as-of"
+    info = backups.restore(root, DataDir.resolve(str(target)), as_of=at)
+    assert info.backup_id == first.backup_id
+    again = LocalCluster(target, nodes=2)
+    try:
+        assert batches_held(again) == {i: BATCH for i in range(4)}, "not as it was then"
+        assert (
+            again.sql("SELECT count(*) AS n FROM events WHERE id < 3000").column("n")[0].as_py()
+            == 3000
+        )
+    finally:
+        again.close()
+    assert archived, "the checkpoints archived nothing"
+    assert left == [], "the second backup left the archive it took"
+
+
+@pytest.mark.skipif(os.environ.get(UNFENCED_VARIABLE) is not None, reason="hooks set outside")
+def test_without_the_kept_log_a_time_between_backups_loses_rows(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault hook's own check: checkpoints that delete what they cover though the log
+    is to be kept make the restore as of a time between backups lose batches."""
+    monkeypatch.setenv(UNFENCED_VARIABLE, "keep-log")
+    with pytest.raises(AssertionError, match="not as it was then"):
+        test_a_time_between_two_backups_is_restored_from_the_log_they_kept(cluster, tmp_path)
+
+
+def test_a_time_that_cannot_be_put_together_is_refused_saying_why(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Before the first backup, after the last, without the log kept, and across a change
+    other than inserts (a split): each refused, nothing written."""
+    root = str(tmp_path / "backups")
+    source = DataDir.resolve(cluster.data_dir)
+    target = DataDir.resolve(str(tmp_path / "as-of"))
+    backups.backup(source, root)  # the log not kept
+    between = time.time()
+    time.sleep(0.05)
+    kept = backups.backup(source, root, keep_log=True)
+    with pytest.raises(StorageError, match="was finished by"):
+        backups.restore(root, target, as_of=kept.started_at - 3600)
+    with pytest.raises(StorageError, match="the log was not kept"):
+        backups.restore(root, target, as_of=between)
+    with pytest.raises(StorageError, match="take one"):
+        backups.restore(root, target, as_of=time.time())
+    cluster.insert("events", batch(0), "b0")
+    after_insert = time.time()
+    cluster.split(cluster.units("events")[0].unit_id)
+    backups.backup(source, root)
+    with pytest.raises(StorageError, match="events changed other than by inserts"):
+        backups.restore(root, target, as_of=after_insert)
+    with pytest.raises(ConfigError, match="not both"):
+        backups.restore(root, target, kept.backup_id, as_of=after_insert)
+    assert not (tmp_path / "as-of").exists() or not any((tmp_path / "as-of").iterdir())
 
 
 def test_prune_keeps_the_newest_backups_and_the_packs_they_name(

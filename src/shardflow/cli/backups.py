@@ -70,6 +70,15 @@ def backup(
     max_rate_mb_s: Annotated[
         float, typer.Option(min=0, help="Cap on the megabytes read a second (0: none).")
     ] = 0.0,
+    keep_log: Annotated[
+        bool,
+        typer.Option(
+            "--keep-log",
+            help="Keep the data directory's log from now on (checkpoints archive what they "
+            "cover until the next backup takes it), so that `restore --as-of` can restore "
+            "any time between two backups. Once on, it stays on.",
+        ),
+    ] = False,
 ) -> None:
     """Back up every table of a data directory, as of one point in time, while its cluster
     serves queries, inserts and moves."""
@@ -90,6 +99,7 @@ def backup(
             progress,
             priority=priority,
             max_rate_mb_s=max_rate_mb_s,
+            keep_log=keep_log,
         )
     took = info.finished_at - info.started_at
     console.print(
@@ -168,14 +178,42 @@ def restore(
     backup_id: Annotated[
         str | None, typer.Option("--id", help="Which backup (default: the newest).")
     ] = None,
+    as_of: Annotated[
+        str | None,
+        typer.Option(
+            "--as-of",
+            help="Restore the data as it was at this time (ISO 8601, UTC unless it says "
+            "otherwise: 2026-12-07T12:30:00Z), between two backups taken with the log kept "
+            "(`backup --keep-log`).",
+        ),
+    ] = None,
 ) -> None:
     """Restore a backup into a new data directory; start a cluster of any size on it."""
     from shardflow.catalog import DataDir
     from shardflow.storage import backup as backups
 
+    at = None if as_of is None else _time_of(as_of)
+    backups.open_root(source, create=False)  # no backups there: no new folder made either
     with _bytes_progress("restoring") as progress:
-        info = backups.restore(source, DataDir.resolve(data_dir), backup_id, progress)
-    console.print(
-        f"restored backup {info.backup_id} (taken {_when(info.finished_at)} UTC): "
-        f"{info.tables} tables, {info.bytes / 1e6:.1f} MB into {data_dir}"
+        info = backups.restore(source, DataDir.resolve(data_dir), backup_id, progress, as_of=at)
+    what = (
+        f"backup {info.backup_id} (taken {_when(info.finished_at)} UTC)"
+        if at is None
+        else f"the data as of {_when(at)} UTC (backup {info.backup_id} and the log after it)"
     )
+    console.print(
+        f"restored {what}: {info.tables} tables, {info.bytes / 1e6:.1f} MB into {data_dir}"
+    )
+
+
+def _time_of(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time (UTC where it names no zone)."""
+    try:
+        found = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not a time: ISO 8601, as 2026-12-07T12:30:00Z", param_hint="--as-of"
+        ) from None
+    if found.tzinfo is None:
+        found = found.replace(tzinfo=datetime.UTC)
+    return found.timestamp()

@@ -115,9 +115,21 @@ class RemoteCluster:
         plan: dict[str, Any] = self._db._action("rebalance", {"dry_run": dry_run})
         return plan
 
-    def backup(self, to: str, *, priority: str = "idle", max_rate_mb_s: float = 0.0) -> BackupInfo:
+    def backup(
+        self,
+        to: str,
+        *,
+        priority: str = "idle",
+        max_rate_mb_s: float = 0.0,
+        keep_log: bool = False,
+    ) -> BackupInfo:
         """A backup into ``to``, a folder or URI the service's process writes."""
-        asked = {"to": to, "priority": priority, "max_rate_mb_s": max_rate_mb_s}
+        asked = {
+            "to": to,
+            "priority": priority,
+            "max_rate_mb_s": max_rate_mb_s,
+            "keep_log": keep_log,
+        }
         return BackupInfo.from_dict(self._db._action("backup", asked))
 
     def add_node(self) -> str:

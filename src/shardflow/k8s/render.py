@@ -84,6 +84,8 @@ class BackupSchedule:
     keep: int = 7
     max_rate_mb_s: float = 0.0
     suspend: bool = False
+    keep_log: bool = False
+    """``--keep-log``: the log kept between backups, for ``shardflow restore --as-of``."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,11 @@ def _backup(section: Mapping[str, Any] | None) -> BackupSchedule | None:
     rate = section.get("maxRateMBps", 0)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
         raise ConfigError(f"spec.backup.maxRateMBps must be 0 (no cap) or more, not {rate!r}")
-    return BackupSchedule(schedule, to, keep, float(rate), bool(section.get("suspend", False)))
+    keep_log = section.get("keepLog", False)
+    if not isinstance(keep_log, bool):
+        raise ConfigError(f"spec.backup.keepLog must be true or false, not {keep_log!r}")
+    suspend = bool(section.get("suspend", False))
+    return BackupSchedule(schedule, to, keep, float(rate), suspend, keep_log)
 
 
 def _required(section: Mapping[str, Any], key: str, where: str) -> str:
@@ -424,7 +430,7 @@ def backup_job(spec: ClusterSpec, backup: BackupSchedule) -> dict[str, Any]:
     rate = f"{backup.max_rate_mb_s:g}"
     script = (
         f"shardflow backup --data-dir {shlex.quote(data_dir)} --to {shlex.quote(backup.to)} "
-        f"--max-rate-mb-s {rate} && "
+        f"--max-rate-mb-s {rate}{' --keep-log' if backup.keep_log else ''} && "
         f"shardflow backup prune {shlex.quote(backup.to)} --keep {backup.keep}"
     )
     return {

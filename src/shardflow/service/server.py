@@ -960,6 +960,7 @@ class FlightSqlService(flight.FlightServerBase):  # type: ignore[misc]
                     _arg(arguments, "to", str),
                     priority=str(arguments.get("priority", "idle")),
                     max_rate_mb_s=float(arguments.get("max_rate_mb_s", 0.0)),
+                    keep_log=bool(arguments.get("keep_log", False)),
                 )
             )
         if kind == "add_node":

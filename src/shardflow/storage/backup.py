@@ -63,8 +63,10 @@ from shardflow.catalog.store import CATALOG_FOLDER, fsync_dir
 from shardflow.catalog.version import FORMAT_FILE, read_format, release
 from shardflow.errors import ConfigError, StorageError
 from shardflow.records import BackupInfo
-from shardflow.storage.holds import Hold
+from shardflow.storage import holds
+from shardflow.storage.holds import ARCHIVE_FOLDER, Hold
 from shardflow.storage.partition import batch_units
+from shardflow.storage.point_in_time import manifest_as_of
 from shardflow.storage.shard_store import (
     HOLDER_FILE,
     _entry_of,
@@ -204,9 +206,15 @@ def backup(
     *,
     priority: str = "idle",
     max_rate_mb_s: float = 0.0,
+    keep_log: bool = False,
 ) -> BackupInfo:
     """Back ``data_dir`` up into the backup root ``to`` while its cluster serves (see the
     module's text); the chunks the root holds already are not written again.
+
+    ``keep_log`` has the data directory keep its log from now on (``storage/holds.py``):
+    the next backups then hold every insert between them, and :func:`restore` can put any
+    point between two of them together (``as_of``). Once kept, every backup takes the log
+    kept since the one before, whatever ``keep_log`` says.
 
     ``priority`` (:data:`PRIORITIES`) is the CPU priority of the threads that copy: ``idle``
     (the default) runs them only where nothing else would run (Linux's ``SCHED_IDLE``), so
@@ -223,6 +231,8 @@ def backup(
         raise StorageError(f"{data_dir.uri!r} holds no shardflow data (no catalog)")
     root = open_root(to, create=True)
     with _Marker(root, RUNNING, f"{time.time():.6f}-{secrets.token_hex(3)}", refuse=PRUNING):
+        if keep_log:
+            holds.keep_log(data_dir)
         copy = _Backup(data_dir, root, progress, _Pacer(max_rate_mb_s))
         return _on_thread_of_priority(copy.run, priority)
 
@@ -326,6 +336,9 @@ class _UnitCopy:
     """Per batch taken, the units its entries say the batch was routed to."""
     newer_record: tuple[str, set[str]] | None = None
     """The newest checkpoint written since the cut, and the batches its record names."""
+    archived: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Log entries its checkpoint covers, still there (a hold kept them): the log kept
+    between backups (``keep_log``) takes them."""
 
     def take_entry(
         self, rel: str, batch: str, entry: dict[str, Any], units: list[int] | None
@@ -358,6 +371,9 @@ class _TableCopy:
 
     def files(self) -> dict[str, dict[str, Any]]:
         return {rel: entry for unit in self.units.values() for rel, entry in unit.files.items()}
+
+    def archived(self) -> dict[str, dict[str, Any]]:
+        return {rel: e for unit in self.units.values() for rel, e in unit.archived.items()}
 
     def in_part(self) -> dict[str, set[str]]:
         """Per batch seen, the table's units its entries name that hold none of it (neither
@@ -406,12 +422,16 @@ class _Backup:
         """Shards are copied this many at once (reading and hashing run in parallel)."""
         self.packs = _PackWriter(root, self.backup_id)
         self.store = CatalogStore(data_dir, background=False)
+        self.keep_log = holds.keeping_log(data_dir)
+        """Since when the data directory keeps its log (None: it does not)."""
 
     def run(self) -> BackupInfo:
         started = time.time()
         with Hold(self.data_dir, f"backup-{self.backup_id}"):
             try:
-                catalog, files, rounds = self._copy_consistent()
+                catalog, files, archive, rounds = self._copy_consistent()
+                if self.keep_log is not None:
+                    archive.update(self._copy_archive(catalog))
             finally:
                 self.pool.shutdown()
                 self.packs.close()
@@ -427,6 +447,8 @@ class _Backup:
             "bytes": sum(entry["size"] for entry in files.values()),
             "bytes_written": self.packs.written,
             "rounds": rounds,
+            "keep_log_since": self.keep_log,
+            "archive": archive,
         }
         manifest["checksum"] = _digest_of(manifest)
         named = {chunk[1] for entry in files.values() for chunk in entry["chunks"]}
@@ -442,7 +464,46 @@ class _Backup:
             json.dumps(manifest).encode(),
             fenced=False,
         )
+        if self.keep_log is not None:
+            self._clear_archive(catalog, archive)
         return info_of(manifest)
+
+    def _copy_archive(self, catalog: Catalog) -> dict[str, dict[str, Any]]:
+        """The log entries checkpoints archived since the backup before (all of them: the
+        hold keeps new ones from coming while this lists), under the paths they had in
+        their shard's folder."""
+        taken: dict[str, dict[str, Any]] = {}
+        for name in catalog.tables:
+            uid = catalog.table(name).uid
+            for info in self.data_dir.fs.get_file_info(
+                pafs.FileSelector(
+                    self.data_dir.path(ARCHIVE_FOLDER, uid), recursive=True, allow_not_found=True
+                )
+            ):
+                if info.type != pafs.FileType.File or not _is_entry(info.base_name):
+                    continue
+                shard = posixpath.basename(posixpath.dirname(info.path))
+                archived = posixpath.join(ARCHIVE_FOLDER, uid, shard, info.base_name)
+                entry = self._copy_file(archived)
+                taken[self._rel(uid, shard, info.base_name)] = {**entry, "archived": True}
+        return taken
+
+    def _clear_archive(self, catalog: Catalog, taken: dict[str, dict[str, Any]]) -> None:
+        """Once the manifest is written: the archived entries it took go from the data
+        directory, and the archive of tables dropped since (no later point holds them)."""
+        uids = {catalog.table(name).uid for name in catalog.tables}
+        for rel, entry in taken.items():
+            if entry.get("archived"):
+                _, uid, shard, name = rel.split("/")
+                self.data_dir.delete(
+                    self.data_dir.path(ARCHIVE_FOLDER, uid, shard, name), fenced=False
+                )
+        for info in self.data_dir.fs.get_file_info(
+            pafs.FileSelector(self.data_dir.path(ARCHIVE_FOLDER), allow_not_found=True)
+        ):
+            if info.type == pafs.FileType.Directory and info.base_name not in uids:
+                with contextlib.suppress(FileNotFoundError):
+                    self.data_dir.fs.delete_dir(info.path)
 
     def _catalog(self) -> Catalog:
         for _ in range(UNIT_ATTEMPTS):
@@ -455,8 +516,12 @@ class _Backup:
             return catalog
         raise StorageError(f"{self.data_dir.uri!r}: its catalog could not be read whole")
 
-    def _copy_consistent(self) -> tuple[Catalog, dict[str, dict[str, Any]], int]:
-        copied: dict[str, tuple[tuple[Any, ...], dict[str, dict[str, Any]]]] = {}
+    def _copy_consistent(
+        self,
+    ) -> tuple[Catalog, dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
+        """The catalog, the files of its tables' cuts and the covered entries the cuts
+        found still there, and the rounds it took."""
+        copied: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {}
         catalog = self._catalog()
         for round_ in range(1, MAX_ROUNDS + 1):
             tables: dict[str, _TableCopy] = {}
@@ -466,12 +531,13 @@ class _Backup:
                     tables[name] = self._cut_table(catalog, name)
             self._settle(tables)
             for name, table in tables.items():
-                copied[name] = (_layout(catalog, name), table.files())
+                copied[name] = (_layout(catalog, name), table.files(), table.archived())
             end = self._catalog()
             changed = [n for n in end.tables if n not in copied or copied[n][0] != _layout(end, n)]
             if not changed:
                 files = {p: e for n in end.tables for p, e in copied[n][1].items()}
-                return end, files, round_
+                archive = {p: e for n in end.tables for p, e in copied[n][2].items()}
+                return end, files, archive, round_
             catalog = end
         raise StorageError(
             f"tables changed under the backup {MAX_ROUNDS} times ({', '.join(sorted(changed))}):"
@@ -580,11 +646,14 @@ class _Backup:
             base = bases[-1][1]
             wanted += [base, _meta_name(base)] if _is_checkpoint(base) else [base]
         entries = []
+        covered = []
         for name in names:
             if name.startswith("prep-") and ".tmp-" not in name:
                 wanted.append(name)
             elif _is_entry(name) and (_lsn_of(name) or 0) > base_lsn:
                 entries.append(name)
+            elif _is_entry(name) and self.keep_log:
+                covered.append(name)
         unit = _UnitCopy({}, base_lsn, batches)
         for name in wanted:
             rel = self._rel(uid, shard, name)
@@ -596,6 +665,10 @@ class _Backup:
                 unit.files[rel] = self._copy_file(rel)
         for name in entries:
             self._copy_entry(unit, self._rel(uid, shard, name))
+        for name in covered:
+            rel = self._rel(uid, shard, name)
+            with contextlib.suppress(FileNotFoundError):  # archived meanwhile: taken there
+                unit.archived[rel] = self._copy_file(rel)
         return unit
 
     def _copy_entry(self, unit: _UnitCopy, rel: str) -> None:
@@ -724,11 +797,16 @@ def _known_chunks(root: DataDir) -> dict[str, Where]:
     present = set(root.list(root.path(PACKS)))
     known: dict[str, Where] = {}
     for backup_id in backups(root):
-        for entry in read_manifest(root, backup_id)["files"].values():
+        for entry in _stored(read_manifest(root, backup_id)):
             for digest, *where in entry["chunks"]:
                 if where[0] in present:
                     known[digest] = tuple(where)  # type: ignore[assignment]
     return known
+
+
+def _stored(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every file a manifest names: the backup's own and the log it kept (``archive``)."""
+    return [*manifest["files"].values(), *manifest.get("archive", {}).values()]
 
 
 def _squeezed(data: bytes) -> bytes:
@@ -825,16 +903,27 @@ def restore(
     data_dir: DataDir,
     backup_id: str | None = None,
     progress: Progress | None = None,
+    *,
+    as_of: float | None = None,
 ) -> BackupInfo:
     """Write the backup ``backup_id`` (the newest where None) of the root ``source`` into
     the empty data directory ``data_dir``: the files, then ``FORMAT``, then the catalog.
-    Every chunk is checked as it is read; on any error what was written is removed."""
+    Every chunk is checked as it is read; on any error what was written is removed.
+
+    ``as_of`` (seconds since the epoch) restores the data directory as it was then instead,
+    from the backup before it and the log the one after it kept
+    (``storage/point_in_time.py``): every insert acknowledged by then, each whole."""
     root = open_root(source, create=False)
-    manifest = read_manifest(root, backup_id)
     if data_dir.list(data_dir.path(CATALOG_FOLDER)) or _has_tables(data_dir):
         raise StorageError(
             f"{data_dir.uri!r} holds shardflow data already: restore into a new data directory"
         )
+    if as_of is None:
+        manifest = read_manifest(root, backup_id)
+    elif backup_id is not None:
+        raise ConfigError("restore: a backup's id or a time to restore to, not both")
+    else:
+        manifest = _manifest_as_of(root, as_of)
     reader = _PackReader(root)
     try:
         with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="restore") as pool:
@@ -860,6 +949,19 @@ def restore(
     finally:
         reader.close()
     return info_of(manifest)
+
+
+def _manifest_as_of(root: DataDir, at: float) -> dict[str, Any]:
+    reader = _PackReader(root)
+
+    def read(entry: dict[str, Any]) -> bytes:
+        return b"".join(_chunks_of(reader, entry, None))
+
+    try:
+        manifests = [read_manifest(root, backup_id) for backup_id in backups(root)]
+        return manifest_as_of(manifests, at, read, _layout)
+    finally:
+        reader.close()
 
 
 def _has_tables(data_dir: DataDir) -> bool:
@@ -921,7 +1023,7 @@ def prune(source: str, keep: int) -> PruneReport:
         named = {
             chunk[1]
             for backup_id in kept
-            for entry in read_manifest(root, backup_id)["files"].values()
+            for entry in _stored(read_manifest(root, backup_id))
             for chunk in entry["chunks"]
         }
         for backup_id in dropped:
@@ -962,7 +1064,7 @@ def verify(
         except StorageError as error:
             problems.append(str(error))
             continue
-        for entry in manifest["files"].values():
+        for entry in _stored(manifest):
             for digest, pack, offset, length, size in entry["chunks"]:
                 chunks[(pack, offset)] = (digest, length, size)
     reader = _PackReader(root)

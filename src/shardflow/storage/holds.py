@@ -6,6 +6,13 @@ whatever its LSN covers.
 
 A hold is a small file, ``<data dir>/holds/<name>.json``, with the time it ends; its owner
 renews it while it works, and one whose owner died without taking it away ends by itself.
+
+**Keeping the log between backups.** Where ``<data dir>/archive/keep-log.json`` is there
+(``shardflow backup --keep-log`` writes it), a checkpoint moves the log entries it covers
+into ``<data dir>/archive/<table uid>/<shard>/`` instead of deleting them; the next backup
+takes them, then deletes them there. So the backups of a folder hold every acknowledged
+insert between one and the next, and ``shardflow restore --as-of TIME`` can put a point
+between two of them together (``storage/backup.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import time
 from shardflow.catalog.store import UNFENCED_VARIABLE, DataDir
 
 HOLDS_FOLDER = "holds"
+ARCHIVE_FOLDER = "archive"
+KEEP_LOG_FILE = "keep-log.json"
 HOLD_TTL_S = 600.0
 """How long a hold lasts unless renewed (its owner renews it every tenth of that)."""
 
@@ -36,6 +45,39 @@ def held(data_dir: DataDir) -> bool:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # gone meanwhile, or cut short: a hold being written is renewed soon
     return False
+
+
+def keeping_log(data_dir: DataDir) -> float | None:
+    """Since when checkpoints keep the log entries they cover in the archive (a time; None:
+    they delete them)."""
+    try:
+        record = json.loads(data_dir.read(data_dir.path(ARCHIVE_FOLDER, KEEP_LOG_FILE)))
+        return float(record["since"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0  # there but unreadable (being written?): keep, and say since when not known
+
+
+def keep_log(data_dir: DataDir) -> float:
+    """Have checkpoints keep the entries they cover from now on; since when they do."""
+    since = keeping_log(data_dir)
+    if since:
+        return since
+    since = time.time()
+    data_dir.fs.create_dir(data_dir.path(ARCHIVE_FOLDER), recursive=True)
+    data_dir.write_atomic(
+        data_dir.path(ARCHIVE_FOLDER, KEEP_LOG_FILE),
+        json.dumps({"since": since}).encode(),
+        fenced=False,
+    )
+    return since
+
+
+def stop_keeping_log(data_dir: DataDir) -> None:
+    """Have checkpoints delete what they cover again (what the archive holds stays until
+    the next backup takes it)."""
+    data_dir.delete(data_dir.path(ARCHIVE_FOLDER, KEEP_LOG_FILE), fenced=False)
 
 
 class Hold:

@@ -55,6 +55,7 @@ import logging
 import os
 import re
 import secrets
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ import pyarrow.parquet as pq
 from shardflow.catalog.store import UNFENCED_VARIABLE, DataDir, fsync_dir
 from shardflow.errors import Moved, StorageError
 from shardflow.storage.held import Held, merge_held
-from shardflow.storage.holds import held
+from shardflow.storage.holds import ARCHIVE_FOLDER, held, keeping_log
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,10 @@ Applied = dict[str, Held]
 kept by range because a split or merge can bring rows of one batch together from several
 shards (:mod:`shardflow.storage.held`)."""
 
+
+LOGGED_AT = b"shardflow.logged_at"
+"""An entry's schema metadata: when it was written (seconds since the epoch), which a
+restore to a point in time cuts by (entries of 0.2.0 and before have none)."""
 
 HOLDER_FILE = "holder.json"
 HOLDERS_KEPT = 16
@@ -92,8 +97,9 @@ def unfenced(what: str) -> bool:
     ``TRUNCATE``), ``atomic`` (the coordinator commits a change of rows some of whose parts
     failed to prepare: the parts prepared take effect), ``behind`` (a copy behind its
     files prepares a change: see :meth:`ShardStore.new_prepared`), ``listing`` (see
-    ``DataDir.list``) and ``backup-hold`` (a checkpoint deletes what it covers while a
-    backup copies the files: ``storage/holds.py``). Their tests must then fail."""
+    ``DataDir.list``), ``backup-hold`` (a checkpoint deletes what it covers while a
+    backup copies the files: ``storage/holds.py``) and ``keep-log`` (a checkpoint deletes
+    what it covers where the log is to be kept). Their tests must then fail."""
     return what in os.environ.get(UNFENCED_VARIABLE, "").split(",")
 
 
@@ -260,7 +266,10 @@ class ShardStore:
         return self._write_entry(self._entry_name(lsn, batch_id), table, buckets, sync_dir)
 
     def _write_entry(self, name: str, table: pa.Table, buckets: Held, sync_dir: bool) -> int:
-        metadata = {b"shardflow.buckets": json.dumps(buckets).encode()}
+        metadata = {
+            b"shardflow.buckets": json.dumps(buckets).encode(),
+            LOGGED_AT: repr(time.time()).encode(),
+        }
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -303,10 +312,28 @@ class ShardStore:
         if held(self._dir):  # a backup is copying the files: the next checkpoint deletes them
             return
         kept = {keep, _meta_name(keep)}
+        archiving = keeping_log(self._dir) is not None and not unfenced("keep-log")
+        archive = self._archive() if archiving else None
+        superseded = _superseded(self.holders()) if archive is not None else {}
         for name in self._dir.list(self.folder):
             covered = _lsn_of(name)
-            if covered is not None and name not in kept and covered <= lsn:
-                self._dir.delete(self._path(name))
+            if covered is None or name in kept or covered > lsn:
+                continue
+            if archive is not None and _is_log_entry(name):
+                writer = _entry_of(name)[1]
+                if covered <= superseded.get(writer, covered) or unfenced("recovery"):
+                    self._dir.check_owner()  # as a delete: only while our cluster owns it
+                    self._dir.fs.move(self._path(name), f"{archive}/{name}")
+                    continue
+            self._dir.delete(self._path(name))
+
+    def _archive(self) -> str:
+        """The folder the log entries a checkpoint covers go to while the log is kept
+        (``storage/holds.py``)."""
+        shard = self.folder.rsplit("/", 1)[-1]
+        folder = self._dir.path(ARCHIVE_FOLDER, self.table_uid, shard)
+        self._dir.fs.create_dir(folder, recursive=True)
+        return folder
 
     def recover(
         self, schema: pa.Schema, upto: int | None = None, committed: Collection[str] = ()
@@ -709,6 +736,10 @@ def _prepared_in(names: list[str]) -> dict[str, int]:
             lsn = int(found["lsn"])
             prepared[found["statement"]] = max(lsn, prepared.get(found["statement"], lsn))
     return prepared
+
+
+def _is_log_entry(name: str) -> bool:
+    return name.startswith("wal-") and name.endswith(".arrow") and ".tmp" not in name
 
 
 def _checkpoint_name(lsn: int) -> str:

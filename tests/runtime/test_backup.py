@@ -407,6 +407,79 @@ def test_a_time_between_two_backups_is_restored_from_the_log_they_kept(
     assert left == [], "the second backup left the archive it took"
 
 
+def test_a_time_between_backups_under_inserts_and_moves_has_what_was_acknowledged_by_then(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Two inserters and a mover run through both backups (the shards checkpoint every
+    second entry). Restored as of a time between them: every batch acknowledged before it,
+    none begun after it, each whole."""
+    began: dict[int, float] = {}
+    acked: dict[int, float] = {}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counter = itertools.count()
+
+    def insert() -> None:
+        while not stop.is_set():
+            index = next(counter)
+            began[index] = time.time()
+            try:
+                cluster.insert("events", batch(index), f"b{index}")
+            except BaseException as error:  # a failed insert fails the test
+                errors.append(error)
+                return
+            acked[index] = time.time()
+
+    def move() -> None:
+        for round_ in itertools.count():
+            if stop.is_set():
+                return
+            units = cluster.units("events")
+            unit = units[round_ % len(units)]
+            try:
+                cluster.migrate(
+                    unit.unit_id, next(n for n in cluster.catalog.nodes if n != unit.node)
+                )
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    def wait_for(count: int) -> None:
+        while len(acked) < count and not errors:
+            time.sleep(0.02)
+
+    root = str(tmp_path / "backups")
+    source = DataDir.resolve(cluster.data_dir)
+    threads = [threading.Thread(target=insert) for _ in range(2)] + [threading.Thread(target=move)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(10)
+        backups.backup(source, root, keep_log=True)
+        wait_for(len(acked) + 20)
+        at = time.time()
+        wait_for(len(acked) + 20)
+        backups.backup(source, root)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    cluster.close()
+    target = tmp_path / "as-of"
+    backups.restore(root, DataDir.resolve(str(target)), as_of=at)
+    again = LocalCluster(target, nodes=2)
+    try:
+        held = batches_held(again)
+    finally:
+        again.close()
+    before = {i for i, when in acked.items() if when < at}
+    assert before <= set(held), f"acknowledged by then, not restored: {before - set(held)}"
+    after = {i for i, when in began.items() if when > at}
+    assert not after & set(held), f"begun after it, restored: {after & set(held)}"
+    assert all(n == BATCH for n in held.values()), {i: n for i, n in held.items() if n != BATCH}
+
+
 @pytest.mark.skipif(os.environ.get(UNFENCED_VARIABLE) is not None, reason="hooks set outside")
 def test_without_the_kept_log_a_time_between_backups_loses_rows(
     cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

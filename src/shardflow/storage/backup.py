@@ -69,6 +69,7 @@ from shardflow.storage.partition import batch_units
 from shardflow.storage.point_in_time import manifest_as_of
 from shardflow.storage.shard_store import (
     HOLDER_FILE,
+    LOGGED_AT,
     _entry_of,
     _is_checkpoint,
     _is_parquet_base,
@@ -366,8 +367,10 @@ class _TableCopy:
     """The table's layout in the catalog it was cut by (:func:`_layout`)."""
 
     def seen(self) -> set[str]:
-        """The batches of every entry taken of the table's shards."""
-        return {batch for unit in self.units.values() for batch in unit.batches}
+        """The batches of every entry taken of the table's shards, and those their
+        checkpoints' records name (a shard cut after the others may hold in its checkpoint
+        a batch that came after their cuts: their parts of it are taken too)."""
+        return {batch for unit in self.units.values() for batch in (*unit.batches, *unit.in_base)}
 
     def files(self) -> dict[str, dict[str, Any]]:
         return {rel: entry for unit in self.units.values() for rel, entry in unit.files.items()}
@@ -422,6 +425,7 @@ class _Backup:
         """Shards are copied this many at once (reading and hashing run in parallel)."""
         self.packs = _PackWriter(root, self.backup_id)
         self.store = CatalogStore(data_dir, background=False)
+        self.began = time.time()
         self.keep_log = holds.keeping_log(data_dir)
         """Since when the data directory keeps its log (None: it does not)."""
 
@@ -652,7 +656,7 @@ class _Backup:
                 wanted.append(name)
             elif _is_entry(name) and (_lsn_of(name) or 0) > base_lsn:
                 entries.append(name)
-            elif _is_entry(name) and self.keep_log:
+            elif _is_entry(name):
                 covered.append(name)
         unit = _UnitCopy({}, base_lsn, batches)
         for name in wanted:
@@ -666,10 +670,26 @@ class _Backup:
         for name in entries:
             self._copy_entry(unit, self._rel(uid, shard, name))
         for name in covered:
-            rel = self._rel(uid, shard, name)
-            with contextlib.suppress(FileNotFoundError):  # archived meanwhile: taken there
-                unit.archived[rel] = self._copy_file(rel)
+            self._note_covered(unit, self._rel(uid, shard, name))
         return unit
+
+    def _note_covered(self, unit: _UnitCopy, rel: str) -> None:
+        """A log entry the shard's checkpoint covers, still there (the hold kept it): the
+        units its batch was routed to (the checkpoint holds this part: the others must be
+        taken too), and, where the log is kept, the entry itself."""
+        try:
+            content = self.data_dir.read(self.data_dir.path(rel))
+        except FileNotFoundError:
+            return  # its checkpoint was made before the hold: what the cut saw stands
+        with contextlib.suppress(pa.ArrowInvalid, ValueError):
+            schema = pa.ipc.open_stream(pa.BufferReader(content)).schema
+            units = batch_units(schema)
+            logged = float((schema.metadata or {}).get(LOGGED_AT, b"inf"))
+            if units is not None and logged > self.began - PART_WAIT_S:  # older: long whole
+                batch = _entry_of(posixpath.basename(rel))[0]
+                unit.units_of.setdefault(batch, set()).update(units)
+        if self.keep_log:
+            unit.archived[rel] = self._copy_file(rel, content)
 
     def _copy_entry(self, unit: _UnitCopy, rel: str) -> None:
         """Take one log entry, with the units its batch was routed to."""

@@ -124,7 +124,7 @@ def test_workers_then_the_coordinator_are_replaced_under_load(
         out = shardflow(sys.executable, "cluster", "upgrade", "--data-dir", str(data_dir),
                         "--deadline", "120",
                         timeout=600)  # fmt: skip
-        assert "2 data node(s) to replace" in out and f"every data node runs release {ours}" in out
+        assert "2 data node(s) to replace" in out and f"every worker runs release {ours}" in out
         stop.touch()
         out, err = load.communicate(timeout=180)
     finally:

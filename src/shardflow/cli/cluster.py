@@ -456,7 +456,14 @@ def cluster_upgrade(
                 f"the coordinator answers on {name} "
                 f"({time.monotonic() - started:.1f}s after the last old node stopped)"
             )
-    console.print(f"every data node runs release {ours}")
+        serving = {n.ray_node_id for n in db.cluster.nodes() if n.alive}
+        idle = [n.name for n in local.nodes() if not n.head and n.node_id not in serving]
+    console.print(f"every worker runs release {ours}")
+    if idle:  # no worker there to say its release: left as they are
+        console.print(
+            f"data node(s) with no worker, left as they are: {', '.join(idle)} (remove them "
+            "with shardflow cluster remove-node, or add nodes of this release)"
+        )
 
 
 def _coordinator_host(db: Database, wait: float) -> str:

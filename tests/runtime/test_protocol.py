@@ -11,14 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from shardflow.control.migration import Checksum, SourceChecksums
+from shardflow.errors import WorkerGone
 from shardflow.runtime import protocol
 from shardflow.runtime.inprocess import LocalCoordinator, LocalWorker, LocalWorkers
 from shardflow.runtime.protocol import ChangeSet, FenceResult
 from shardflow.runtime.ray.actors import CoordinatorService, WorkerService
 from shardflow.runtime.ray.handles import RayCoordinator, RaySourceLink, RayWorker, RayWorkers
 from shardflow.storage.shard import Change
+from tests.support.local_cluster import LocalCluster
 
 RUNTIME = Path(__file__).parents[2] / "src" / "shardflow" / "runtime"
 
@@ -85,3 +88,25 @@ def test_move_messages_survive_serialisation() -> None:
     assert again.sums == fenced.sums and again.changes.rows == 3
     [kept] = again.changes.changes[("t", 3)]
     assert kept.rows.equals(rows) and kept.buckets.tolist() == [4, 5, 6]
+
+
+def test_a_call_its_worker_stops_under_is_worker_gone_as_over_ray(tmp_path: Path) -> None:
+    """A drain's last step stops the worker while a fragment may still run on it: in
+    process its engine closes under the call (DuckDB's ConnectionException). That is the
+    worker gone, which the caller retries elsewhere (Ray says an actor died), not a fault
+    of the query's own; a query failed for it under drains in `test_pacing`."""
+    cluster = LocalCluster(tmp_path / "data")
+    try:
+        node = sorted(cluster.catalog.nodes)[0]
+        worker = cluster.workers.get(node)
+
+        def stopped_under() -> object:
+            cluster.workers.stop(node)
+            return worker.node.engine.execute("SELECT 1")
+
+        with pytest.raises(WorkerGone, match="stopped during the call"):
+            worker._call(stopped_under).get()
+        with pytest.raises(WorkerGone):
+            worker.ping().get()
+    finally:
+        cluster.close()

@@ -98,7 +98,11 @@ class LocalWorker:
     def _call(self, call: Callable[[], T]) -> Answered[T]:
         if not self.alive:
             return Answered(error=WorkerGone(f"worker {self.node_id} is gone"))
-        return _call(f"worker {self.node_id}", call)
+        answered = _call(f"worker {self.node_id}", call)
+        if answered.error is not None and not self.alive:  # stopped under the call (its
+            # engine closed): as Ray reports an actor that died in a call, not as its fault
+            return Answered(error=WorkerGone(f"worker {self.node_id} stopped during the call"))
+        return answered
 
     # life and reports
     def ping(self) -> Reply[bool]:

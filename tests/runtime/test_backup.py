@@ -188,57 +188,77 @@ def batches_held_on_disk(cluster: LocalCluster) -> list[str]:
     return [str(p) for p in Path(cluster.data_dir, "tables", spec.uid).glob("*/wal-*.arrow")]
 
 
-def test_under_inserts_moves_and_splits_every_acknowledged_batch_is_kept_whole(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    acked: dict[int, float] = {}
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    counter = itertools.count()
+class Load:
+    """Two inserters of numbered batches and a mover (a split every third round, where
+    ``splits``) on threads while the ``with`` block runs; a failed operation is kept."""
 
-    def insert() -> None:
-        while not stop.is_set():
-            index = next(counter)
+    def __init__(self, cluster: LocalCluster, *, splits: bool) -> None:
+        self.cluster = cluster
+        self.splits = splits
+        self.began: dict[int, float] = {}
+        self.acked: dict[int, float] = {}
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.counter = itertools.count()
+        self.threads = [threading.Thread(target=self._insert) for _ in range(2)]
+        self.threads.append(threading.Thread(target=self._move))
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def wait_for(self, count: int) -> None:
+        """Until ``count`` batches are acknowledged (or an operation failed)."""
+        while len(self.acked) < count and not self.errors:
+            time.sleep(0.02)
+
+    def _insert(self) -> None:
+        while not self.stop.is_set():
+            index = next(self.counter)
+            self.began[index] = time.time()
             try:
-                cluster.insert("events", batch(index), f"b{index}")
+                self.cluster.insert("events", batch(index), f"b{index}")
             except BaseException as error:  # a failed insert fails the test
-                errors.append(error)
+                self.errors.append(error)
                 return
-            acked[index] = time.monotonic()
+            self.acked[index] = time.time()
 
-    def move() -> None:
+    def _move(self) -> None:
+        cluster = self.cluster
         for round_ in itertools.count():
-            if stop.is_set():
+            if self.stop.is_set():
                 return
             units = cluster.units("events")
             unit = units[round_ % len(units)]
             try:
-                if round_ % 3 == 2 and len(units) < 8:
+                if self.splits and round_ % 3 == 2 and len(units) < 8:
                     cluster.split(unit.unit_id)
                 else:
                     target = next(n for n in cluster.catalog.nodes if n != unit.node)
                     cluster.migrate(unit.unit_id, target)
             except BaseException as error:
-                errors.append(error)
+                self.errors.append(error)
                 return
 
-    threads = [threading.Thread(target=insert) for _ in range(2)] + [threading.Thread(target=move)]
-    for thread in threads:
-        thread.start()
+
+def test_under_inserts_moves_and_splits_every_acknowledged_batch_is_kept_whole(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     root = str(tmp_path / "backups")
     taken: list[tuple[float, backups.BackupInfo]] = []
-    try:
-        while len(acked) < 20:
-            time.sleep(0.05)
+    with Load(cluster, splits=True) as load:
+        load.wait_for(20)
         for _ in range(2):
-            began = time.monotonic()
+            began = time.time()
             taken.append((began, backups.backup(DataDir.resolve(cluster.data_dir), root)))
-            while len(acked) < 20 + 20 * len(taken):
-                time.sleep(0.05)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+            load.wait_for(20 + 20 * len(taken))
+    acked, errors = load.acked, load.errors
     assert not errors, errors
     assert backups.verify(root).ok
     cluster.close()
@@ -413,57 +433,16 @@ def test_a_time_between_backups_under_inserts_and_moves_has_what_was_acknowledge
     """Two inserters and a mover run through both backups (the shards checkpoint every
     second entry). Restored as of a time between them: every batch acknowledged before it,
     none begun after it, each whole."""
-    began: dict[int, float] = {}
-    acked: dict[int, float] = {}
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    counter = itertools.count()
-
-    def insert() -> None:
-        while not stop.is_set():
-            index = next(counter)
-            began[index] = time.time()
-            try:
-                cluster.insert("events", batch(index), f"b{index}")
-            except BaseException as error:  # a failed insert fails the test
-                errors.append(error)
-                return
-            acked[index] = time.time()
-
-    def move() -> None:
-        for round_ in itertools.count():
-            if stop.is_set():
-                return
-            units = cluster.units("events")
-            unit = units[round_ % len(units)]
-            try:
-                cluster.migrate(
-                    unit.unit_id, next(n for n in cluster.catalog.nodes if n != unit.node)
-                )
-            except BaseException as error:
-                errors.append(error)
-                return
-
-    def wait_for(count: int) -> None:
-        while len(acked) < count and not errors:
-            time.sleep(0.02)
-
     root = str(tmp_path / "backups")
     source = DataDir.resolve(cluster.data_dir)
-    threads = [threading.Thread(target=insert) for _ in range(2)] + [threading.Thread(target=move)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for(10)
+    with Load(cluster, splits=False) as load:
+        load.wait_for(10)
         backups.backup(source, root, keep_log=True)
-        wait_for(len(acked) + 20)
+        load.wait_for(len(load.acked) + 20)
         at = time.time()
-        wait_for(len(acked) + 20)
+        load.wait_for(len(load.acked) + 20)
         backups.backup(source, root)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+    acked, began, errors = load.acked, load.began, load.errors
     assert not errors, errors
     cluster.close()
     target = tmp_path / "as-of"

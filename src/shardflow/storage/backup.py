@@ -72,6 +72,7 @@ from shardflow.storage.shard_store import (
     LOGGED_AT,
     _entry_of,
     _is_checkpoint,
+    _is_log_entry,
     _is_parquet_base,
     _lsn_of,
     _meta_name,
@@ -351,7 +352,7 @@ class _UnitCopy:
 
     def drop_batch(self, batch: str) -> None:
         """Leave a batch out (its entries taken here go)."""
-        for rel in [r for r in self.files if _is_entry(posixpath.basename(r))]:
+        for rel in [r for r in self.files if _is_log_entry(posixpath.basename(r))]:
             if _entry_of(posixpath.basename(rel))[0] == batch:
                 del self.files[rel]
         self.batches.discard(batch)
@@ -484,7 +485,7 @@ class _Backup:
                     self.data_dir.path(ARCHIVE_FOLDER, uid), recursive=True, allow_not_found=True
                 )
             ):
-                if info.type != pafs.FileType.File or not _is_entry(info.base_name):
+                if info.type != pafs.FileType.File or not _is_log_entry(info.base_name):
                     continue
                 shard = posixpath.basename(posixpath.dirname(info.path))
                 archived = posixpath.join(ARCHIVE_FOLDER, uid, shard, info.base_name)
@@ -654,9 +655,9 @@ class _Backup:
         for name in names:
             if name.startswith("prep-") and ".tmp-" not in name:
                 wanted.append(name)
-            elif _is_entry(name) and (_lsn_of(name) or 0) > base_lsn:
+            elif _is_log_entry(name) and (_lsn_of(name) or 0) > base_lsn:
                 entries.append(name)
-            elif _is_entry(name):
+            elif _is_log_entry(name):
                 covered.append(name)
         unit = _UnitCopy({}, base_lsn, batches)
         for name in wanted:
@@ -681,23 +682,17 @@ class _Backup:
             content = self.data_dir.read(self.data_dir.path(rel))
         except FileNotFoundError:
             return  # its checkpoint was made before the hold: what the cut saw stands
-        with contextlib.suppress(pa.ArrowInvalid, ValueError):
-            schema = pa.ipc.open_stream(pa.BufferReader(content)).schema
-            units = batch_units(schema)
-            logged = float((schema.metadata or {}).get(LOGGED_AT, b"inf"))
-            if units is not None and logged > self.began - PART_WAIT_S:  # older: long whole
-                batch = _entry_of(posixpath.basename(rel))[0]
-                unit.units_of.setdefault(batch, set()).update(units)
-        if self.keep_log:
+        units, logged = _routing(content)
+        if units is not None and logged > self.began - PART_WAIT_S:  # older: long whole
+            batch = _entry_of(posixpath.basename(rel))[0]
+            unit.units_of.setdefault(batch, set()).update(units)
+        if self.keep_log is not None:
             unit.archived[rel] = self._copy_file(rel, content)
 
     def _copy_entry(self, unit: _UnitCopy, rel: str) -> None:
         """Take one log entry, with the units its batch was routed to."""
         content = self.data_dir.read(self.data_dir.path(rel))
-        try:
-            units = batch_units(pa.ipc.open_stream(pa.BufferReader(content)).schema)
-        except (pa.ArrowInvalid, ValueError):
-            units = None  # read whole by recovery, which says what is wrong with it
+        units, _ = _routing(content)
         batch = _entry_of(posixpath.basename(rel))[0]
         unit.take_entry(rel, batch, self._copy_file(rel, content), units)
 
@@ -710,7 +705,11 @@ class _Backup:
         found = 0
         for name in names:
             rel = self._rel(uid, shard, name)
-            if rel in unit.files or not _is_entry(name) or (_lsn_of(name) or 0) <= unit.base_lsn:
+            if (
+                rel in unit.files
+                or not _is_log_entry(name)
+                or (_lsn_of(name) or 0) <= unit.base_lsn
+            ):
                 continue
             if _entry_of(name)[0] not in seen:
                 continue
@@ -748,7 +747,7 @@ class _Backup:
             unit.newer_record = (newest, applied)
         taken = unit.batches | unit.in_base
         lost = sorted(b for b in unit.newer_record[1] if b in seen and b not in taken)
-        entries = {_entry_of(n)[0] for n in names if _is_entry(n)}
+        entries = {_entry_of(n)[0] for n in names if _is_log_entry(n)}
         if [b for b in lost if b not in entries]:
             raise StorageError(
                 f"shard {uid}/{shard}: a checkpoint took the log entries of batches the "
@@ -797,10 +796,6 @@ def _new_id() -> str:
     return f"{stamp}.{int(now % 1 * 1e6):06d}Z-{secrets.token_hex(3)}"
 
 
-def _is_entry(name: str) -> bool:
-    return name.startswith("wal-") and name.endswith(".arrow") and ".tmp" not in name
-
-
 def _layout(catalog: Catalog, name: str) -> tuple[Any, ...]:
     """What a table's files depend on: its files' folder, its commit, its units."""
     spec = catalog.table(name)
@@ -822,6 +817,18 @@ def _known_chunks(root: DataDir) -> dict[str, Where]:
                 if where[0] in present:
                     known[digest] = tuple(where)  # type: ignore[assignment]
     return known
+
+
+def _routing(entry: bytes) -> tuple[list[int] | None, float]:
+    """The units a log entry's batch was routed to and when it was written, from its
+    schema's metadata: (None, inf) where not said or not readable (recovery reads it whole
+    and says what is wrong with it)."""
+    try:
+        schema = pa.ipc.open_stream(pa.BufferReader(entry)).schema
+        logged = float((schema.metadata or {}).get(LOGGED_AT, b"inf"))
+        return batch_units(schema), logged
+    except (pa.ArrowInvalid, ValueError):
+        return None, float("inf")
 
 
 def _stored(manifest: dict[str, Any]) -> list[dict[str, Any]]:

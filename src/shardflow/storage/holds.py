@@ -74,12 +74,6 @@ def keep_log(data_dir: DataDir) -> float:
     return since
 
 
-def stop_keeping_log(data_dir: DataDir) -> None:
-    """Have checkpoints delete what they cover again (what the archive holds stays until
-    the next backup takes it)."""
-    data_dir.delete(data_dir.path(ARCHIVE_FOLDER, KEEP_LOG_FILE), fenced=False)
-
-
 class Hold:
     """A hold on ``data_dir``'s log entries while the ``with`` block runs."""
 

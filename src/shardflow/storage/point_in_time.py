@@ -68,7 +68,7 @@ class _Entry:
     file: dict[str, Any]
 
 
-def when(seconds: float) -> str:
+def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
@@ -139,21 +139,21 @@ def _around(manifests: list[dict[str, Any]], at: float) -> tuple[dict[str, Any],
     done = [i for i, m in enumerate(manifests) if m["finished_at"] <= at]
     if not done:
         raise StorageError(
-            f"no backup there was finished by {when(at)}: the oldest finished at "
-            f"{when(manifests[0]['finished_at'])}"
+            f"no backup there was finished by {_when(at)}: the oldest finished at "
+            f"{_when(manifests[0]['finished_at'])}"
         )
     before = manifests[done[-1]]
     if done[-1] + 1 == len(manifests):
         raise StorageError(
-            f"no backup after {when(at)} holds the log up to it (the newest, {before['id']}, "
-            f"finished at {when(before['finished_at'])}): take one (shardflow backup) and "
+            f"no backup after {_when(at)} holds the log up to it (the newest, {before['id']}, "
+            f"finished at {_when(before['finished_at'])}): take one (shardflow backup) and "
             "restore again"
         )
     after = manifests[done[-1] + 1]
     if at >= after["started_at"]:
         raise StorageError(
-            f"{when(at)} falls while backup {after['id']} ran ({when(after['started_at'])} to "
-            f"{when(after['finished_at'])}): restore it whole (--id), or a time outside it"
+            f"{_when(at)} falls while backup {after['id']} ran ({_when(after['started_at'])} to "
+            f"{_when(after['finished_at'])}): restore it whole (--id), or a time outside it"
         )
     since = after.get("keep_log_since")
     if since is None or since > before["started_at"]:

@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from shardflow.control.migration import Checksum, SourceChecksums
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import ClusterError, Moved, QueryError, TableError
 from shardflow.runtime.fastlane import (
@@ -24,7 +26,14 @@ from shardflow.runtime.fastlane import (
     LaneServer,
     to_wire,
 )
-from shardflow.runtime.protocol import FragmentStats, LaneAddress
+from shardflow.runtime.protocol import (
+    ChangeSet,
+    FenceResult,
+    FinalApplied,
+    FragmentStats,
+    LaneAddress,
+)
+from shardflow.storage.shard import Change
 
 ROWS = pa.table({"k": pa.array(range(1000), pa.int64()), "s": [f"row {i}" for i in range(1000)]})
 
@@ -302,19 +311,45 @@ def test_a_lane_without_a_loader_refuses_loads(lane: tuple[LaneServer, Worker, L
     assert result.to_pylist() == [{"n": 1000}]  # the parts were read: the lane serves on
 
 
+class Source:
+    """A move's source side as a worker's ``SourceSide`` answers: the chunks it hands out,
+    its fence (the last changes and the checksums) and its retire (how long writers were
+    held, once)."""
+
+    def __init__(self) -> None:
+        self.chunks = {("t", 3): [ROWS, pa.table({"k": pa.array(range(300_000), pa.int64())})]}
+        self.fenced: list[str] = []
+        self.retired: set[str] = set()
+
+    def _known(self, move_id: str) -> None:
+        if move_id != "m1":
+            raise Moved(f"no move {move_id}", 2)
+
+    def chunk(self, move_id: str, key: tuple[str, int]) -> pa.Table | None:
+        self._known(move_id)
+        left = self.chunks[key]
+        return left.pop(0) if left else None
+
+    def fence(self, move_id: str) -> FenceResult:
+        self._known(move_id)
+        self.fenced.append(move_id)
+        change = Change(7, "batch-1", ROWS.slice(0, 5), np.arange(5, dtype=np.int32))
+        sums = SourceChecksums("node-0", {"t": Checksum(1005, 12345)}, {"t": 1005})
+        return FenceResult(ChangeSet("node-0", {("t", 3): (change,)}), sums)
+
+    def retire(self, move_id: str) -> float | None:
+        self._known(move_id)
+        if move_id in self.retired:
+            return None
+        self.retired.add(move_id)
+        return 0.012
+
+
 def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
     """The target of a move pulls its source's snapshot chunk by chunk: each as the source
     handed it out, then None; the source's errors as raised."""
-    chunks = {("t", 3): [ROWS, pa.table({"k": pa.array(range(300_000), pa.int64())})]}
-
-    def export(move_id: str, shard: tuple[str, int]) -> pa.Table | None:
-        if move_id != "m1":
-            raise Moved(f"no move {move_id}", 2)
-        left = chunks[shard]
-        return left.pop(0) if left else None
-
     worker = Worker()
-    server = LaneServer(worker.run, "127.0.0.1", "node-0", export=export)
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", source=Source())
     lanes = Lanes()
     try:
         first = lanes.chunk(server.address, "m1", ("t", 3))
@@ -329,11 +364,58 @@ def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
         server.close()
     without, lanes = LaneServer(worker.run, "127.0.0.1", "node-1"), Lanes()
     try:
-        with pytest.raises(ClusterError, match="hands out no move's rows"):
-            lanes.chunk(without.address, "m1", ("t", 3))
+        for step in (
+            lambda: lanes.chunk(without.address, "m1", ("t", 3)),
+            lambda: lanes.fence(without.address, "m1"),
+            lambda: lanes.retire(without.address, "m1"),
+            lambda: lanes.finish(without.address, "m1"),
+        ):
+            with pytest.raises(ClusterError, match="takes no step of a move") as caught:
+                step()
+            assert not isinstance(caught.value, LaneBroken)
     finally:
         lanes.close()
         without.close()
+        worker.engine.close()
+
+
+def test_a_moves_fence_finish_and_retire_come_over_the_lanes() -> None:
+    """Writers wait from a source's fence to its retire, so each step between goes over a
+    lane: the fence's answer (the last changes, rows and buckets, and the checksums)
+    arrives whole, the target's finish answers what it applied and stores, the retire says
+    how long writers were held and, asked again, that it retired already; errors are
+    raised as the worker raised them."""
+    source, worker = Source(), Worker()
+
+    def finish(move_id: str) -> FinalApplied:
+        if move_id != "m1":
+            raise Moved(f"no move {move_id}", 2)
+        return FinalApplied(5, {"t": Checksum(1005, 12345)}, promoted=True)
+
+    server = LaneServer(worker.run, "127.0.0.1", "node-0", source=source, finish=finish)
+    lanes = Lanes()
+    try:
+        finished = lanes.finish(server.address, "m1")
+        assert finished == FinalApplied(5, {"t": Checksum(1005, 12345)}, promoted=True)
+        with pytest.raises(Moved, match="no move m3"):
+            lanes.finish(server.address, "m3")
+        fenced = lanes.fence(server.address, "m1")
+        assert source.fenced == ["m1"]
+        [change] = fenced.changes.changes[("t", 3)]
+        assert (change.lsn, change.batch_id) == (7, "batch-1")
+        assert change.rows.equals(ROWS.slice(0, 5))
+        assert change.buckets is not None and change.buckets.tolist() == [0, 1, 2, 3, 4]
+        assert fenced.sums.handed_out == {"t": Checksum(1005, 12345)}
+        assert fenced.changes.rows == 5
+        assert lanes.retire(server.address, "m1") == 0.012
+        assert lanes.retire(server.address, "m1") is None  # retired already
+        with pytest.raises(Moved, match="no move m2"):
+            lanes.fence(server.address, "m2")
+        result, _ = lanes.execute(server.address, "SELECT count(*) AS n FROM t", {}, 0, False)
+        assert result.to_pylist() == [{"n": 1000}]  # the same connection serves on
+    finally:
+        lanes.close()
+        server.close()
         worker.engine.close()
 
 

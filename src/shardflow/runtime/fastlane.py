@@ -39,7 +39,15 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 
 from shardflow.errors import ClusterError, Error
-from shardflow.runtime.protocol import FragmentStats, LaneAddress, PartRequest, Workers
+from shardflow.runtime.protocol import (
+    FenceResult,
+    FinalApplied,
+    FragmentStats,
+    LaneAddress,
+    PartRequest,
+    ShardKey,
+    Workers,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +67,8 @@ STREAM_FRAME_BYTES = 4 << 20
 """The most bytes of one part of a streamed result (``Lanes.stream``): the size of the
 record batches a Flight client gets (ADBC refuses gRPC messages over 16 MiB)."""
 CONNECT_TIMEOUT_S = 2.0
+MOVE_STEPS = frozenset({"chunk", "fence", "retire", "finish"})
+"""What a move's target and the coordinator ask a source over its lane."""
 LANE_THREADS = 32
 """Calls a client makes over its lanes at once (the workers of a stage, a load's parts)."""
 
@@ -92,9 +102,28 @@ class ReaderGone(Error):
 
 Stage = Callable[[str, Mapping[int | str, pa.Table]], int]
 """A worker's loader: (table, rows by unit) -> rows staged."""
-Export = Callable[[str, tuple[str, int]], pa.Table | None]
-"""A move's source: (move id, shard) -> the next chunk of its snapshot, None after the last."""
 
+
+class MoveSource(Protocol):
+    """A worker as the source of moves (``SourceSide``): the steps its targets and the
+    coordinator may ask over its lane."""
+
+    def chunk(self, move_id: str, key: ShardKey) -> pa.Table | None:
+        """The next chunk of the move's snapshot of ``key``, None after the last."""
+        ...
+
+    def fence(self, move_id: str) -> FenceResult:
+        """Hold writes to the move's shards; their last changes and final checksums."""
+        ...
+
+    def retire(self, move_id: str) -> float | None:
+        """Stop serving the moved shards; how long writers were held (None: retired)."""
+        ...
+
+
+Finish = Callable[[str], FinalApplied]
+"""A worker as the target of a move (``TargetSide.finish_import``): fence the sources,
+apply their last changes, serve the new shards; what it applied and stores."""
 
 Reserve = Callable[[PartRequest], bytes]
 """A worker's endpoint (``PartEndpoint.reserve``): a part of an answer reserved for one
@@ -114,19 +143,23 @@ class LaneServer:
         name: str = "worker",
         concurrency: int = 16,
         stage: Stage | None = None,
-        export: Export | None = None,
+        source: MoveSource | None = None,
+        finish: Finish | None = None,
         reserve: Reserve | None = None,
         endpoint: str = "",
         cancel: Cancel | None = None,
     ) -> None:
         """``concurrency``: fragments and load parts taken at once at most (as many as the
         worker's Ray calls may be; more clients wait their turn rather than crowd its
-        memory). Without ``stage`` the lane takes no loads, without ``export`` it hands out
-        no move's rows, without ``reserve`` it reserves no part of an answer for the
-        worker's Flight ``endpoint`` (its location)."""
+        memory). Without ``stage`` the lane takes no loads, without ``source`` no step of
+        a move as its source (a snapshot's chunks, the fence, the retire), without
+        ``finish`` none as its target, without ``reserve`` it
+        reserves no part of an answer for the worker's Flight ``endpoint`` (its
+        location)."""
         self._run = run
         self._stage = stage
-        self._export = export
+        self._source = source
+        self._finish = finish
         self._reserve = reserve
         self._cancel = cancel
         self._name = name
@@ -167,8 +200,8 @@ class LaneServer:
                         _write_frames(connection, *self._staged(request, connection))
                     elif request.get("op") == "stream":
                         self._streamed(request, connection)
-                    elif request.get("op") == "chunk":
-                        _write_frames(connection, *self._chunk(request))
+                    elif request.get("op") in MOVE_STEPS:
+                        _write_frames(connection, *self._move_step(request))
                     elif request.get("op") == "reserve":
                         _write_frames(connection, *self._reserved(request))
                     elif request.get("op") == "cancel":
@@ -265,18 +298,32 @@ class LaneServer:
             log.exception("%s: a load on the fast lane failed", self._name)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
-    def _chunk(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
-        """The next chunk of a move's snapshot of one shard; an empty frame after the last."""
+    def _move_step(self, request: dict[str, Any]) -> tuple[bytes | pa.Buffer, ...]:
+        """A step of a move: as its source, the next chunk of its snapshot of one shard (an
+        empty frame after the last), its fence (the answer pickled, as Ray would send it)
+        or its retire (JSON); as its target, its finish (pickled). The fence, the finish's
+        answer and the retire come this way because writers wait from the fence to the
+        retire: each actor call's hop took 10-25 ms on a busy 2-core machine, a framed
+        request on an open socket a few."""
+        op, move = request["op"], str(request["move"])
         try:
-            if self._export is None:
-                raise ClusterError(f"{self._name} hands out no move's rows on its fast lane")
+            if (self._finish if op == "finish" else self._source) is None:
+                raise ClusterError(f"{self._name} takes no step of a move on its fast lane")
+            if op == "finish":
+                assert self._finish is not None
+                return _OK, pickle.dumps(self._finish(move))
+            assert self._source is not None
+            if op == "fence":
+                return _OK, pickle.dumps(self._source.fence(move))
+            if op == "retire":
+                return _OK, json.dumps(self._source.retire(move)).encode()
             table, unit = request["shard"]
-            chunk = self._export(str(request["move"]), (str(table), int(unit)))
+            chunk = self._source.chunk(move, (str(table), int(unit)))
             return _OK, b"" if chunk is None else to_wire(chunk)
         except Error as error:
             return _FAILED, pickle.dumps(error)
         except Exception as error:  # a fault of the worker's own: say what it was
-            log.exception("%s: a move's chunk on the fast lane failed", self._name)
+            log.exception("%s: a move's %s on the fast lane failed", self._name, op)
             return _FAILED, pickle.dumps(ClusterError(f"{self._name} failed: {error!r}"))
 
     def _reserved(self, request: dict[str, Any]) -> tuple[bytes, ...]:
@@ -441,6 +488,34 @@ class Lanes:
         handed out may be lost: the move's checksums then fail it)."""
         request = json.dumps({"op": "chunk", "move": move_id, "shard": list(shard)}).encode()
         return self._call(address, (request,), _read_rows_or_none)
+
+    def fence(self, address: LaneAddress, move_id: str) -> FenceResult:
+        """Fence the source at ``address`` of a move (``SourceSide.fence``);
+        :class:`LaneBroken` when the lane failed (the source may be fenced: the move then
+        fails and rolls back, which lets its writers go)."""
+        request = json.dumps({"op": "fence", "move": move_id}).encode()
+        answer: FenceResult = self._call(
+            address, (request,), lambda c: pickle.loads(_read_frame(c))
+        )
+        return answer
+
+    def finish(self, address: LaneAddress, move_id: str) -> FinalApplied:
+        """Have the target at ``address`` of a move fence its sources, apply their last
+        changes and promote (``TargetSide.finish_import``); :class:`LaneBroken` when the
+        lane failed (the move then fails and rolls back)."""
+        request = json.dumps({"op": "finish", "move": move_id}).encode()
+        answer: FinalApplied = self._call(
+            address, (request,), lambda c: pickle.loads(_read_frame(c))
+        )
+        return answer
+
+    def retire(self, address: LaneAddress, move_id: str) -> float | None:
+        """Retire the source at ``address`` of a switched move (``SourceSide.retire``):
+        how long it held writers, None where it retired already; :class:`LaneBroken`
+        when the lane failed (ask again another way: a retire is idempotent)."""
+        request = json.dumps({"op": "retire", "move": move_id}).encode()
+        held: float | None = self._call(address, (request,), lambda c: json.loads(_read_frame(c)))
+        return held
 
     def _call(
         self,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +19,7 @@ from shardflow.errors import ClusterError, Error, WorkerGone
 from shardflow.runtime.coordinator.node import CoordinatorNode
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
+    Answered,
     CatalogJson,
     ChangeSet,
     CopyResult,
@@ -49,19 +49,6 @@ if TYPE_CHECKING:
     from shardflow.telemetry.devices import NodeProfile
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Answered(Generic[T]):
-    """A call that already ran: its value, or the error ``get`` raises."""
-
-    value: T | None = None
-    error: Error | None = None
-
-    def get(self, timeout: float | None = None) -> T:
-        if self.error is not None:
-            raise self.error
-        return cast("T", self.value)
 
 
 def _rows(rows: pa.Table | SharedRows) -> pa.Table:

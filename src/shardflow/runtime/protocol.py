@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
 
+from shardflow.errors import Error
 from shardflow.runtime.wire import check_peer
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 
 T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
 
 ShardKey = tuple[str, int]
 """A shard of a distributed table: (table, unit id)."""
@@ -52,6 +54,20 @@ class Reply(Protocol[T_co]):
         or left), ``WorkerTimeout`` (no answer within ``timeout`` seconds), the worker's own
         error (``Moved``, ``QueryError``, ...), or ``ClusterError`` for anything else."""
         ...
+
+
+@dataclass(frozen=True)
+class Answered(Generic[T]):
+    """A reply whose call already ran (in process, or over a fast lane): its value, or
+    the error ``get`` raises."""
+
+    value: T | None = None
+    error: Error | None = None
+
+    def get(self, timeout: float | None = None) -> T:
+        if self.error is not None:
+            raise self.error
+        return cast("T", self.value)
 
 
 # -- queries -------------------------------------------------------------------------------

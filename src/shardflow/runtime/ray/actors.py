@@ -320,7 +320,8 @@ class WorkerService:
                 node_id,
                 WORKER_CONCURRENCY,
                 stage=self.node.stage,
-                export=self.node.source.chunk,
+                source=self.node.source,
+                finish=self._finish_import,
                 reserve=self.endpoint.reserve if self.endpoint is not None else None,
                 endpoint=self.endpoint.location if self.endpoint is not None else "",
                 cancel=self.endpoint.cancel if self.endpoint is not None else None,
@@ -508,6 +509,10 @@ class WorkerService:
 
     @ray.method
     def finish_import(self, move_id: str) -> FinalApplied:
+        return self._finish_import(move_id)
+
+    def _finish_import(self, move_id: str) -> FinalApplied:
+        """Also asked over the fast lane (``fastlane.Finish``)."""
         return self.node.target.finish_import(move_id, self.workers.link)
 
     @ray.method

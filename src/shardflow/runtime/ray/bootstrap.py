@@ -178,7 +178,7 @@ def _launch_actors(
         handle.settings,
         owner,
         _describe(address),
-        RayWorkers(prefix),
+        RayWorkers(prefix, fast_lane=handle.settings.fast_lane),  # a retire over the lanes
         None if embedded else handle.spawner,
     )
     handle.coordinator = RayCoordinator(prefix, actor)

@@ -7,7 +7,7 @@ other, so they travel to them: a handle pickles as the names it looks up."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -15,9 +15,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from shardflow.errors import WorkerGone
-from shardflow.runtime.fastlane import Lanes, from_wire
+from shardflow.errors import Error, WorkerGone
+from shardflow.runtime.fastlane import LaneBook, LaneBroken, Lanes, from_wire
 from shardflow.runtime.protocol import (
+    Answered,
     CatalogJson,
     ChangeSet,
     CopyResult,
@@ -64,11 +65,14 @@ def rows_arg(rows: pa.Table | SharedRows) -> Any:
 
 
 class RayWorker:
-    """One worker actor, called through the protocol."""
+    """One worker actor, called through the protocol. With ``lanes`` (the coordinator's,
+    where ``fast_lane`` is on) a move's finish and its sources' retire go over the workers'
+    fast lanes: writers wait for both."""
 
-    def __init__(self, node_id: str, handle: WorkerHandle) -> None:
+    def __init__(self, node_id: str, handle: WorkerHandle, lanes: LaneBook | None = None) -> None:
         self._node_id = node_id
         self.handle = handle
+        self._lanes = lanes
 
     @property
     def node_id(self) -> str:
@@ -180,7 +184,10 @@ class RayWorker:
         return self._reply(self.handle.unit_bytes.remote(list(units)))
 
     def retire(self, move_id: str) -> Reply[float | None]:
-        return self._reply(self.handle.retire.remote(move_id))
+        retired = _on_lane(self._lanes, self._node_id, lambda lanes, at: lanes.retire(at, move_id))
+        if retired is not None and not isinstance(retired.error, LaneBroken):
+            return retired
+        return self._reply(self.handle.retire.remote(move_id))  # idempotent: asked again
 
     def drop_retired(self, move_id: str) -> Reply[bool]:
         return self._reply(self.handle.drop_retired.remote(move_id))
@@ -224,6 +231,9 @@ class RayWorker:
         return self._reply(self.handle.catch_up.remote(move_id))
 
     def finish_import(self, move_id: str) -> Reply[FinalApplied]:
+        finished = _on_lane(self._lanes, self._node_id, lambda lanes, at: lanes.finish(at, move_id))
+        if finished is not None:  # a lane that failed fails the move: it rolls back
+            return finished
         return self._reply(self.handle.finish_import.remote(move_id))
 
     def promote(self, move_id: str) -> Reply[None]:
@@ -258,13 +268,19 @@ class RayWorkers:
         self.prefix = prefix
         self.fast_lane = fast_lane
         self._handles: dict[str, WorkerHandle] = {}
-        self._lanes: Lanes | None = None
+        self._lanes: LaneBook | None = None
 
     def __reduce__(self) -> tuple[type[RayWorkers], tuple[str, bool]]:
         return RayWorkers, (self.prefix, self.fast_lane)  # handles and lanes are found anew
 
     def get(self, node: str) -> RayWorker:
-        return RayWorker(node, self.handle(node))
+        return RayWorker(node, self.handle(node), self._lane_book())
+
+    def _lane_book(self) -> LaneBook | None:
+        """The workers' lanes (addresses asked once a worker), where ``fast_lane`` is on."""
+        if self.fast_lane and self._lanes is None:
+            self._lanes = LaneBook(self, enabled=True)
+        return self._lanes
 
     def handle(self, node: str) -> WorkerHandle:
         handle = self._handles.get(node)
@@ -313,9 +329,7 @@ class RayWorkers:
         return SharedRows(ray.put(rows))
 
     def link(self, node: str) -> RaySourceLink:
-        if self.fast_lane and self._lanes is None:
-            self._lanes = Lanes()
-        return RaySourceLink(node, self.handle(node), self._lanes)
+        return RaySourceLink(node, self.handle(node), self._lane_book())
 
 
 class RaySourceLink:
@@ -325,7 +339,7 @@ class RaySourceLink:
     stay mapped in the target afterwards. (The copy's rate hardly changes: it is bound by
     the source's DuckDB read and the target's staging, not by either transport.)"""
 
-    def __init__(self, node: str, handle: WorkerHandle, lanes: Lanes | None = None) -> None:
+    def __init__(self, node: str, handle: WorkerHandle, lanes: LaneBook | None = None) -> None:
         self.node = node
         self.handle = handle
         self.lanes = lanes
@@ -351,26 +365,48 @@ class RaySourceLink:
             yield chunk
 
     def _lane(self) -> LaneAddress | None:
-        if self.lanes is None:
-            return None
-        return self._reply(self.handle.fast_lane.remote()).get()
+        return None if self.lanes is None else self.lanes.address(self.node)
 
     def _lane_chunks(self, address: LaneAddress, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
         assert self.lanes is not None
+        lanes = self.lanes.lanes
         with ThreadPoolExecutor(1, thread_name_prefix="shardflow-move-chunk") as ahead:
-            pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+            pending = ahead.submit(lanes.chunk, address, move_id, key)
             while True:
                 chunk = pending.result()  # LaneBroken: the move fails and is rolled back
                 if chunk is None:
                     return
-                pending = ahead.submit(self.lanes.chunk, address, move_id, key)
+                pending = ahead.submit(lanes.chunk, address, move_id, key)
                 yield chunk
 
     def changes(self, move_id: str, since: Mapping[ShardKey, int]) -> Reply[ChangeSet]:
         return self._reply(self.handle.export_changes.remote(move_id, dict(since)))
 
     def fence(self, move_id: str) -> Reply[FenceResult]:
+        """Over the source's lane where it has one (writers wait for the answer); a lane
+        that failed fails the move, which rolls back (the source may have fenced)."""
+        fenced = _on_lane(self.lanes, self.node, lambda lanes, at: lanes.fence(at, move_id))
+        if fenced is not None:
+            return fenced
         return self._reply(self.handle.fence.remote(move_id))
+
+
+def _on_lane(
+    book: LaneBook | None, node: str, call: Callable[[Lanes, LaneAddress], T]
+) -> Answered[T] | None:
+    """``call`` made over ``node``'s fast lane, answered (the worker's error, or
+    :class:`LaneBroken` where the lane failed, as the reply's error); None where the worker
+    has no lane. A lane that failed is not used again for that worker."""
+    address = None if book is None else book.address(node)
+    if book is None or address is None:
+        return None
+    try:
+        return Answered(call(book.lanes, address))
+    except LaneBroken as error:
+        book.broken(node, error)
+        return Answered(error=error)
+    except Error as error:
+        return Answered(error=error)
 
 
 class RayCoordinator:

@@ -53,6 +53,10 @@ def test_a_corrupted_copy_rolls_back_and_a_clean_retry_succeeds(tmp_path: Path) 
     data = events(ROWS)
     expected = duckdb_answer(data)
     shard = target = ""
+
+    def prepared() -> list[Path]:  # a switch's catalog change written ahead of it
+        return list((tmp_path / "data" / "catalog").glob("*.prepared"))
+
     for attempt, (fault, named) in enumerate(FAULTS):
         with shardflow.connect(
             workers=3, data_dir=tmp_path / "data", auto_balance=False, test_fault_move_copy=fault
@@ -74,11 +78,13 @@ def test_a_corrupted_copy_rolls_back_and_a_clean_retry_succeeds(tmp_path: Path) 
             assert db.sql(CHECK).to_pylist() == expected
             placed = {s["shard"]: s["node"] for s in db.cluster.shards().to_pylist()}
             assert placed[shard] == owner
+            assert not prepared(), "the switch written ahead stayed behind its roll-back"
             assert db.cluster.migrations()[-1].outcome == record.outcome
             assert rolled_back_counted(db) == 1
     with shardflow.connect(workers=3, data_dir=tmp_path / "data", auto_balance=False) as db:
         moved = db.cluster.migrate(shard, to=target)  # the hook is off: the same move
         assert moved.phase == "done" and moved.to_nodes == (target,)
+        assert not prepared()  # none left once switched
         assert db.sql(CHECK).to_pylist() == expected
         history = db.cluster.migrations()
         assert [m.phase for m in history] == ["rolled_back", "rolled_back", "done"]

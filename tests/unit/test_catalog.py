@@ -107,6 +107,50 @@ def test_the_store_writes_changes_and_now_and_then_a_snapshot(tmp_path: Path) ->
     assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == moved
 
 
+def test_a_change_written_ahead_is_committed_only_where_it_is_the_change_made(
+    tmp_path: Path,
+) -> None:
+    """A move's switch writes its change ahead (synced, under a name no load reads) and
+    commits it by a rename, but only where it is, byte for byte, the change the commit
+    makes: one prepared for a version another change took first, or for another catalog
+    of that version, is discarded and the change written whole. A new owner removes what
+    an owner before it prepared."""
+    folder = tmp_path / "catalog"
+    store = CatalogStore(DataDir.resolve(str(tmp_path)), background=False)
+    base = _with_table(Catalog(nodes=("n0", "n1")))
+    store.save(base)
+    group = base.table("t").group
+    unit = base.groups[group].units[0]
+
+    def moved(catalog: Catalog, to: str) -> Catalog:  # the first unit, to node ``to``
+        [now] = [u for u in catalog.groups[group].units if u.lo == unit.lo]
+        return catalog.with_units_replaced(
+            group, [now.unit_id], [Unit(now.unit_id + 100, unit.lo, unit.hi, to)]
+        )
+
+    prepared = store.prepare(moved(base, "n1"))
+    assert prepared is not None and (folder / Path(prepared.path).name).exists()
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == base  # not read yet
+    store.save(moved(base, "n1"), prepared)
+    assert not list(folder.glob("*.prepared"))  # renamed into its place
+    assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == moved(base, "n1")
+
+    now = moved(base, "n1")
+    for other in ("table", "move"):  # a version on came first; another change of it
+        ahead = store.prepare(moved(now, "n0"))
+        first = _with_table(now, "late") if other == "table" else moved(now, "n1")
+        assert ahead is not None
+        store.save(first, ahead)
+        assert not list(folder.glob("*.prepared"))  # discarded
+        assert CatalogStore(DataDir.resolve(str(tmp_path))).load() == first, first.version
+        now = first
+
+    left = store.prepare(_with_table(now, "never"))  # its owner stopped before the commit
+    assert left is not None and list(folder.glob("*.prepared"))
+    CatalogStore(DataDir.resolve(str(tmp_path))).discard_all_prepared()
+    assert not list(folder.glob("*.prepared"))
+
+
 def test_a_catalog_kept_whole_by_an_older_store_is_read(tmp_path: Path) -> None:
     """Data directories written before the change log hold whole versions
     (``<version>.json``): they are snapshots, the changes go on from the newest."""

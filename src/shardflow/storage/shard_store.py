@@ -98,8 +98,9 @@ def unfenced(what: str) -> bool:
     failed to prepare: the parts prepared take effect), ``behind`` (a copy behind its
     files prepares a change: see :meth:`ShardStore.new_prepared`), ``listing`` (see
     ``DataDir.list``), ``backup-hold`` (a checkpoint deletes what it covers while a
-    backup copies the files: ``storage/holds.py``) and ``keep-log`` (a checkpoint deletes
-    what it covers where the log is to be kept). Their tests must then fail."""
+    backup copies the files: ``storage/holds.py``), ``keep-log`` (a checkpoint deletes
+    what it covers where the log is to be kept) and ``prepared`` (a catalog change written
+    ahead is committed unchecked: ``CatalogStore.save``). Their tests must then fail."""
     return what in os.environ.get(UNFENCED_VARIABLE, "").split(",")
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
+from shardflow.catalog.store import PreparedChange
 from shardflow.control import migration
 from shardflow.control.admission import MoveBudget
 from shardflow.control.migration import (
@@ -92,6 +93,8 @@ class Migrator:
                 state.reserve_move(unfinished.plan)
         self._promoted: set[str] = set()
         """Moves whose target serves the new shards since its fence (see ``apply_final``)."""
+        self._prepared: dict[str, PreparedChange] = {}
+        """Moves whose switch's catalog change is written ahead (``prepare_switch``)."""
         self._running: dict[str, MigrationState] = {}
         """The moves being driven now, as they stand."""
         self._cancelled: dict[str, str] = {}
@@ -222,6 +225,9 @@ class Migrator:
         finally:
             self._running.pop(move_id, None)
             self._cancelled.pop(move_id, None)
+            prepared = self._prepared.pop(move_id, None)
+            if prepared is not None:  # not switched: rolled back, or failed
+                self.state.discard(prepared)
 
     def _steps(self, state: MigrationState, actions: list[Action]) -> MigrationState:
         self._persist(state)
@@ -297,7 +303,11 @@ class Migrator:
         """The target fences every source (each holds writes and hands out its last
         changes with its final checksums, in one answer), applies those changes and
         answers with what the sources said and the checksums of what it stores.
-        ``Fenced`` carries both sides to VERIFY."""
+        ``Fenced`` carries both sides to VERIFY. The switch's catalog change is written
+        ahead first: writers then wait for its rename, not for its sync."""
+        prepared = self.state.prepare_switch(plan)
+        if prepared is not None:
+            self._prepared[plan.move_id] = prepared
         final = self._target(plan).finish_import(plan.move_id).get()
         if final.promoted:
             self._promoted.add(plan.move_id)
@@ -313,7 +323,7 @@ class Migrator:
         if plan.move_id not in self._promoted:  # e.g. a switch retried: promote is idempotent
             self._target(plan).promote(plan.move_id).get()
         self._promoted.discard(plan.move_id)
-        self.state.apply_switch(plan)
+        self.state.apply_switch(plan, self._prepared.pop(plan.move_id, None))
         # writers held by the fence are told Moved from here
         return Switched(self._retire_sources(plan))
 

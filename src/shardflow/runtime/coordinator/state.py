@@ -4,6 +4,7 @@ Queries and inserts never pass through it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -31,11 +32,13 @@ from shardflow.catalog import (
 )
 from shardflow.catalog.buckets import key_family
 from shardflow.catalog.grants import SHARED
+from shardflow.catalog.store import PreparedChange
 from shardflow.config import Settings
 from shardflow.control.migration import MoveKind, MovePlan, UnitSpan
 from shardflow.control.placement import initial_unit_count, node_capacities, place_units
 from shardflow.errors import (
     ClusterError,
+    Error,
     MoveRefusedError,
     TableError,
     TableExistsError,
@@ -87,6 +90,7 @@ class CoordinatorState:
         self.store = CatalogStore(self.data_dir)
         self.settings = settings
         self.catalog = self.store.load() or Catalog(n_buckets=settings.buckets)
+        self.store.discard_all_prepared()  # an owner before this one prepared them
         self._changes: deque[dict[str, Any]] = deque(maxlen=CHANGES_KEPT)
         """The latest changes of the catalog, which workers are told of as they concern
         them (``runtime/coordinator/announce.py``)."""
@@ -136,10 +140,10 @@ class CoordinatorState:
         self._commit(catalog)
         return (catalog if tables is None else catalog.routing(tables)).to_json()
 
-    def _commit(self, catalog: Catalog) -> None:
+    def _commit(self, catalog: Catalog, prepared: PreparedChange | None = None) -> None:
         """Make ``catalog`` the current version, saved as a change (kept for
-        :meth:`changes_since`)."""
-        change = self.store.save(catalog)
+        :meth:`changes_since`); ``prepared``: see :meth:`CatalogStore.save`."""
+        change = self.store.save(catalog, prepared)
         if change is None:  # saved whole: no change leads to it
             self._changes.clear()
         else:
@@ -319,20 +323,44 @@ class CoordinatorState:
         present = {u.unit_id: u.node for u in group.units} if group is not None else {}
         return all(present.get(t.unit_id) == t.node for t in plan.targets)
 
-    def apply_switch(self, plan: MovePlan) -> None:
-        """Route the moved buckets to the targets (epoch bump, persisted). Idempotent."""
+    def prepare_switch(self, plan: MovePlan) -> PreparedChange | None:
+        """Write ahead the catalog change :meth:`apply_switch` would make now
+        (``CatalogStore.prepare``), so that the switch, while writers wait, only renames
+        it; None where it cannot be (the switch then writes its change whole)."""
+        try:
+            with self._lock:
+                switched = self._switched_catalog(plan)
+            return self.store.prepare(switched)  # synced: not under the lock
+        except (Error, OSError) as error:  # the switch writes it, or fails, itself
+            log.info("the switch of %s is not prepared: %s", plan.move_id, error)
+            return None
+
+    def discard(self, prepared: PreparedChange) -> None:
+        """A prepared switch that was not used (the move rolled back)."""
+        with contextlib.suppress(Error, OSError):
+            self.store.discard(prepared)
+
+    def apply_switch(self, plan: MovePlan, prepared: PreparedChange | None = None) -> None:
+        """Route the moved buckets to the targets (epoch bump, persisted). Idempotent.
+        ``prepared``: the change :meth:`prepare_switch` wrote, where it still fits."""
         with self._lock:
             if self.switched(plan):
+                if prepared is not None:
+                    self.discard(prepared)
                 return
-            group = self.catalog.groups.get(plan.group)
-            current = {u.unit_id: u for u in group.units} if group is not None else {}
-            for source in plan.sources:
-                unit = current.get(source.unit_id)
-                if unit is None or unit.node != source.node:
-                    raise MoveRefusedError(f"unit {source.unit_id} changed owner during the move")
-            added = [Unit(t.unit_id, t.lo, t.hi, t.node) for t in plan.targets]
-            removed = [s.unit_id for s in plan.sources]
-            self._commit(self.catalog.with_units_replaced(plan.group, removed, added))
+            self._commit(self._switched_catalog(plan), prepared)
+
+    def _switched_catalog(self, plan: MovePlan) -> Catalog:
+        """The catalog with the moved units on their targets."""
+        group = self.catalog.groups.get(plan.group)
+        current = {u.unit_id: u for u in group.units} if group is not None else {}
+        for source in plan.sources:
+            unit = current.get(source.unit_id)
+            if unit is None or unit.node != source.node:
+                raise MoveRefusedError(f"unit {source.unit_id} changed owner during the move")
+        added = [Unit(t.unit_id, t.lo, t.hi, t.node) for t in plan.targets]
+        removed = [s.unit_id for s in plan.sources]
+        return self.catalog.with_units_replaced(plan.group, removed, added)
 
     def reserve_move(self, plan: MovePlan) -> None:
         """Count ``plan`` as running (a previous coordinator's, not resumed yet): its units

@@ -363,6 +363,12 @@ def test_a_moves_chunks_come_over_the_lane_until_the_last() -> None:
         lanes.close()
         server.close()
     without, lanes = LaneServer(worker.run, "127.0.0.1", "node-1"), Lanes()
+    assert without.address.steps == ()  # asked through Ray instead
+    old = dict(without.address.__dict__)  # an address of 0.2.0, as Ray unpickles it here
+    del old["steps"]
+    from_old = object.__new__(LaneAddress)
+    from_old.__dict__.update(old)
+    assert from_old.steps == () and from_old.port == without.address.port
     try:
         for step in (
             lambda: lanes.chunk(without.address, "m1", ("t", 3)),
@@ -393,6 +399,7 @@ def test_a_moves_fence_finish_and_retire_come_over_the_lanes() -> None:
         return FinalApplied(5, {"t": Checksum(1005, 12345)}, promoted=True)
 
     server = LaneServer(worker.run, "127.0.0.1", "node-0", source=source, finish=finish)
+    assert server.address.steps == ("fence", "retire", "finish")  # what it says it takes
     lanes = Lanes()
     try:
         finished = lanes.finish(server.address, "m1")

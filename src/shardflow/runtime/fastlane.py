@@ -167,7 +167,10 @@ class LaneServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
         port = self._listener.getsockname()[1]
-        self.address = LaneAddress(host, port, self._token.hex(), endpoint if reserve else "")
+        steps = (("fence", "retire") if source else ()) + (("finish",) if finish else ())
+        self.address = LaneAddress(
+            host, port, self._token.hex(), endpoint if reserve else "", steps
+        )
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()

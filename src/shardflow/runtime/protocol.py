@@ -100,6 +100,10 @@ class LaneAddress:
     endpoint: str = ""
     """The worker's own Flight location, where clients read the parts of answers reserved
     on it (``runtime/worker/endpoint.py``); "" where it serves none."""
+    steps: tuple[str, ...] = ()
+    """The steps of a move it takes over its lane besides a snapshot's chunks (``fence``,
+    ``retire``, ``finish``); a worker of 0.2.0 takes none (its address reads as ()), and is
+    asked those through Ray."""
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,9 @@ class RayWorker:
         return self._reply(self.handle.unit_bytes.remote(list(units)))
 
     def retire(self, move_id: str) -> Reply[float | None]:
-        retired = _on_lane(self._lanes, self._node_id, lambda lanes, at: lanes.retire(at, move_id))
+        retired = _on_lane(
+            self._lanes, self._node_id, "retire", lambda lanes, at: lanes.retire(at, move_id)
+        )
         if retired is not None and not isinstance(retired.error, LaneBroken):
             return retired
         return self._reply(self.handle.retire.remote(move_id))  # idempotent: asked again
@@ -231,7 +233,9 @@ class RayWorker:
         return self._reply(self.handle.catch_up.remote(move_id))
 
     def finish_import(self, move_id: str) -> Reply[FinalApplied]:
-        finished = _on_lane(self._lanes, self._node_id, lambda lanes, at: lanes.finish(at, move_id))
+        finished = _on_lane(
+            self._lanes, self._node_id, "finish", lambda lanes, at: lanes.finish(at, move_id)
+        )
         if finished is not None:  # a lane that failed fails the move: it rolls back
             return finished
         return self._reply(self.handle.finish_import.remote(move_id))
@@ -385,20 +389,23 @@ class RaySourceLink:
     def fence(self, move_id: str) -> Reply[FenceResult]:
         """Over the source's lane where it has one (writers wait for the answer); a lane
         that failed fails the move, which rolls back (the source may have fenced)."""
-        fenced = _on_lane(self.lanes, self.node, lambda lanes, at: lanes.fence(at, move_id))
+        fenced = _on_lane(
+            self.lanes, self.node, "fence", lambda lanes, at: lanes.fence(at, move_id)
+        )
         if fenced is not None:
             return fenced
         return self._reply(self.handle.fence.remote(move_id))
 
 
 def _on_lane(
-    book: LaneBook | None, node: str, call: Callable[[Lanes, LaneAddress], T]
+    book: LaneBook | None, node: str, step: str, call: Callable[[Lanes, LaneAddress], T]
 ) -> Answered[T] | None:
-    """``call`` made over ``node``'s fast lane, answered (the worker's error, or
-    :class:`LaneBroken` where the lane failed, as the reply's error); None where the worker
-    has no lane. A lane that failed is not used again for that worker."""
+    """``call``, the move's ``step``, made over ``node``'s fast lane, answered (the worker's
+    error, or :class:`LaneBroken` where the lane failed, as the reply's error); None where
+    the worker has no lane or takes no such step on it (a worker of 0.2.0). A lane that
+    failed is not used again for that worker."""
     address = None if book is None else book.address(node)
-    if book is None or address is None:
+    if book is None or address is None or step not in address.steps:
         return None
     try:
         return Answered(call(book.lanes, address))

@@ -18,6 +18,7 @@ import pytest
 from shardflow.control.migration import Checksum, SourceChecksums
 from shardflow.engine import DuckDBEngine
 from shardflow.errors import ClusterError, Moved, QueryError, TableError
+from shardflow.runtime import fastlane
 from shardflow.runtime.fastlane import (
     ARROW_FRAME_BYTES,
     STREAM_FRAME_BYTES,
@@ -488,3 +489,49 @@ def test_a_stream_that_breaks_off_says_so() -> None:
     thread.join(10)
     listener.close()
     lanes.close()
+
+
+def test_a_move_step_to_a_worker_that_never_answers_fails_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker cut off by a partition takes a step's request and never answers: the
+    fence, the finish and the retire fail with ``LaneBroken`` after ``STEP_TIMEOUT_S``
+    (the move rolls back) instead of waiting for TCP to give up while writers are held. A
+    fragment on the same lane has no such limit (a query may run long)."""
+    monkeypatch.setattr(fastlane, "STEP_TIMEOUT_S", 0.3)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def silent_worker() -> None:
+        while len(accepted) < 3:
+            connection, _ = listener.accept()
+            accepted.append(connection)  # reads nothing, answers nothing
+
+    thread = threading.Thread(target=silent_worker, daemon=True)
+    thread.start()
+    lanes = Lanes()
+    address = LaneAddress("127.0.0.1", listener.getsockname()[1], "22" * 16)
+    try:
+        for step in (lanes.fence, lanes.finish, lanes.retire):
+            failed: list[Exception] = []
+
+            def ask(
+                step: Callable[[LaneAddress, str], object] = step,
+                failed: list[Exception] = failed,
+            ) -> None:
+                try:
+                    step(address, "m1")
+                except Exception as raised:
+                    failed.append(raised)
+
+            asking = threading.Thread(target=ask, daemon=True)
+            asking.start()
+            asking.join(10)
+            assert not asking.is_alive(), f"{step.__name__} still waits for its answer"
+            [error] = failed
+            assert isinstance(error, LaneBroken) and "timed out" in str(error), error
+    finally:
+        lanes.close()
+        listener.close()
+        for connection in accepted:
+            connection.close()

@@ -69,6 +69,12 @@ record batches a Flight client gets (ADBC refuses gRPC messages over 16 MiB)."""
 CONNECT_TIMEOUT_S = 2.0
 MOVE_STEPS = frozenset({"chunk", "fence", "retire", "finish"})
 """What a move's target and the coordinator ask a source over its lane."""
+STEP_TIMEOUT_S = 60.0
+"""The longest a move's fence, finish or retire waits for its answer on a lane (they take
+milliseconds). A worker cut off by a partition never answers, and a socket would wait for
+TCP to give up (many minutes) while writers are held; the step fails instead, as an actor
+call to a node Ray declared dead does, and the move rolls back (a retire is asked again
+through Ray)."""
 LANE_THREADS = 32
 """Calls a client makes over its lanes at once (the workers of a stage, a load's parts)."""
 
@@ -498,7 +504,7 @@ class Lanes:
         fails and rolls back, which lets its writers go)."""
         request = json.dumps({"op": "fence", "move": move_id}).encode()
         answer: FenceResult = self._call(
-            address, (request,), lambda c: pickle.loads(_read_frame(c))
+            address, (request,), lambda c: pickle.loads(_read_frame(c)), STEP_TIMEOUT_S
         )
         return answer
 
@@ -508,7 +514,7 @@ class Lanes:
         lane failed (the move then fails and rolls back)."""
         request = json.dumps({"op": "finish", "move": move_id}).encode()
         answer: FinalApplied = self._call(
-            address, (request,), lambda c: pickle.loads(_read_frame(c))
+            address, (request,), lambda c: pickle.loads(_read_frame(c)), STEP_TIMEOUT_S
         )
         return answer
 
@@ -517,7 +523,9 @@ class Lanes:
         how long it held writers, None where it retired already; :class:`LaneBroken`
         when the lane failed (ask again another way: a retire is idempotent)."""
         request = json.dumps({"op": "retire", "move": move_id}).encode()
-        held: float | None = self._call(address, (request,), lambda c: json.loads(_read_frame(c)))
+        held: float | None = self._call(
+            address, (request,), lambda c: json.loads(_read_frame(c)), STEP_TIMEOUT_S
+        )
         return held
 
     def _call(
@@ -525,11 +533,14 @@ class Lanes:
         address: LaneAddress,
         frames: tuple[bytes | pa.Buffer, ...],
         answer: Callable[[socket.socket], T],
+        timeout: float | None = None,
     ) -> T:
         """Send ``frames``, read the status and then the ``answer``; the worker's error is
-        raised here, :class:`LaneBroken` when no answer came."""
+        raised here, :class:`LaneBroken` when no answer came (within ``timeout`` seconds a
+        send or receive, where given)."""
         connection = self._connection(address)
         try:
+            connection.settimeout(timeout)
             _write_frames(connection, *frames)
             status = _read_frame(connection)
             if status == _OK:

@@ -367,7 +367,7 @@ class CatalogStore:
         """Write ahead the change that would make ``catalog`` the next version (synced,
         under a name no load reads), so that :meth:`save` of that same catalog only
         renames it and syncs the folder. A synced write's slow step, the file's sync
-        (10-25 ms on a busy disk, where the rename and the folder's sync take 1-3), is then
+        (7-25 ms on a busy disk, where the folder's sync took 0.3-3.4), is then
         taken before, not while writers wait (a move's switch). None where nothing can be
         prepared: the data directory is not local, or no version was saved or loaded."""
         last = self._last

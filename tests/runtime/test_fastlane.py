@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import cast
 
 import duckdb
 import numpy as np
@@ -22,17 +23,20 @@ from shardflow.runtime import fastlane
 from shardflow.runtime.fastlane import (
     ARROW_FRAME_BYTES,
     STREAM_FRAME_BYTES,
+    LaneBook,
     LaneBroken,
     Lanes,
     LaneServer,
     to_wire,
 )
 from shardflow.runtime.protocol import (
+    Answered,
     ChangeSet,
     FenceResult,
     FinalApplied,
     FragmentStats,
     LaneAddress,
+    Workers,
 )
 from shardflow.storage.shard import Change
 
@@ -535,3 +539,49 @@ def test_a_move_step_to_a_worker_that_never_answers_fails_in_bounded_time(
         listener.close()
         for connection in accepted:
             connection.close()
+
+
+class Known:
+    """A worker as the lane book looks it up: its instance, and its lane's address (asked
+    through the protocol, each question counted)."""
+
+    def __init__(self, address: LaneAddress | None) -> None:
+        self.instance = object()
+        self.address = address
+        self.asked = 0
+
+    def fast_lane(self) -> Answered[LaneAddress | None]:
+        self.asked += 1
+        return Answered(self.address)
+
+
+class Book:
+    def __init__(self, workers: dict[str, Known]) -> None:
+        self.workers = workers
+
+    def get(self, node: str) -> Known:
+        return self.workers[node]
+
+
+def test_a_lane_book_asks_once_a_worker_and_knows_without_asking() -> None:
+    """A step taken while writers wait (a retire) uses a lane only where its address is
+    known already (asking would cost a round trip in the pause); a worker's address is
+    asked once, and again only of a new worker of the node; a lane that failed is not
+    used again for that worker."""
+    lane = LaneAddress("127.0.0.1", 1, "33" * 16, steps=("fence", "retire", "finish"))
+    workers = {"node-0": Known(lane)}
+    book = LaneBook(cast("Workers", Book(workers)), enabled=True)
+    try:
+        assert book.known("node-0") is None and workers["node-0"].asked == 0
+        assert book.address("node-0") == lane and book.address("node-0") == lane
+        assert book.known("node-0") == lane and workers["node-0"].asked == 1
+        workers["node-0"] = Known(lane)  # a new worker of the node: asked anew
+        assert book.known("node-0") is None
+        assert book.address("node-0") == lane and workers["node-0"].asked == 1
+        book.broken("node-0", LaneBroken("cut off"))
+        assert book.known("node-0") is None and book.address("node-0") is None
+        off = LaneBook(cast("Workers", Book(workers)), enabled=False)
+        assert off.address("node-0") is None and off.known("node-0") is None
+        off.close()
+    finally:
+        book.close()

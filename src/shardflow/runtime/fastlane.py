@@ -624,6 +624,15 @@ class LaneBook:
             known = self._known[node] = (worker.instance, address)
         return known[1]
 
+    def known(self, node: str) -> LaneAddress | None:
+        """``node``'s lane where it was asked for already (None otherwise, and for a worker
+        without one): a step that must not wait for the question (a retire, writers held)
+        goes the other way until :meth:`address` asked."""
+        known = self._known.get(node)
+        if not self.enabled or known is None:
+            return None
+        return known[1] if known[0] is self.workers.get(node).instance else None
+
     def broken(self, node: str, error: Exception) -> None:
         """``node``'s lane failed: its worker is asked the other way from now on (a worker
         that died is then seen as gone; a new worker of the node gets a lane again)."""

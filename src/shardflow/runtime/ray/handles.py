@@ -184,12 +184,19 @@ class RayWorker:
         return self._reply(self.handle.unit_bytes.remote(list(units)))
 
     def retire(self, move_id: str) -> Reply[float | None]:
+        """Over the worker's lane where its address is known already (asking for it would
+        hold writers a round trip longer: the first retire of a worker goes through Ray,
+        then asks, for the next)."""
+        lanes, node = self._lanes, self._node_id
         retired = _on_lane(
-            self._lanes, self._node_id, "retire", lambda lanes, at: lanes.retire(at, move_id)
+            lanes, node, "retire", lambda lane, at: lane.retire(at, move_id), ask=False
         )
         if retired is not None and not isinstance(retired.error, LaneBroken):
             return retired
-        return self._reply(self.handle.retire.remote(move_id))  # idempotent: asked again
+        reply = self._reply(self.handle.retire.remote(move_id))  # idempotent: asked again
+        if lanes is not None and retired is None:
+            lanes.address(node)  # the writers are let go by now, or soon
+        return reply
 
     def drop_retired(self, move_id: str) -> Reply[bool]:
         return self._reply(self.handle.drop_retired.remote(move_id))
@@ -398,14 +405,22 @@ class RaySourceLink:
 
 
 def _on_lane(
-    book: LaneBook | None, node: str, step: str, call: Callable[[Lanes, LaneAddress], T]
+    book: LaneBook | None,
+    node: str,
+    step: str,
+    call: Callable[[Lanes, LaneAddress], T],
+    *,
+    ask: bool = True,
 ) -> Answered[T] | None:
     """``call``, the move's ``step``, made over ``node``'s fast lane, answered (the worker's
     error, or :class:`LaneBroken` where the lane failed, as the reply's error); None where
-    the worker has no lane or takes no such step on it (a worker of 0.2.0). A lane that
-    failed is not used again for that worker."""
-    address = None if book is None else book.address(node)
-    if book is None or address is None or step not in address.steps:
+    the worker has no lane or takes no such step on it (a worker of 0.2.0), or, without
+    ``ask``, where its address was not asked for yet. A lane that failed is not used again
+    for that worker."""
+    if book is None:
+        return None
+    address = book.address(node) if ask else book.known(node)
+    if address is None or step not in address.steps:
         return None
     try:
         return Answered(call(book.lanes, address))

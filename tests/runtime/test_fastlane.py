@@ -502,7 +502,7 @@ def test_a_move_step_to_a_worker_that_never_answers_fails_in_bounded_time(
     fence, the finish and the retire fail with ``LaneBroken`` after ``STEP_TIMEOUT_S``
     (the move rolls back) instead of waiting for TCP to give up while writers are held. A
     fragment on the same lane has no such limit (a query may run long)."""
-    monkeypatch.setattr(fastlane, "STEP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(fastlane.client, "STEP_TIMEOUT_S", 0.3)
     listener = socket.create_server(("127.0.0.1", 0))
     accepted: list[socket.socket] = []
 

@@ -5,6 +5,7 @@ coordinator refuses to attach, one a release apart attaches."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,3 +46,23 @@ def test_a_session_two_releases_from_the_coordinator_refuses_to_attach(
         Session(cluster.backend).close()
     finally:
         cluster.close()
+
+
+def test_every_wire_type_pickles_by_the_path_the_release_before_reads() -> None:
+    """0.2.0's protocol was one module: its workers unpickle ``FenceResult`` & co. as
+    ``shardflow.runtime.protocol.<name>``, so the split package must send them by that
+    path, or a rolling upgrade's mixed moves fail on the old side."""
+    from shardflow.runtime import protocol
+    from shardflow.runtime.protocol import messages
+
+    wire_types = [v for v in vars(messages).values() if isinstance(v, type) and v.__doc__]
+    assert {"FenceResult", "CopyResult", "WorkerInfo", "ChangeSet"} <= {
+        t.__name__ for t in wire_types
+    }
+    for wire_type in wire_types:
+        if wire_type.__module__.startswith("shardflow.runtime.protocol"):
+            assert wire_type.__module__ == "shardflow.runtime.protocol", wire_type
+            assert getattr(protocol, wire_type.__qualname__) is wire_type
+            pickled = pickle.dumps(wire_type)
+            assert b"protocol.messages" not in pickled
+            assert pickle.loads(pickled) is wire_type

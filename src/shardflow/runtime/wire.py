@@ -1,5 +1,5 @@
 """The version of what the roles say to each other (the calls and answers of
-``runtime/protocol.py``, the fast lane's requests), and which versions serve together.
+``runtime/protocol/``, the fast lane's requests), and which versions serve together.
 
 The rule, for rolling upgrades: a release speaks :data:`PROTOCOL` and serves beside a
 release that speaks one less or one more (N and N-1 together: workers replaced one by

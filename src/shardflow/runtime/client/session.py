@@ -5,7 +5,7 @@ catalog, ``Catalog.routing``), learns a table's the first time a query or insert
 refreshes it when a worker answers ``Moved`` or dies, then retries what failed.
 
 It speaks to the coordinator and the workers through the protocol only
-(``runtime/protocol.py``), over whatever :class:`Backend` it is given: Ray
+(``runtime/protocol/``), over whatever :class:`Backend` it is given: Ray
 (``client/backend.py``) or this process (``runtime/inprocess.py``)."""
 
 from __future__ import annotations

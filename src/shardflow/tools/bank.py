@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,10 +74,14 @@ def run_bank(
     readers: int = 1,
     seed: int = 0,
     meanwhile: Callable[[threading.Event], object] | None = None,
+    at_least: int = 0,
 ) -> BankReport:
     """Move money and sum it for ``seconds`` with ``transferers`` and ``readers`` client
     threads; ``meanwhile`` runs beside them (it is given the event that ends the run: it
-    moves units, kills a worker, ...). Answers ``report`` filled in."""
+    moves units, kills a worker, ...). With ``at_least``, the run goes on past ``seconds``
+    (up to four times as long) until that many transfers and reads each were made: on a
+    busy machine a fixed time may hold too few to say anything. Answers ``report`` filled
+    in."""
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -117,6 +122,9 @@ def run_bank(
         thread.start()
     try:
         stop.wait(seconds)
+        deadline = time.monotonic() + 3 * seconds
+        while min(report.transfers, report.reads) < at_least and time.monotonic() < deadline:
+            stop.wait(0.2)
     finally:
         stop.set()
         for thread in threads:

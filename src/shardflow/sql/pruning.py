@@ -42,6 +42,28 @@ def key_terms(fragment: exp.Expr, catalog: Catalog) -> tuple[KeyTerm, ...]:
     return tuple(terms)
 
 
+def change_key_terms(probe: exp.Expr, spec: TableSpec, catalog: Catalog) -> tuple[KeyTerm, ...]:
+    """:func:`key_terms` of a DELETE's or UPDATE's probe (``SELECT ... FROM t AS alias
+    WHERE ...``, its subqueries answered first): its WHERE reads the one table only, so a
+    column it names without a table (``WHERE id = 7``, the usual way) is that table's, as
+    DuckDB reads it. The planner's fragments come qualified; a statement's WHERE does not,
+    and its key would route nothing."""
+    if not isinstance(probe, exp.Select):
+        return ()
+    source = probe.args.get("from_") or probe.args.get("from")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table) or probe.find(exp.Subquery, exp.Exists) is not None:
+        return ()
+    qualified = probe.copy()
+    where = qualified.args.get("where")
+    for column in where.find_all(exp.Column) if where is not None else ():
+        field = spec.find_column(column.name)
+        if not column.table and field is not None:
+            column.set("this", exp.to_identifier(field.name, quoted=True))
+            column.set("table", exp.to_identifier(table.alias_or_name, quoted=True))
+    return key_terms(qualified, catalog)
+
+
 def buckets_of(terms: tuple[KeyTerm, ...], catalog: Catalog) -> tuple[int, ...] | None:
     """The buckets every row satisfying all ``terms`` falls in, or None when it may be in
     any."""

@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -567,3 +569,48 @@ def test_the_balancers_moves_do_not_wait_for_a_change_that_waits_for_them(
         cluster.state.end_change("t")
     waiting.join()
     assert cluster.catalog.group_of("t").unit(units[0].unit_id).node == moves[0].to
+
+
+def test_a_where_that_fixes_the_key_asks_only_the_shards_of_its_keys(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DELETE FROM t WHERE id = 7``: the key named as DuckDB reads it (no table before
+    it, any case) routes the statement to the units of its values, and only their nodes
+    prepare; a WHERE that does not fix the key asks every unit. Rows as DuckDB's."""
+    con = oracle()
+    asked: list[object] = []
+    prepared: list[str] = []
+    prepare = cluster.backend.node._prepare
+
+    def recorded(spec: object, statement: str, change: object, buckets: object) -> object:
+        asked.append(buckets)
+        return prepare(spec, statement, change, buckets)  # type: ignore[arg-type]
+
+    for node in cluster.catalog.nodes:
+        worker = cluster.workers.get(node)
+        original = worker.prepare_change
+
+        def counted(*args: object, _node: str = node, _call: Any = original) -> Any:
+            prepared.append(_node)
+            return _call(*args)
+
+        monkeypatch.setattr(worker, "prepare_change", counted)
+    monkeypatch.setattr(cluster.backend.node, "_prepare", recorded)
+    units = cluster.units("t")
+    assert len({unit.node for unit in units}) > 1
+    for sql in (
+        "DELETE FROM t WHERE id = 7",
+        "UPDATE t SET n = n + 1 WHERE ID IN (11, 12) AND n > 0",
+        "DELETE FROM t AS x WHERE x.id = 21",
+    ):
+        prepared.clear()
+        changes_as_duckdb(cluster, con, sql)
+        buckets = asked[-1]
+        assert buckets is not None, sql
+        group = cluster.catalog.group_of("t")
+        owners = {int(u) for u in group.owners_of(np.asarray(buckets, np.int64))}
+        nodes = {unit.node for unit in units if unit.unit_id in owners}
+        assert sorted(prepared) == sorted(nodes) and len(nodes) < 3, (sql, prepared)
+    prepared.clear()
+    changes_as_duckdb(cluster, con, "DELETE FROM t WHERE id = 30 OR id = 31")
+    assert asked[-1] is None and sorted(prepared) == sorted({u.node for u in units})

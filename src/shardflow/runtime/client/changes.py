@@ -20,7 +20,7 @@ from shardflow.runtime.protocol import Coordinator
 from shardflow.runtime.query.executor import ExecutionReport
 from shardflow.runtime.query.planning import Binder, PlannedQuery
 from shardflow.sql.parse import parse
-from shardflow.sql.pruning import buckets_of, key_terms
+from shardflow.sql.pruning import buckets_of, change_key_terms
 from shardflow.sql.statements import (
     SHIPPED_PREFIX,
     ChangeRows,
@@ -116,7 +116,8 @@ class RowChanger:
             buckets = None
         else:
             schemas = [self.host.plan(p).schema for p in probes]
-            buckets = buckets_of(key_terms(parse(probe), self.host.catalog), self.host.catalog)
+            catalog = self.host.catalog
+            buckets = buckets_of(change_key_terms(parse(probe), spec, catalog), catalog)
         rekey = spec.key if any(column == spec.key for column, _ in sets) else None
         rewrite = RowRewrite(
             change.alias,

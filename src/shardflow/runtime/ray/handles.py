@@ -234,7 +234,10 @@ class RayWorker:
         return self._reply(self.handle.memory_headroom.remote())
 
     def copy_snapshot(self, plan: MovePlan, bandwidth_bytes_s: float) -> Reply[CopyResult]:
-        return self._reply(self.handle.copy_snapshot.remote(plan, bandwidth_bytes_s))
+        copying = self._reply(self.handle.copy_snapshot.remote(plan, bandwidth_bytes_s))
+        if self._lanes is not None:  # the target's lane is asked for now, while the copy
+            self._lanes.address(self._node_id)  # runs, not by its finish with writers held
+        return copying
 
     def catch_up(self, move_id: str) -> Reply[int]:
         return self._reply(self.handle.catch_up.remote(move_id))
@@ -359,7 +362,9 @@ class RaySourceLink:
         return RayReply(ref, f"source worker {self.node}")
 
     def pin(self, plan: MovePlan) -> ExportPinned:
-        return self._reply(self.handle.export_begin.remote(plan)).get()
+        pinned = self._reply(self.handle.export_begin.remote(plan)).get()
+        self._lane()  # asked for now: a move that copies files, not chunks, would otherwise
+        return pinned  # ask it at its fence, with the source's writers held
 
     def chunks(self, move_id: str, key: ShardKey) -> Iterator[pa.Table]:
         """The next chunk is on its way while this one is loaded."""

@@ -431,11 +431,16 @@ class MoveInFlight:
         self.db, self.report = db, report
         host = db.cluster.coordinator_host()
         ray_node = {n.node_id: n.ray_node_id for n in db.cluster.nodes() if n.alive}
-        shards = [
-            s
-            for s in db.cluster.shards().to_pylist()
-            if s["table"] == BIG and ray_node.get(str(s["node"]), host) != host
-        ]
+        shards = self._off_the_coordinator(db, ray_node, host)
+        if not shards:
+            # the failover before (or placement, which chooses by load) left every shard
+            # on the coordinator's node: one goes over to another node first, unhurried
+            big = [s for s in db.cluster.shards().to_pylist() if s["table"] == BIG]
+            away = [n for n, r in ray_node.items() if r != host]
+            if not big or not away:
+                raise RuntimeError("no shard of the big table, or no node beside the coordinator's")
+            db.cluster.migrate(str(big[0]["shard"]), away[0])
+            shards = self._off_the_coordinator(db, ray_node, host)
         if not shards:
             raise RuntimeError("no shard of the big table off the coordinator's node")
         self.shard = str(shards[0]["shard"])
@@ -445,6 +450,16 @@ class MoveInFlight:
         self.thread = threading.Thread(target=self._move, args=(others[0],), daemon=True)
         self.thread.start()
         time.sleep(MOVE_HEAD_START_S)  # copying by now
+
+    @staticmethod
+    def _off_the_coordinator(
+        db: Database, ray_node: dict[str, str], host: str
+    ) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in db.cluster.shards().to_pylist()
+            if s["table"] == BIG and ray_node.get(str(s["node"]), host) != host
+        ]
 
     def _move(self, target: str) -> None:
         try:

@@ -9,7 +9,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -26,8 +26,7 @@ from shardflow.errors import (
 )
 from shardflow.flightsql.client import RemoteDatabase
 from shardflow.records import AnswerPart, BackupInfo, MigrationRecord, NodeInfo
-from shardflow.runtime.client.backend import RayBackend, launch_on_ray
-from shardflow.runtime.client.session import Session
+from shardflow.runtime.client.session import Backend, Session
 from shardflow.runtime.protocol import NodeLoad, ReplicaInfo, ShardInfo, WorkerInfo
 from shardflow.runtime.query.executor import ExecutionReport
 from shardflow.runtime.query.profiling import build_profile
@@ -58,6 +57,18 @@ _GRANT_COLUMNS = GRANTS_SCHEMA.names
 """How long ``close()`` waits for the calls in flight to end before it stops Ray."""
 
 P = ParamSpec("P")
+
+
+class Runtime(Backend, Protocol):
+    """What a database runs on: a cluster on Ray (``runtime/client/backend.RayBackend``) or
+    one in this process (``runtime/inprocess.LocalBackend``)."""
+
+    @property
+    def data_dir(self) -> str: ...
+    def leave_running(self) -> None: ...
+    def close(self) -> None: ...
+
+
 R = TypeVar("R")
 
 
@@ -402,7 +413,7 @@ class Cluster:
 class Database:
     """A connection to a shardflow cluster. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, backend: RayBackend, session: Session) -> None:
+    def __init__(self, backend: Runtime, session: Session) -> None:
         self._backend = backend
         self._session: Session | None = session
         self._closing = threading.Event()
@@ -762,6 +773,7 @@ def connect(
     password: str | None = None,
     token: str | None = None,
     tls_root_certs: bytes | None = None,
+    in_process: bool = False,
     **options: Any,
 ) -> Database | RemoteDatabase:
     """Start or join a shardflow cluster, or connect to a served one.
@@ -785,6 +797,10 @@ def connect(
     reconnecting to it recovers them.
     ``options`` override single fields of :class:`Settings`. ``simulate`` makes some nodes
     simulated slower devices for tests and demos (``{"node-2": 2.0}``: twice as slow).
+    ``in_process=True`` runs the same coordinator and workers in this process, without Ray
+    (no Ray start: a one-shot script or command on a data directory answers in a second or
+    two; the workers share this process and its cores): the cluster ``data_dir`` last had,
+    its nodes under their ids, or ``workers`` nodes (4 by default) for a new one.
     """
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ConfigError(f"address must be None, 'auto' or a Ray address, not {address!r}")
@@ -818,7 +834,17 @@ def connect(
         or not all(isinstance(v, int | float) and v >= 1 for v in simulate.values())
     ):
         raise ConfigError("simulate maps node ids to slowdown factors >= 1, e.g. {'node-2': 2}")
-    backend = launch_on_ray(address, workers, path, settings, simulate)
+    backend: Runtime
+    if in_process:
+        if address is not None or simulate is not None:
+            raise ConfigError("in_process=True runs without Ray: no address=, no simulate=")
+        from shardflow.runtime.inprocess import launch_in_process
+
+        backend = launch_in_process(path, workers, settings)
+    else:
+        from shardflow.runtime.client.backend import launch_on_ray
+
+        backend = launch_on_ray(address, workers, path, settings, simulate)
     try:
         session = Session(backend)
     except BaseException:

@@ -135,6 +135,8 @@ def test_a_second_program_is_refused_while_the_first_serves_and_takes_over_once_
         pid = other.ready["coordinator_pid"]
         with pytest.raises(shardflow.DataDirInUseError, match=rf"pid {pid} .*connect\(address"):
             shardflow.connect(workers=2, data_dir=data_dir)
+        with pytest.raises(shardflow.DataDirInUseError, match=rf"pid {pid} "):
+            shardflow.connect(data_dir=data_dir, in_process=True)  # a one-shot command's way
         other.send("insert 1000 1000")  # the owner is unharmed
         other.expect("acked")
     finally:

@@ -169,9 +169,10 @@ def in_use_message(data_dir: DataDir, record: LeaseRecord, now: float) -> str:
     who = f" ({record.description})" if record.description else ""
     return (
         f"data directory {data_dir.uri!r} is served by another shardflow cluster{who}, "
-        f"{where}, lease renewed {age:.1f}s ago. Close that cluster first, or connect to its "
-        f"Ray cluster with connect(address=...). A data directory has one owner at a time; if "
-        f"that cluster is gone, its lease expires in {left:.0f}s."
+        f"{where}, lease renewed {age:.1f}s ago. Close that cluster first (a command's own "
+        "cluster closes when the command ends), or connect to its Ray cluster with "
+        "connect(address=...). A data directory has one owner at a time; if that cluster is "
+        f"gone, its lease expires in {left:.0f}s."
     )
 
 

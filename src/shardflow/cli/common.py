@@ -153,11 +153,11 @@ def connect_to(
 ) -> Client:
     """Attach to the cluster serving ``data_dir`` — the Flight SQL service or Ray cluster
     at ``address``, or the local cluster of ``shardflow cluster up`` when it runs there
-    (fast) — else start an embedded one: the cluster the data directory last had (its
-    nodes under their ids, so no shard moves), or ``workers`` for a new one. A command that
-    only ``looks`` starts it exactly as it was, without a balancer; one that ``creates`` (a
-    load) may start on a new data directory, any other refuses a directory that holds no
-    shardflow data."""
+    (fast) — else open it in this process for the command: the cluster the data
+    directory last had (its nodes under their ids, so no shard moves), or ``workers`` for a
+    new one. A command that only ``looks`` starts it exactly as it was, without a balancer;
+    one that ``creates`` (a load) may start on a new data directory, any other refuses a
+    directory that holds no shardflow data."""
     if address is not None and address.startswith(FLIGHT_SCHEMES):
         return service(address, user, token)
     if user is not None or token is not None:
@@ -175,10 +175,21 @@ def connect_to(
         )
     if not creates:
         require_data(data_dir)
-    with status.status(f"starting the cluster of {data_dir}"):
+    # A command's own cluster lives as long as the command: in this process, without the
+    # seconds a Ray start takes (the same coordinator and workers, over the same files).
+    with status.status(f"opening {data_dir}"):
         if looks:  # looking never moves data
-            return ray_database(None, data_dir, auto_balance=False)
-        return ray_database(None, data_dir, workers=workers)
+            return in_process(data_dir, auto_balance=False)
+        return in_process(data_dir, workers=workers)
+
+
+def in_process(data_dir: Path, **options: Any) -> Database:
+    """The cluster of ``data_dir`` in this process, for one command."""
+    from shardflow.api import Database, connect
+
+    db = connect(data_dir=data_dir, in_process=True, **options)
+    assert isinstance(db, Database)  # no address: never a remote service
+    return db
 
 
 def service(address: str, user: str | None, token: str | None) -> RemoteDatabase:

@@ -8,14 +8,16 @@ implementation does. A stopped worker answers ``WorkerGone``, as a dead actor do
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
 
+from shardflow.catalog import Catalog, CatalogStore, DataDir
 from shardflow.config import Settings
-from shardflow.errors import ClusterError, Error, WorkerGone
+from shardflow.errors import ClusterError, ConfigError, Error, WorkerGone
 from shardflow.runtime.coordinator.node import CoordinatorNode
 from shardflow.runtime.coordinator.state import CoordinatorState
 from shardflow.runtime.protocol import (
@@ -37,9 +39,11 @@ from shardflow.runtime.protocol import (
     ShardKey,
     SharedRows,
     WorkerInfo,
+    admit_workers,
 )
 from shardflow.runtime.query.fragments import WorkerCalls
 from shardflow.runtime.wire import PROTOCOL
+from shardflow.runtime.worker.local import default_memory_mb
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import RowRewrite
 
@@ -49,6 +53,9 @@ if TYPE_CHECKING:
     from shardflow.telemetry.devices import NodeProfile
 
 T = TypeVar("T")
+
+IN_PROCESS_WORKERS = 4
+"""Nodes of a new cluster in this process where none is asked for (as an embedded one)."""
 
 
 def _rows(rows: pa.Table | SharedRows) -> pa.Table:
@@ -437,16 +444,23 @@ class LocalBackend:
     """A whole cluster in this process, as a session uses it: the coordinator (catalog,
     controller, migrator, console) over in-process workers of one data directory."""
 
-    def __init__(self, data_dir: str, settings: Settings, nodes: int) -> None:
+    def __init__(
+        self, data_dir: str, settings: Settings, nodes: int | Sequence[str], description: str = ""
+    ) -> None:
         self.data_dir = data_dir
         self.settings = settings
-        state = CoordinatorState(data_dir, settings)
+        state = CoordinatorState(data_dir, settings, description=description)
         self.local_workers = LocalWorkers(data_dir, settings, self._report_profile)
         self.node = CoordinatorNode(state, self.local_workers, settings)
         self.local_coordinator = LocalCoordinator(self.node)
-        catalog = state.register_nodes([f"node-{i}" for i in range(nodes)])
-        for node in state.catalog.nodes:
-            self.local_workers.start(node, catalog)
+        try:
+            names = [f"node-{i}" for i in range(nodes)] if isinstance(nodes, int) else nodes
+            catalog = state.register_nodes(list(names))
+            for node in state.catalog.nodes:
+                self.local_workers.start(node, catalog)
+        except BaseException:
+            self.close()  # nothing half-started stays behind, the lease included
+            raise
 
     def _report_profile(self, profile: NodeProfile) -> None:
         self.node.report_profile(profile)
@@ -477,7 +491,39 @@ class LocalBackend:
     def start_worker(self, node: str, slowdown: float) -> LocalWorker:
         return self.local_workers.start(node, self.node.catalog(), slowdown=slowdown)
 
+    def leave_running(self) -> None:
+        raise ConfigError(
+            "a cluster in this process stops with it; only a cluster on a Ray cluster "
+            "joined by address (connect(address=...)) keeps running"
+        )
+
     def close(self) -> None:
-        """Stop the coordinator's loops and console, and every worker."""
+        """Stop the coordinator's loops and console and every worker, then give the data
+        directory up: the next cluster on it takes it over at once."""
         self.node.close()
         self.local_workers.close()
+        self.node.state.release_lease()
+
+
+def launch_in_process(data_dir: str, workers: int | None, settings: Settings) -> LocalBackend:
+    """The cluster of ``data_dir`` in this process, without Ray: the cluster the data
+    directory last had (its nodes under their ids, so that no unit moves), or ``workers``
+    nodes for a new one (4 by default). The workers share this machine's cores and memory
+    as an embedded cluster's do; those without a kept calibration calibrate first."""
+    recorded = CatalogStore(DataDir.resolve(data_dir)).load() or Catalog()
+    count = workers or len(recorded.nodes) or IN_PROCESS_WORKERS
+    if not settings.engine_threads:
+        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
+    if not settings.worker_memory_mb:
+        settings = settings.replace(worker_memory_mb=default_memory_mb(count))
+    description = f"the in-process cluster of pid {os.getpid()} ({' '.join(sys.argv)[:80]})"
+    backend = LocalBackend(data_dir, settings, recorded.node_ids(count), description)
+    try:
+        catalog = backend.node.catalog()
+        admit_workers(
+            [backend.workers.get(n) for n in backend.node.state.catalog.nodes], None, catalog
+        )
+    except BaseException:
+        backend.close()
+        raise
+    return backend

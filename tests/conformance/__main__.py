@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the full report (every case) here")
     parser.add_argument(
         "--backend",
-        choices=("cluster", "inmemory"),
+        choices=("cluster", "process", "inmemory"),
         default="cluster",
-        help="a real local cluster (default) or the in-process one (faster)",
+        help="a real local cluster on Ray (default), the same cluster in this process "
+        "without Ray (connect(in_process=True)), or the planner over in-memory shards",
     )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument(

@@ -68,7 +68,11 @@ class ClusterBackend:
     name = "cluster"
 
     def __init__(
-        self, workers: int = 3, query_timeout_s: float = 60.0, balancer: str = "default"
+        self,
+        workers: int = 3,
+        query_timeout_s: float = 60.0,
+        balancer: str = "default",
+        in_process: bool = False,
     ) -> None:
         # A failed fragment is reported to us as a ClusterError; Ray's own copy of it on
         # stderr would bury the runner's output.
@@ -77,6 +81,8 @@ class ClusterBackend:
         if balancer not in BALANCERS:
             raise ValueError(f"unknown balancer {balancer!r} ({', '.join(BALANCERS)})")
         self.workers = workers
+        self.in_process = in_process
+        """The cluster in this process (``connect(in_process=True)``), not on Ray."""
         self.query_timeout_s = query_timeout_s
         self.balancer = BALANCERS[balancer]
         self.restarts = 0
@@ -88,7 +94,11 @@ class ClusterBackend:
         self._dir = tempfile.TemporaryDirectory(prefix="shardflow-conformance-")
         # the corpus's tables are tiny: spread them anyway, so that every query runs distributed
         self.db = shardflow.connect(
-            workers=self.workers, data_dir=self._dir.name, initial_shard_bytes=0, **self.balancer
+            workers=self.workers,
+            data_dir=self._dir.name,
+            in_process=self.in_process,
+            initial_shard_bytes=0,
+            **self.balancer,
         )
 
     def restart(self) -> None:
@@ -198,8 +208,8 @@ class InMemoryBackend:
 def make_backend(
     kind: str, workers: int = 3, query_timeout_s: float = 60.0, balancer: str = "default"
 ) -> Backend:
-    if kind == "cluster":
-        return ClusterBackend(workers, query_timeout_s, balancer)
+    if kind in ("cluster", "process"):
+        return ClusterBackend(workers, query_timeout_s, balancer, in_process=kind == "process")
     if kind == "inmemory":
         return InMemoryBackend(workers)
-    raise ValueError(f"unknown backend {kind!r} (cluster or inmemory)")
+    raise ValueError(f"unknown backend {kind!r} (cluster, process or inmemory)")

@@ -44,6 +44,7 @@ from shardflow.telemetry.profile import QueryProfile
 MAX_LOCAL_WORKERS = 64
 CLOSED = "the database is closed; call shardflow.connect() again"
 CLOSE_WAIT_S = 10.0
+"""How long ``close()`` waits for the calls in flight to end before it stops its cluster."""
 GRANTS_SCHEMA = pa.schema(
     [
         ("table", pa.string()),
@@ -54,9 +55,9 @@ GRANTS_SCHEMA = pa.schema(
 )
 """The columns of :meth:`Database.grants` (and of ``SHOW GRANTS`` over the service)."""
 _GRANT_COLUMNS = GRANTS_SCHEMA.names
-"""How long ``close()`` waits for the calls in flight to end before it stops Ray."""
 
 P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Runtime(Backend, Protocol):
@@ -67,9 +68,6 @@ class Runtime(Backend, Protocol):
     def data_dir(self) -> str: ...
     def leave_running(self) -> None: ...
     def close(self) -> None: ...
-
-
-R = TypeVar("R")
 
 
 def _while_open(

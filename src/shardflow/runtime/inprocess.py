@@ -1,6 +1,7 @@
 """The protocol in this process: a real ``CoordinatorNode`` and real :class:`WorkerNode`
-objects (real DuckDB, real files in the data directory) called directly, so that the session,
-the migrator and the controller are tested without Ray. A call runs when it is made; its
+objects (real DuckDB, real files in the data directory) called directly: a cluster without
+Ray for a command or script on a data directory (``connect(in_process=True)``), and the
+session, the migrator and the controller tested without Ray. A call runs when it is made; its
 answer, or its error, waits in the reply, which raises the same shardflow errors the Ray
 implementation does. A stopped worker answers ``WorkerGone``, as a dead actor does.
 """

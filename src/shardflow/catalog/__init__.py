@@ -10,7 +10,7 @@ from shardflow.catalog.model import (
     Unit,
 )
 from shardflow.catalog.names import find_name, name_key
-from shardflow.catalog.store import CatalogStore, DataDir, OwnerToken
+from shardflow.catalog.store import CatalogStore, DataDir, OwnerToken, recorded_catalog
 
 __all__ = [
     "ROUND_ROBIN",
@@ -25,4 +25,5 @@ __all__ = [
     "Unit",
     "find_name",
     "name_key",
+    "recorded_catalog",
 ]

@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -160,6 +161,12 @@ def release(data_dir: DataDir, token: OwnerToken) -> None:
         record = read_lease(data_dir)
         if record is not None and record.token == token:
             _write(data_dir, replace(record, released=True, renewed_at=time.time()))
+
+
+def this_process(cluster: str) -> str:
+    """A lease's description of ``cluster`` (what kind) run by this process: its pid and
+    command line, as a refused second owner is told."""
+    return f"the {cluster} of pid {os.getpid()} ({' '.join(sys.argv)[:80]})"
 
 
 def in_use_message(data_dir: DataDir, record: LeaseRecord, now: float) -> str:

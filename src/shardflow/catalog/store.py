@@ -531,3 +531,10 @@ def _inject_catalog_fault(path: str, payload: bytes) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def recorded_catalog(data_dir: str) -> Catalog:
+    """The catalog the data directory holds (an empty one for a new directory), read before
+    anything starts: a cluster that starts again starts as it was, its nodes under their
+    ids, so that no unit moves."""
+    return CatalogStore(DataDir.resolve(data_dir)).load() or Catalog()

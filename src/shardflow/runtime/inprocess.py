@@ -9,14 +9,13 @@ implementation does. A stopped worker answers ``WorkerGone``, as a dead actor do
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir
+from shardflow.catalog import lease, recorded_catalog
 from shardflow.config import Settings
 from shardflow.errors import ClusterError, ConfigError, Error, WorkerGone
 from shardflow.runtime.coordinator.node import CoordinatorNode
@@ -44,7 +43,7 @@ from shardflow.runtime.protocol import (
 )
 from shardflow.runtime.query.fragments import WorkerCalls
 from shardflow.runtime.wire import PROTOCOL
-from shardflow.runtime.worker.local import default_memory_mb
+from shardflow.runtime.worker.local import machine_share
 from shardflow.runtime.worker.node import WorkerNode
 from shardflow.storage import RowRewrite
 
@@ -511,13 +510,10 @@ def launch_in_process(data_dir: str, workers: int | None, settings: Settings) ->
     directory last had (its nodes under their ids, so that no unit moves), or ``workers``
     nodes for a new one (4 by default). The workers share this machine's cores and memory
     as an embedded cluster's do; those without a kept calibration calibrate first."""
-    recorded = CatalogStore(DataDir.resolve(data_dir)).load() or Catalog()
+    recorded = recorded_catalog(data_dir)
     count = workers or len(recorded.nodes) or IN_PROCESS_WORKERS
-    if not settings.engine_threads:
-        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // count))
-    if not settings.worker_memory_mb:
-        settings = settings.replace(worker_memory_mb=default_memory_mb(count))
-    description = f"the in-process cluster of pid {os.getpid()} ({' '.join(sys.argv)[:80]})"
+    settings = machine_share(settings, count)
+    description = lease.this_process("in-process cluster")
     backend = LocalBackend(data_dir, settings, recorded.node_ids(count), description)
     try:
         catalog = backend.node.catalog()

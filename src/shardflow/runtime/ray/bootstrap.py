@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import sys
 import time
 import uuid
 from collections import Counter
@@ -18,7 +16,7 @@ from typing import Any
 
 import ray
 
-from shardflow.catalog import Catalog, CatalogStore, DataDir, OwnerToken, lease
+from shardflow.catalog import DataDir, OwnerToken, lease, recorded_catalog
 from shardflow.config import Settings
 from shardflow.errors import ConfigError, DataDirInUseError, Error, WorkerGone
 from shardflow.runtime.protocol import CatalogJson, Reply, admit_workers
@@ -35,7 +33,7 @@ from shardflow.runtime.ray.names import (
     worker_actor_name,
 )
 from shardflow.runtime.ray.slots import Slot, choose_slots, slot_options, worker_slots
-from shardflow.runtime.worker.local import default_memory_mb, local_root
+from shardflow.runtime.worker.local import local_root, machine_share
 
 log = logging.getLogger(__name__)
 _embedded: dict[str, ClusterHandle] = {}
@@ -147,20 +145,15 @@ def _launch_actors(
     except ValueError:
         pass
     _refuse_if_owned(data_dir)
-    recorded = _recorded_catalog(data_dir)
+    recorded = recorded_catalog(data_dir)
     offered = worker_slots(ray.nodes())  # type: ignore[no-untyped-call]
     if embedded and workers is None and recorded.nodes and not any(s.gpu for s in offered):
         workers = len(recorded.nodes)  # the cluster the data directory last had
     slots = choose_slots(offered, workers, embedded)
     if not slots:
         raise ConfigError(f"the Ray cluster at {address} has no node to run workers on")
-    if embedded and not settings.engine_threads:
-        # Workers of an embedded cluster share this machine's cores: oversubscribing them
-        # with one DuckDB thread per core in every worker measured ~8 % slower on TPC-H.
-        settings = settings.replace(engine_threads=max(1, (os.cpu_count() or 1) // len(slots)))
-    if embedded and not settings.worker_memory_mb:
-        # and its memory: each worker's DuckDB gets its share, spilling beyond it
-        settings = settings.replace(worker_memory_mb=default_memory_mb(len(slots)))
+    if embedded:  # its workers share this machine's cores and memory
+        settings = machine_share(settings, len(slots))
     handle.spawner = Spawner(prefix, data_dir, settings, not embedded)
     owner = f"{prefix}-{uuid.uuid4().hex[:12]}"
     options: dict[str, Any] = {"lifetime": "detached"} if not embedded else {}
@@ -321,13 +314,6 @@ def stop_service(address: str, data_dir: str) -> list[str]:
             ray.shutdown()
 
 
-def _recorded_catalog(data_dir: str) -> Catalog:
-    """The catalog the data directory holds (an empty one for a new directory), read before
-    anything starts: a cluster that starts again starts as it was, its nodes under their
-    ids, so that no unit moves."""
-    return CatalogStore(DataDir.resolve(data_dir)).load() or Catalog()
-
-
 def _refuse_if_owned(data_dir: str) -> None:
     """Say so, before anything starts, when another live cluster owns ``data_dir``."""
     directory = DataDir.resolve(data_dir)
@@ -339,7 +325,7 @@ def _refuse_if_owned(data_dir: str) -> None:
 
 def _describe(address: str | None) -> str:
     if address is None:
-        return f"the embedded cluster of pid {os.getpid()} ({' '.join(sys.argv)[:80]})"
+        return lease.this_process("embedded cluster")
     return f"on the Ray cluster at {address}"
 
 
